@@ -1,0 +1,1 @@
+"""One module per ``tracerl`` subcommand: ``HELP``, ``configure(parser)``, ``run(args) -> int``."""
