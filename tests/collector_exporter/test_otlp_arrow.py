@@ -1,0 +1,94 @@
+"""OTLP → Arrow: what users will query must be what the agent recorded."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from collector_exporter.compactor import DedupeWindow
+from collector_exporter.otlp_arrow import trace_request_to_table
+from schemas.tables import SPANS_SCHEMA
+
+
+def _record(resource: dict, build) -> list:
+    mem = InMemorySpanExporter()
+    tp = TracerProvider(resource=Resource.create(resource))
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    build(tp.get_tracer("agent.scope", "0.9"))
+    return list(mem.get_finished_spans())
+
+
+def test_every_field_survives_with_typed_values_json_encoded():
+    def build(tracer):
+        with tracer.start_as_current_span("root", kind=SpanKind.SERVER) as root:
+            with tracer.start_as_current_span(
+                "openai.chat",
+                kind=SpanKind.CLIENT,
+                attributes={"gen_ai.request.model": "policy@2", "n": 3, "t": 0.5, "ok": True,
+                            "ids": [1, 2, 3], "names": ["a", "b"]},
+                links=[Link(root.get_span_context(), {"why": "retry"})],
+            ) as call:
+                call.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.score.value": 0.75})
+                call.set_status(Status(StatusCode.ERROR, "boom"))
+
+    spans = _record({"service.name": "agent", "deployment": "prod"}, build)
+    table = trace_request_to_table(encode_spans(spans), received_at_ns=time.time_ns())
+    assert table.schema == SPANS_SCHEMA
+    rows = {r["name"]: r for r in table.drop_columns(["received_at"]).to_pylist()}
+    call, root = rows["openai.chat"], rows["root"]
+    attrs = dict(call["attributes"])
+    assert attrs["gen_ai.request.model"] == "policy@2"
+    assert (attrs["n"], attrs["t"], attrs["ok"]) == ("3", "0.5", "true")
+    assert json.loads(attrs["ids"]) == [1, 2, 3] and json.loads(attrs["names"]) == ["a", "b"]
+    assert call["parent_span_id"] == root["span_id"] and root["parent_span_id"] is None
+    assert call["trace_id"] == root["trace_id"] and len(call["trace_id"]) == 32 and len(call["span_id"]) == 16
+    assert (call["kind"], root["kind"]) == ("client", "server")
+    assert (call["status_code"], call["status_message"]) == ("error", "boom")
+    assert call["events"][0]["name"] == "gen_ai.evaluation.result"
+    assert dict(call["events"][0]["attributes"]) == {"gen_ai.evaluation.score.value": "0.75"}
+    assert call["links"][0]["span_id"] == root["span_id"] and dict(call["links"][0]["attributes"]) == {"why": "retry"}
+    assert dict(call["resource_attributes"])["deployment"] == "prod"
+    assert (call["scope_name"], call["scope_version"]) == ("agent.scope", "0.9")
+    assert call["end_time_ns"] >= call["start_time_ns"] > 0
+
+
+def test_rollout_id_prefers_span_attribute_then_resource_then_trace_id():
+    def build(tracer):
+        with tracer.start_as_current_span("a", attributes={"tracerl.rollout_id": "from-span"}):
+            pass
+        with tracer.start_as_current_span("b"):
+            pass
+
+    with_resource = _record({"tracerl.rollout_id": "from-resource"}, build)
+    rows = {r["name"]: r["rollout_id"] for r in trace_request_to_table(encode_spans(with_resource), 1).drop_columns(["received_at"]).to_pylist()}
+    assert rows == {"a": "from-span", "b": "from-resource"}
+
+    plain = _record({}, build)
+    rows = {r["name"]: (r["rollout_id"], r["trace_id"]) for r in trace_request_to_table(encode_spans(plain), 1).drop_columns(["received_at"]).to_pylist()}
+    assert rows["a"][0] == "from-span"
+    assert rows["b"][0] == rows["b"][1]
+
+
+def test_dedupe_window_skips_spans_already_seen():
+    spans = _record({}, lambda t: [t.start_span(f"s{i}").end() for i in range(5)])
+    window = DedupeWindow()
+    first = trace_request_to_table(encode_spans(spans), 1, seen=window)
+    again = trace_request_to_table(encode_spans(spans[2:] + _record({}, lambda t: t.start_span("new").end())), 1, seen=window)
+    assert first.num_rows == 5
+    assert again.column("name").to_pylist() == ["new"]
+
+
+def test_dedupe_window_evicts_oldest_batches_beyond_its_size():
+    w = DedupeWindow(max_keys=4)
+    w.update(["a", "b", "c"])
+    w.end_batch()
+    w.update(["d", "e", "f"])
+    w.end_batch()
+    assert "a" not in w and "f" in w and len(w) == 3

@@ -1,0 +1,82 @@
+"""Receive OTLP from unmodified agents and store every span durably as Parquet.
+
+Listens on OTLP/gRPC and OTLP/HTTP (protobuf and JSON, gzip), writes each request to a
+write-ahead log with fsync before acknowledging it, and compacts the log into
+STORE/spans, STORE/logs and STORE/rewards (Parquet, partitioned by date). Rewards can be
+posted to the HTTP port at /v1/rewards. SIGINT/SIGTERM stop gracefully; after a crash the
+next start replays the log, so nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+
+from schemas.store import default_store
+from tracerl.options import UsageError, add_options, from_args, opt
+
+EPILOG = """\
+point an unmodified agent at it:
+  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 OTEL_EXPORTER_OTLP_INSECURE=true
+  opentelemetry-instrument python agent.py
+post a reward for a rollout:
+  curl -X POST http://127.0.0.1:4318/v1/rewards -H 'Content-Type: application/json' \\
+       -d '{"rollout_id": "r-17", "value": 1.0}'
+"""
+
+
+@dataclass
+class CollectConfig:
+    store: str = opt(default_store(), "store directory (spans/, logs/, rewards/, wal/)", metavar="DIR")
+    grpc: str = opt("127.0.0.1:4317", "OTLP/gRPC listen address; 'off' to disable", metavar="HOST:PORT")
+    http: str = opt("127.0.0.1:4318", "OTLP/HTTP + /v1/rewards listen address; 'off' to disable", metavar="HOST:PORT")
+    token: str | None = opt(None, "require 'authorization: Bearer TOKEN' on both protocols", env="TRACERL_TOKEN")
+    tls_cert: str | None = opt(None, "PEM certificate: serve TLS on both ports (with --tls-key)", metavar="FILE")
+    tls_key: str | None = opt(None, "PEM private key for --tls-cert", metavar="FILE")
+    segment_age_s: float = opt(1.0, "seal a WAL segment after this many seconds, making its spans queryable")
+    max_backlog_mb: int = opt(2048, "refuse new data (retryable) when the uncompacted WAL exceeds this")
+    min_free_disk_mb: int = opt(512, "refuse new data (retryable) when the store's disk has less free space")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, CollectConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from collector_exporter.collector import Collector, CollectorSettings
+
+    cfg = from_args(CollectConfig, args)
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together; give both or neither")
+    grpc_addr = None if cfg.grpc == "off" else cfg.grpc
+    http_addr = None if cfg.http == "off" else cfg.http
+    if not grpc_addr and not http_addr:
+        raise UsageError("both receivers are off; enable --grpc or --http")
+    settings = CollectorSettings(
+        store=cfg.store, grpc=grpc_addr, http=http_addr, token=cfg.token, tls_cert=cfg.tls_cert,
+        tls_key=cfg.tls_key, max_segment_age_s=cfg.segment_age_s,
+        max_backlog_bytes=cfg.max_backlog_mb << 20, min_free_disk_bytes=cfg.min_free_disk_mb << 20,
+    )
+    try:
+        collector = Collector(settings).start()
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    parts = []
+    if grpc_addr:
+        parts.append(f"OTLP/gRPC {collector.grpc_endpoint}")
+    if http_addr:
+        parts.append(f"OTLP/HTTP {collector.http_endpoint}")
+    print(f"tracerl collect: {', '.join(parts)} → {collector.store.root}", flush=True)
+    stop.wait()
+    print("tracerl collect: stopping (flushing the write-ahead log)…", file=sys.stderr, flush=True)
+    collector.stop()
+    st = collector.compactor.stats
+    print(f"tracerl collect: stopped; stored {st.spans} spans, {st.logs} log records, {st.rewards} rewards "
+          f"({st.duplicates} duplicate deliveries dropped)", file=sys.stderr, flush=True)
+    return 0
