@@ -24,6 +24,7 @@ from schemas.tables import ATTRS, LOGS_SCHEMA, SPANS_SCHEMA, TS
 
 ROLLOUT_ATTR = "tracerl.rollout_id"
 
+_encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once, not per call
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
 
@@ -67,7 +68,7 @@ def any_to_text(v: AnyValue) -> str | None:
         return None
     if which == "bytes_value":
         return base64.b64encode(v.bytes_value).decode()
-    return json.dumps(any_to_py(v), separators=(",", ":"), ensure_ascii=False)
+    return _encode_json(any_to_py(v))
 
 
 class KeySet(Protocol):
@@ -86,11 +87,13 @@ class _MapBuilder:
     offsets: list[int] = field(default_factory=lambda: [0])
 
     def add_kvs(self, kvs: Iterable) -> None:
-        keys, values = self.keys, self.values
+        add_key, add_value = self.keys.append, self.values.append
         for kv in kvs:
-            keys.append(kv.key)
-            values.append(any_to_text(kv.value))
-        self.offsets.append(len(keys))
+            add_key(kv.key)
+            v = kv.value
+            text = v.string_value  # most attributes are strings: skip WhichOneof for them
+            add_value(text if text else any_to_text(v))
+        self.offsets.append(len(self.keys))
 
     def add_flat(self, keys: list[str], values: list[str | None]) -> None:
         self.keys.extend(keys)
@@ -134,12 +137,14 @@ def trace_request_to_table(
     span. Spans with invalid ids are expected to have been removed by ``validate``.
     """
     cols: dict[str, list] = {n: [] for n in SPANS_SCHEMA.names if n not in ("attributes", "resource_attributes")}
-    attrs, res_attrs = _MapBuilder(), _MapBuilder()
+    attrs, resources = _MapBuilder(), _MapBuilder()
+    resource_index: list[int] = []  # per span: which resource_spans it came from
     events_type = SPANS_SCHEMA.field("events").type
     links_type = SPANS_SCHEMA.field("links").type
     trace_id, span_id, parent = cols["trace_id"], cols["span_id"], cols["parent_span_id"]
-    for rs in request.resource_spans:
+    for r, rs in enumerate(request.resource_spans):
         rkeys, rvals = _kv_lists(rs.resource.attributes)
+        resources.add_flat(rkeys, rvals)
         resource_rollout = _lookup(rkeys, rvals, ROLLOUT_ATTR)
         for ss in rs.scope_spans:
             scope_name, scope_version = ss.scope.name, ss.scope.version
@@ -164,7 +169,7 @@ def trace_request_to_table(
                 cols["status_message"].append(sp.status.message or None)
                 start = len(attrs.keys)
                 attrs.add_kvs(sp.attributes)
-                res_attrs.add_flat(rkeys, rvals)
+                resource_index.append(r)
                 cols["scope_name"].append(scope_name)
                 cols["scope_version"].append(scope_version or None)
                 cols["events"].append(
@@ -201,7 +206,7 @@ def trace_request_to_table(
         if f.name == "attributes":
             arrays.append(attrs.array())
         elif f.name == "resource_attributes":
-            arrays.append(res_attrs.array())
+            arrays.append(resources.array().take(pa.array(resource_index, type=pa.int32())))
         elif f.name == "received_at":
             arrays.append(pa.array([received_at_ns] * n, type=pa.int64()).cast(TS))
         elif f.name == "events":

@@ -1,0 +1,161 @@
+"""Ingest benchmark: tracerl's collector vs. a bare grpcio → Parquet server, in one run.
+
+K client processes (the real SDK OTLP gRPC exporter, 512-span batches, ~10 attributes with a
+1 KB prompt) export for a fixed time against each server. Printed per server and K: acked and
+durable spans/s, p50/p99 export latency, spans lost (acked but not stored), and the server's
+CPU µs per stored span (from ready to exit, including compaction after the load: wait4
+rusage minus the CPU it had used when it became ready). Then the collector's CPU is split into the ack path (decode + validate + WAL with
+fsync) and compaction (WAL → Arrow → Parquet), measured in-process on the same requests.
+
+    python bench/ingest.py [--seconds 5] [--clients 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(kind: str, port: int, out: Path) -> subprocess.Popen:
+    if kind == "tracerl":
+        cmd = [str(BIN / "tracerl"), "collect", "--store", str(out), "--grpc", f"127.0.0.1:{port}", "--http", "off"]
+    else:
+        cmd = [sys.executable, str(HERE / "_bare_server.py"), f"127.0.0.1:{port}", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc.stdout.readline()
+    return proc
+
+
+def cpu_seconds_so_far(pid: int) -> float:
+    """utime + stime of a live process (/proc/PID/stat fields 14 and 15, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stored_spans(kind: str, out: Path) -> int:
+    root = out / "spans" if kind == "tracerl" else out
+    return sum(pq.read_metadata(p).num_rows for p in root.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def run_load(kind: str, clients: int, seconds: float, batch: int) -> dict:
+    out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
+    port = free_port()
+    server = start_server(kind, port, out)
+    startup_cpu = cpu_seconds_so_far(server.pid)  # imports and binding: not per-span work
+    procs = [subprocess.Popen([sys.executable, str(HERE / "_ingest_client.py"), f"127.0.0.1:{port}", str(seconds), str(batch)],
+                              stdout=subprocess.PIPE, text=True) for _ in range(clients)]
+    results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+    server.send_signal(signal.SIGTERM)  # graceful: the collector drains its WAL into Parquet
+    _, status, usage = os.wait4(server.pid, 0)
+    server.returncode = os.waitstatus_to_exitcode(status)
+    acked = sum(r["acked"] for r in results)
+    lat = [x for r in results for x in r["latencies"]]
+    stored = stored_spans(kind, out)
+    cpu_s = usage.ru_utime + usage.ru_stime - startup_cpu
+    return {
+        "server": kind, "clients": clients, "acked_per_s": acked / seconds, "stored": stored, "acked": acked,
+        "lost": max(0, acked - stored), "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
+        "cpu_us_per_span": cpu_s / max(stored, 1) * 1e6,
+    }
+
+
+def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
+    """Ack path vs. compaction CPU of our collector, and the bare decode, on the same requests."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from collector_exporter.compactor import Compactor
+    from collector_exporter.receive import Ingest
+    from collector_exporter.wal import WriteAheadLog
+    from schemas.store import StoreLayout
+
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    tracer = tp.get_tracer("bench")
+    prompt = ("You are a helpful assistant. " * 40)[:1024]
+    bodies = []
+    for _ in range(batches):
+        mem.clear()
+        for i in range(batch):
+            with tracer.start_as_current_span("chat policy", attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": "policy@3", "gen_ai.prompt": prompt,
+                "gen_ai.usage.input_tokens": 312 + i, "gen_ai.usage.output_tokens": 40, "gen_ai.system": "openai",
+                "gen_ai.request.temperature": 0.7, "gen_ai.response.id": f"c-{i}", "tracerl.task_id": "t",
+                "gen_ai.response.finish_reasons": ["stop"]}):
+                pass
+        bodies.append(encode_spans(mem.get_finished_spans()).SerializeToString())
+    n = batches * batch
+    t0 = time.process_time()
+    for b in bodies:
+        ExportTraceServiceRequest().ParseFromString(b)
+    bare_decode = (time.process_time() - t0) / n * 1e6
+    store = StoreLayout.at(tempfile.mkdtemp(prefix="bench-split-"))
+    wal = WriteAheadLog(store.wal / "bench", max_segment_age_s=3600)
+    ingest = Ingest(wal)
+    t0 = time.process_time()
+    for b in bodies:
+        ingest.traces(b)
+    ack = (time.process_time() - t0) / n * 1e6
+    wal.close()
+    t0 = time.process_time()
+    Compactor(store).run_once()
+    compact = (time.process_time() - t0) / n * 1e6
+    return {"bare_decode_us": bare_decode, "ack_path_us": ack, "compaction_us": compact}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--clients", type=int, nargs="*", default=[2, 4])
+    ap.add_argument("--batch", type=int, default=512)
+    args = ap.parse_args()
+    rows = []
+    for k in args.clients:
+        for kind in ("bare", "tracerl"):
+            rows.append(run_load(kind, k, args.seconds, args.batch))
+    print(f"{'server':<8} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
+    for r in rows:
+        print(f"{r['server']:<8} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
+              f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_us_per_span']:>11.1f}")
+    for k in args.clients:
+        ours = next(r for r in rows if r["server"] == "tracerl" and r["clients"] == k)
+        bare = next(r for r in rows if r["server"] == "bare" and r["clients"] == k)
+        print(f"K={k}: CPU per stored span tracerl/bare = {ours['cpu_us_per_span'] / bare['cpu_us_per_span']:.2f}x, "
+              f"throughput tracerl/bare = {ours['acked_per_s'] / max(bare['acked_per_s'], 1):.2f}x")
+    split = split_collector_cpu()
+    print(f"collector CPU split (in-process, same requests): ack path {split['ack_path_us']:.1f} µs/span "
+          f"(bare protobuf decode {split['bare_decode_us']:.1f}), compaction {split['compaction_us']:.1f} µs/span, "
+          f"total {split['ack_path_us'] + split['compaction_us']:.1f} µs/span")
+
+
+if __name__ == "__main__":
+    main()
