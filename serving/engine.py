@@ -1,0 +1,760 @@
+"""The embedded engine: a transformers causal LM (+ peft LoRA adapters) that samples like vLLM.
+
+``ModelEngine`` owns the model and is not thread-safe; ``EngineWorker`` is the single thread
+that calls it, fed by a priority queue, so HTTP threads never touch torch state concurrently.
+Control operations (adapter load/unload, weight reload, pause/resume) jump the queue of
+generations, and run between two generations, never during one.
+
+Sampling semantics follow vLLM (checked against vllm-project/vllm v0.10.2 - v0.11):
+greedy when ``temperature`` is 0; otherwise temperature, then top-k, then top-p; ``seed`` gives
+a per-request generator, so the same request reproduces its samples. Returned logprobs follow
+``logprobs_mode``: ``raw_logprobs`` (vLLM's default, ``vllm/config/model.py``) is the
+log-softmax of the unmodified logits, before temperature/top-k/top-p; ``processed_logprobs``
+is the distribution actually sampled from. Output ``token_ids`` include the EOS/stop token
+that ended a sequence (its text is not shown), as vLLM's do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import random
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+_EPS = 1e-5
+
+
+class EngineError(Exception):
+    """A request the engine refuses; ``status`` and ``err_type`` follow vLLM's answer for it."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
+                 param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    """The vLLM/OpenAI sampling fields the embedded server supports (others are ignored, as vLLM
+    ignores unknown fields): penalties and ``logit_bias``/``min_tokens`` act before temperature,
+    top-k and top-p, in vLLM's order; raw logprobs are taken before all of them."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; k >= 0: sampled token + top-k alternatives
+    skip_special_tokens: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any logits processor runs (they change the sampled, not the raw, distribution)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens or self.logit_bias)
+
+    @classmethod
+    def from_request(cls, body: dict[str, Any], chat: bool) -> SamplingParams:
+        """Validate request fields the way vLLM does and name the bad one in the error."""
+
+        def num(name: str, default: Any, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
+            v = body.get(name)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
+                raise EngineError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+            v = kind(v)
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                raise EngineError(f"{name} must be in [{lo}, {hi}], got {v}")
+            return v
+
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise EngineError("stop must be a string or a list of strings")
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        max_tokens = num("max_tokens", None, int, 1) if max_tokens is None else num("max_completion_tokens", None, int, 1)
+        if chat:
+            lp = None
+            if body.get("logprobs"):
+                lp = num("top_logprobs", 0, int, 0, 20)
+            elif body.get("top_logprobs"):
+                raise EngineError("when using `top_logprobs`, `logprobs` must be set to true.")
+        else:
+            lp = num("logprobs", None, int, 0, 20)
+        return cls(
+            max_tokens=max_tokens,
+            temperature=num("temperature", 1.0, float, 0.0, 2.0),
+            top_p=_top_p(num("top_p", 1.0, float, 0.0, 1.0)),
+            top_k=num("top_k", -1, int, -1),
+            n=num("n", 1, int, 1, 16),
+            seed=num("seed", None, int),
+            stop=[s for s in stop if s],
+            stop_token_ids=[int(t) for t in body.get("stop_token_ids") or []],
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            logprobs=lp,
+            skip_special_tokens=bool(body.get("skip_special_tokens", True)),
+            presence_penalty=num("presence_penalty", 0.0, float, -2.0, 2.0),
+            frequency_penalty=num("frequency_penalty", 0.0, float, -2.0, 2.0),
+            repetition_penalty=num("repetition_penalty", 1.0, float, 0.01, 2.0),
+            min_tokens=num("min_tokens", 0, int, 0, max_tokens),
+            logit_bias=_logit_bias(body.get("logit_bias")),
+        )
+
+
+def _logit_bias(v: Any) -> dict[int, float]:
+    if not v:
+        return {}
+    if not isinstance(v, dict):
+        raise EngineError("logit_bias must be an object mapping token ids to biases", param="logit_bias")
+    try:
+        out = {int(k): float(b) for k, b in v.items()}
+    except (TypeError, ValueError):
+        raise EngineError("logit_bias keys must be token ids and values numbers", param="logit_bias") from None
+    if any(not -100 <= b <= 100 for b in out.values()):
+        raise EngineError("logit_bias values must be in [-100, 100]", param="logit_bias")
+    return out
+
+
+def _top_p(v: float) -> float:
+    if v <= 0.0:
+        raise EngineError(f"top_p must be in (0, 1], got {v}", param="top_p")
+    return v
+
+
+@dataclass
+class Completion:
+    """One sampled sequence: ids, the logprob of each id, top alternatives, and its text."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class Delta:
+    """A streamed increment of one sequence (sent from the worker thread to the HTTP thread)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class GenerationJob:
+    """One request's generation: what the worker batches with others of the same adapter."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    adapter: str | None = None
+    on_delta: Callable[[Delta], None] | None = None
+    cancelled: Callable[[], bool] | None = None
+
+
+@dataclass
+class LoraAdapter:
+    """A loaded adapter: the name requests use and the directory it came from (``/v1/models`` root)."""
+
+    name: str
+    path: str
+
+
+class ModelEngine:
+    """A causal LM on CPU with LoRA adapters served by name; call it from one thread only."""
+
+    def __init__(self, model_dir: str | Path, *, served_model_name: str = "policy",
+                 logprobs_mode: str = "raw_logprobs", max_model_len: int | None = None,
+                 enable_lora: bool = True, dtype: str = "float32", seed: int = 0) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        self.model_dir = str(model_dir)
+        self.served_model_name = served_model_name
+        self.logprobs_mode = logprobs_mode
+        self.enable_lora = enable_lora
+        self._torch = torch
+        self._dtype = getattr(torch, dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=self._dtype)
+        self.base.eval()
+        self.model: Any = self.base  # becomes a PeftModel once an adapter is loaded
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.max_model_len = int(max_model_len or getattr(self.base.config, "max_position_embeddings", 2048))
+        self.eos_ids = self._eos_ids()
+        self.weights_path = self.model_dir
+        self.weight_version: str | None = None  # set by /update_weight_version after a reload
+        self._rng = random.Random(seed)
+        self.prefix_cache_resets = 0
+
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        gen = getattr(self.base, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        for x in ([eos] if isinstance(eos, int) else list(eos or [])) + [self.tokenizer.eos_token_id]:
+            if x is not None and x not in ids:
+                ids.append(int(x))
+        return ids
+
+    # -- names -----------------------------------------------------------------------------
+
+    def served_names(self) -> list[str]:
+        """Base model first, then adapters in load order (the order of ``/v1/models``)."""
+        return [self.served_model_name, *self.adapters]
+
+    def resolve(self, model: str | None) -> str | None:
+        """Map a request's ``model`` to an adapter name (None = base); unknown names are 404 as in vLLM."""
+        if not model or model == self.served_model_name:
+            return None
+        if model in self.adapters:
+            return model
+        raise EngineError(f"The model `{model}` does not exist.", 404, "NotFoundError")
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of the chat prompt, rendered by the model's own chat template."""
+        if not isinstance(messages, list) or not messages:
+            raise EngineError("messages must be a non-empty list", param="messages")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [_normalise_message(m) for m in messages], tools=tools or None, tokenize=False,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+        except EngineError:
+            raise
+        except Exception as e:  # jinja errors name the bad message field
+            raise EngineError(f"chat template failed: {e}") from None
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_prompt(self, prompt: Any) -> list[int]:
+        """A completions ``prompt`` (text or token ids, as vLLM accepts) -> token ids."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < len(self.tokenizer)]
+            if bad:
+                raise EngineError(f"prompt token id {bad[0]} is out of vocabulary (size {len(self.tokenizer)})")
+            return list(prompt)
+        if isinstance(prompt, list) and len(prompt) == 1:
+            return self.encode_prompt(prompt[0])
+        raise EngineError("prompt must be a string or a list of token ids; batched prompts are not "
+                          "supported by the embedded server (send one request per prompt)", param="prompt")
+
+    def decode_token(self, token_id: int) -> str:
+        """The text of one token, as vLLM shows it in logprobs entries."""
+        return self.tokenizer.decode([token_id])
+
+    # -- generation ------------------------------------------------------------------------
+
+    def check(self, job: GenerationJob) -> None:
+        """Refuse a job before it joins a batch (empty prompt, context too long), as vLLM does."""
+        n_prompt, p = len(job.prompt_ids), job.params
+        if job.adapter is not None and job.adapter not in self.adapters:  # unloaded while queued
+            raise EngineError(f"The model `{job.adapter}` does not exist.", 404, "NotFoundError")
+        if not n_prompt:
+            raise EngineError("the prompt is empty", param="prompt")
+        room = self.max_model_len - n_prompt
+        if room <= 0 or (p.max_tokens is not None and p.max_tokens > room):
+            raise EngineError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {n_prompt + (p.max_tokens or 0)} tokens ({n_prompt} in the messages, "
+                f"{p.max_tokens or 0} in the completion). Please reduce the length of the messages or "
+                f"completion.", param="max_tokens")
+
+    def generate(self, prompt_ids: list[int], p: SamplingParams, adapter: str | None = None,
+                 on_delta: Callable[[Delta], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> list[Completion]:
+        """Sample ``p.n`` sequences for one prompt, calling ``on_delta`` as text appears."""
+        job = GenerationJob(prompt_ids, p, adapter, on_delta, cancelled)
+        self.check(job)
+        return self.generate_batch([job])[0]
+
+    def generate_batch(self, jobs: list[GenerationJob]) -> list[list[Completion]]:
+        """Run several jobs (same adapter, each already ``check``-ed) as one left-padded batch.
+
+        Each job keeps its own sampling parameters and seeded generator, so batching changes
+        which requests share a forward pass, not what any of them samples (up to float noise
+        of padded attention, ~1e-6 in logprobs).
+        """
+        torch = self._torch
+        if len({j.adapter for j in jobs}) > 1:
+            raise ValueError("a batch must use one adapter")
+        rows: list[tuple[int, int]] = [(j, i) for j, job in enumerate(jobs) for i in range(job.params.n)]
+        spans: list[slice] = []
+        for job in jobs:
+            start = spans[-1].stop if spans else 0
+            spans.append(slice(start, start + job.params.n))
+        max_new = [job.params.max_tokens or self.max_model_len - len(job.prompt_ids) for job in jobs]
+        gens = [torch.Generator().manual_seed(job.params.seed if job.params.seed is not None
+                                              else self._rng.randrange(2**63)) for job in jobs]
+        stop_ids = [set(job.params.stop_token_ids) | (set() if job.params.ignore_eos else set(self.eos_ids))
+                    for job in jobs]
+        outs = [[Completion(index=i) for i in range(job.params.n)] for job in jobs]
+        streams = [[_TextStream(self.tokenizer, job.params, job.on_delta, i) for i in range(job.params.n)]
+                   for job in jobs]
+        done = [False] * len(rows)
+        vocab = int(self.base.config.vocab_size)
+        counts = [torch.zeros(job.params.n, vocab) if job.params.penalised else None for job in jobs]
+        seen = [None] * len(jobs)
+        for j, job in enumerate(jobs):
+            if job.params.penalised:
+                seen[j] = torch.zeros(job.params.n, vocab, dtype=torch.bool)
+                seen[j][:, job.prompt_ids] = True
+        width = max(len(job.prompt_ids) for job in jobs)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(jobs[j].prompt_ids)) + jobs[j].prompt_ids for j, _ in rows])
+        mask = torch.tensor([[0] * (width - len(jobs[j].prompt_ids)) + [1] * len(jobs[j].prompt_ids)
+                             for j, _ in rows])
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode(), self._adapter(jobs[0].adapter):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            for _step in range(max(max_new)):
+                logits = out.logits[:, -1, :].float()
+                tokens = torch.zeros(len(rows), dtype=torch.long)
+                for j, job in enumerate(jobs):
+                    sl = spans[j]
+                    if all(done[sl]):
+                        continue
+                    processed = None
+                    if job.params.penalised:
+                        processed = self._process(logits[sl], job.params, counts[j], seen[j], stop_ids[j], _step)
+                    tok_j, lp_j, top_j = self._sample(logits[sl], job.params, gens[j], processed)
+                    tokens[sl] = tok_j
+                    if job.params.penalised:
+                        counts[j][torch.arange(job.params.n), tok_j] += 1
+                        seen[j][torch.arange(job.params.n), tok_j] = True
+                    for i in range(job.params.n):
+                        r = sl.start + i
+                        if done[r]:
+                            continue
+                        done[r] = self._advance(outs[j][i], streams[j][i], int(tok_j[i]), float(lp_j[i]),
+                                                top_j[i] if top_j is not None else [], stop_ids[j], max_new[j])
+                    if job.cancelled is not None and job.cancelled():
+                        for i in range(job.params.n):
+                            if not done[sl.start + i]:
+                                done[sl.start + i] = True
+                                outs[j][i].finish_reason = "abort"
+                                streams[j][i].finish(outs[j][i])
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
+                pos = pos[:, -1:] + 1
+                out = self.model(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=pos,
+                                 past_key_values=out.past_key_values, use_cache=True)
+        return outs
+
+    def _advance(self, c: Completion, stream: _TextStream, tok: int, lp: float, top: list[tuple[int, float]],
+                 stop_ids: set[int], max_new: int) -> bool:
+        """Append one sampled token to a sequence; True when the sequence is finished."""
+        c.token_ids.append(tok)
+        c.logprobs.append(lp)
+        c.top_logprobs.append(top)
+        reason: tuple[str, int | str | None] | None = None
+        if tok in stop_ids:
+            reason = ("stop", None if tok in self.eos_ids else tok)
+        elif len(c.token_ids) >= max_new:
+            reason = ("length", None)
+        hit = stream.push(tok, is_stop_token=tok in stop_ids, final=reason is not None)
+        if hit is not None:
+            reason = ("stop", hit)
+        if reason is None:
+            stream.flush(c)
+            return False
+        c.finish_reason, c.stop_reason = reason
+        stream.finish(c)
+        return True
+
+    def _process(self, logits: Any, p: SamplingParams, counts: Any, seen: Any, stop_ids: set[int],
+                 n_generated: int) -> Any:
+        """vLLM's logits processors, in its order: min_tokens, logit_bias, then the penalties.
+
+        ``counts`` holds how often each token was generated per row, ``seen`` which tokens
+        appear in prompt or output (repetition penalty, as vLLM/HF define it).
+        """
+        torch = self._torch
+        x = logits.clone()
+        if p.min_tokens and n_generated < p.min_tokens and stop_ids:
+            x[:, sorted(stop_ids)] = float("-inf")
+        for tok, bias in p.logit_bias.items():
+            if 0 <= tok < x.shape[-1]:
+                x[:, tok] += bias
+        if p.repetition_penalty != 1.0:
+            x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
+        if p.frequency_penalty:
+            x = x - p.frequency_penalty * counts
+        if p.presence_penalty:
+            x = x - p.presence_penalty * (counts > 0).to(x.dtype)
+        return x
+
+    def _sample(self, logits: Any, p: SamplingParams, gen: Any, processed_logits: Any | None = None
+                ) -> tuple[Any, Any, list | None]:
+        """Pick one token per row; returns (tokens, logprob of each, top-k alternatives or None)."""
+        torch = self._torch
+        raw = torch.log_softmax(logits, dim=-1)
+        x = logits if processed_logits is None else processed_logits
+        if p.temperature < _EPS:
+            tokens = x.argmax(dim=-1)
+            processed = torch.log_softmax(x, dim=-1) if processed_logits is not None else raw
+        else:
+            scaled = x / p.temperature
+            if p.top_k and p.top_k > 0 and p.top_k < scaled.shape[-1]:
+                kth = torch.topk(scaled, p.top_k, dim=-1).values[:, -1:]
+                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            if p.top_p < 1.0:
+                sorted_l, idx = torch.sort(scaled, dim=-1, descending=True)
+                probs = torch.softmax(sorted_l, dim=-1)
+                # drop a token when the mass before it already reaches top_p (always keep the first)
+                drop = (probs.cumsum(dim=-1) - probs) >= p.top_p
+                sorted_l = sorted_l.masked_fill(drop, float("-inf"))
+                scaled = torch.full_like(scaled, float("-inf")).scatter(-1, idx, sorted_l)
+            processed = torch.log_softmax(scaled, dim=-1)
+            tokens = torch.multinomial(processed.exp(), 1, generator=gen).view(-1)
+        src = raw if self.logprobs_mode == "raw_logprobs" else processed
+        chosen = src.gather(-1, tokens.view(-1, 1)).view(-1)
+        top = None
+        if p.logprobs:
+            vals, idx = torch.topk(src, min(p.logprobs, src.shape[-1]), dim=-1)
+            top = [[(int(t), float(v)) for t, v in zip(idx[i], vals[i], strict=True)] for i in range(src.shape[0])]
+        return tokens, chosen, top
+
+    @contextmanager
+    def _adapter(self, name: str | None) -> Iterator[None]:
+        if not self.adapters:
+            yield
+        elif name is None:
+            with self.model.disable_adapter():
+                yield
+        else:
+            self.model.set_adapter(name)
+            yield
+
+    def score(self, token_ids: list[int], adapter: str | None = None) -> list[float]:
+        """Raw logprob of each token given the ones before it (for tests and audits)."""
+        torch = self._torch
+        with torch.inference_mode(), self._adapter(adapter):
+            logits = self.model(input_ids=torch.tensor([token_ids])).logits[0, :-1].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        return lp.gather(-1, torch.tensor(token_ids[1:]).view(-1, 1)).view(-1).tolist()
+
+    # -- adapters and weights --------------------------------------------------------------
+
+    def load_lora(self, name: str, path: str, load_inplace: bool = False) -> None:
+        """Load (or with ``load_inplace`` replace) a peft LoRA adapter served as ``name``."""
+        if not self.enable_lora:
+            raise EngineError("LoRA is not enabled. Restart the server with --enable-lora.", 500,
+                              "InternalServerError")
+        if name == self.served_model_name:
+            raise EngineError(f"The lora adapter name '{name}' is the base model's name.", 400, "InvalidUserInput")
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise EngineError(f"Loading lora {name} failed: No adapter found for {path}", 404, "NotFoundError")
+        if name in self.adapters and not load_inplace:
+            raise EngineError(f"The lora adapter '{name}' has already been loaded. If you want to load "
+                              "the adapter in place, set 'load_inplace' to True.", 400, "InvalidUserInput")
+        from peft import PeftModel
+
+        try:
+            if name in self.adapters:
+                self._delete_adapter(name)
+            if not self.adapters:
+                self.model = PeftModel.from_pretrained(self.base, path, adapter_name=name, is_trainable=False)
+            else:
+                self.model.load_adapter(path, adapter_name=name, is_trainable=False)
+        except Exception as e:
+            raise EngineError(f"Loading lora {name} failed: {e}", 400, "BadRequestError") from None
+        self.model.eval()
+        self.adapters[name] = LoraAdapter(name, str(path))
+
+    def unload_lora(self, name: str) -> None:
+        if name not in self.adapters:
+            raise EngineError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
+        self._delete_adapter(name)
+
+    def _delete_adapter(self, name: str) -> None:
+        del self.adapters[name]
+        if not self.adapters:
+            # unload() strips the LoRA layers and returns the untouched base model
+            self.base = self.model.unload()
+            self.model = self.base
+        else:
+            self.model.set_adapter(next(iter(self.adapters)))
+            self.model.delete_adapter(name)
+
+    def reload_weights(self, weights_path: str | None = None) -> None:
+        """Replace the base weights in place from a HF checkpoint dir; loaded adapters stay."""
+        from safetensors.torch import load_file
+
+        path = Path(weights_path or self.model_dir)
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise EngineError(f"no *.safetensors weights found in {path}", 400, "BadRequestError")
+        state: dict[str, Any] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        target = self.model.get_base_model() if self.adapters else self.base
+        current = target.state_dict()
+        mapped: dict[str, Any] = {}
+        for k, v in state.items():
+            if k in current:
+                mapped[k] = v
+                continue
+            head, _, leaf = k.rpartition(".")
+            alt = f"{head}.base_layer.{leaf}"  # peft wraps adapted Linear layers
+            if alt not in current:
+                raise EngineError(f"checkpoint tensor {k} has no match in the served model; is {path} "
+                                  f"the same architecture as {self.model_dir}?", 400, "BadRequestError")
+            mapped[alt] = v
+        for k, v in mapped.items():
+            if tuple(v.shape) != tuple(current[k].shape):
+                raise EngineError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, the served model "
+                                  f"has {tuple(current[k].shape)}", 400, "BadRequestError")
+        with self._torch.no_grad():
+            for k, v in mapped.items():
+                current[k].copy_(v.to(current[k].dtype))
+        self.weights_path = str(path)
+
+
+def _normalise_message(m: Any) -> dict[str, Any]:
+    """Content parts -> plain text; tool-call arguments stay strings (the template accepts both)."""
+    if not isinstance(m, dict) or "role" not in m:
+        raise EngineError("each message must be an object with a role", param="messages")
+    out = dict(m)
+    content = out.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(part.get("text", ""))
+            else:
+                raise EngineError("only text content parts are supported by the embedded server",
+                                  param="messages")
+        out["content"] = "".join(parts)
+    elif content is None:
+        out["content"] = ""
+    for tc in out.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        if isinstance(fn.get("arguments"), str):
+            try:
+                json.loads(fn["arguments"])
+            except json.JSONDecodeError:
+                raise EngineError("tool_calls[].function.arguments must be a JSON string",
+                                  param="messages") from None
+    return out
+
+
+class _TextStream:
+    """Incremental detokenisation with stop strings, holding back text that may start a stop."""
+
+    def __init__(self, tokenizer: Any, p: SamplingParams, on_delta: Callable[[Delta], None] | None, index: int):
+        self.tok = tokenizer
+        self.p = p
+        self.on_delta = on_delta
+        self.index = index
+        self.ids: list[int] = []
+        self.sent_chars = 0
+        self.sent_tokens = 0
+        self.text = ""
+        self.lps: list[float] = []
+        self.holdback = max((len(s) for s in p.stop), default=1) - 1
+        self.c: Completion | None = None
+
+    def push(self, tok: int, *, is_stop_token: bool, final: bool) -> str | None:
+        """Add one token; returns the stop string hit, if any."""
+        self.ids.append(tok)
+        text_ids = self.ids[:-1] if is_stop_token else self.ids
+        self.text = self.tok.decode(text_ids, skip_special_tokens=self.p.skip_special_tokens)
+        for s in self.p.stop:
+            at = self.text.find(s, max(0, self.sent_chars - len(s)))
+            if at != -1:
+                self.text = self.text[:at]
+                return s
+        return None
+
+    def finish(self, c: Completion) -> None:
+        c.text = self.text
+        self._emit(c, final=True)
+
+    def flush(self, c: Completion) -> None:
+        self._emit(c, final=False)
+
+    def _emit(self, c: Completion, final: bool) -> None:
+        if self.on_delta is None:
+            return
+        upto = len(self.text) if final else max(self.sent_chars, len(self.text) - self.holdback)
+        if not final:  # a trailing U+FFFD may be an incomplete UTF-8 sequence: wait for the rest
+            upto = min(upto, len(self.text.rstrip("\ufffd")))
+        delta = self.text[self.sent_chars:upto]
+        new_ids = c.token_ids[self.sent_tokens:]
+        if not delta and not new_ids and not final:
+            return
+        self.on_delta(Delta(self.index, delta, new_ids, c.logprobs[self.sent_tokens:],
+                            c.top_logprobs[self.sent_tokens:],
+                            c.finish_reason if final else None, c.stop_reason if final else None))
+        self.sent_chars = max(self.sent_chars, upto)
+        self.sent_tokens = len(c.token_ids)
+
+
+class EngineWorker:
+    """The one thread that runs the engine. Control jobs go before queued generations.
+
+    Generations that are waiting together (same adapter) run as one batch of up to
+    ``max_batch`` requests (vLLM's ``--max-num-seqs``); a batch runs to completion before the
+    next control job, so a weight reload never happens in the middle of a sequence.
+    """
+
+    CONTROL, GENERATE = 0, 1
+
+    def __init__(self, engine: ModelEngine, max_batch: int = 8) -> None:
+        self.engine = engine
+        self.max_batch = max(1, max_batch)
+        self._q: queue.PriorityQueue[tuple[int, int, Any, Future | None]] = queue.PriorityQueue()
+        self._seq = itertools.count()
+        self._held: list[tuple[int, int, Any, Future]] = []
+        self.paused = False
+        self.batches: deque[int] = deque(maxlen=1000)  # sizes of recent generation batches (observability)
+        self._thread = threading.Thread(target=self._loop, name="tracerl-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], Any], *, control: bool = False) -> Future:
+        fut: Future = Future()
+        self._q.put((self.CONTROL if control else self.GENERATE, next(self._seq), fn, fut))
+        return fut
+
+    def generate(self, job: GenerationJob) -> Future:
+        """Queue a generation; the future's result is its list of ``Completion``."""
+        fut: Future = Future()
+        self._q.put((self.GENERATE, next(self._seq), job, fut))
+        return fut
+
+    def call(self, fn: Callable[[], Any], *, control: bool = False, timeout: float | None = None) -> Any:
+        return self.submit(fn, control=control).result(timeout)
+    def pause(self, mode: str = "abort") -> None:
+        """vLLM's ``/pause``: stop starting generations; ``abort`` fails the queued ones."""
+        if mode not in ("abort", "wait", "keep"):
+            raise EngineError(f"mode must be one of abort, wait, keep; got {mode!r}")
+
+        def do() -> None:
+            self.paused = True
+            if mode == "abort":
+                self._abort_queued()
+
+        self.call(do, control=True)
+
+    def resume(self) -> None:
+        def do() -> None:
+            self.paused = False
+            for item in self._held:
+                self._q.put(item)
+            self._held.clear()
+
+        self.call(do, control=True)
+
+    def _abort_queued(self) -> None:
+        pending = list(self._held)
+        self._held.clear()
+        keep = []
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            (pending if item[0] == self.GENERATE and item[2] is not None else keep).append(item)
+        for item in keep:
+            self._q.put(item)
+        for *_, fut in pending:
+            if fut is not None:
+                fut.set_exception(EngineError("request aborted: the server was paused (/pause?mode=abort) "
+                                              "for a weight update; retry", 503, "ServiceUnavailable"))
+
+    def close(self) -> None:
+        self._q.put((-1, next(self._seq), None, None))
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            prio, _seq, work, fut = item
+            if work is None or fut is None:
+                return
+            if prio == self.GENERATE and self.paused:
+                self._held.append(item)  # type: ignore[arg-type]
+                continue
+            if isinstance(work, GenerationJob):
+                self._run_batch(self._gather(item))
+                continue
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(work())
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _gather(self, first: tuple) -> list[tuple]:
+        """``first`` plus the generations queued right behind it with the same adapter."""
+        batch = [first]
+        while len(batch) < self.max_batch:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] != self.GENERATE or not isinstance(item[2], GenerationJob) \
+                    or item[2].adapter != first[2].adapter:
+                self._q.put(item)  # a control job, or another adapter: it runs next
+                break
+            batch.append(item)
+        return batch
+
+    def _run_batch(self, batch: list[tuple]) -> None:
+        ready: list[tuple[GenerationJob, Future]] = []
+        for _prio, _seq, job, fut in batch:
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                self.engine.check(job)
+            except EngineError as e:
+                fut.set_exception(e)
+                continue
+            ready.append((job, fut))
+        if not ready:
+            return
+        self.batches.append(len(ready))
+        try:
+            results = self.engine.generate_batch([job for job, _ in ready])
+        except BaseException as e:
+            for _, fut in ready:
+                fut.set_exception(e)
+            return
+        for (_, fut), res in zip(ready, results, strict=True):
+            fut.set_result(res)

@@ -1,0 +1,80 @@
+"""OpenAI-compatible proxy that records exact token ids and logprobs as OpenTelemetry spans.
+
+Point the agent's OPENAI_BASE_URL at the gateway. Each /v1/chat/completions and /v1/completions
+call is forwarded to an upstream (vLLM >= 0.10.2 or `tracerl serve`) with return_token_ids and
+logprobs added; the client gets back exactly what it asked for; the gateway exports a span
+`tracerl.gateway {model}` (child of the client's traceparent) to the OTLP endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from dataclasses import dataclass
+
+from tracerl.options import UsageError, add_options, from_args, opt
+
+EPILOG = """\
+example:
+  tracerl gateway --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100 --otlp http://127.0.0.1:4317
+  OPENAI_BASE_URL=http://127.0.0.1:8100/v1 opentelemetry-instrument python agent.py
+"""
+
+
+@dataclass
+class GatewayCommandConfig:
+    """Settings for ``tracerl gateway``."""
+
+    upstream: str = opt("http://127.0.0.1:8000", "upstream server URL(s), comma-separated; calls of one "
+                        "rollout/trace stick to one upstream", metavar="URL[,URL...]")
+    listen: str = opt("127.0.0.1:8100", "HOST:PORT to bind", metavar="HOST:PORT")
+    otlp: str = opt("http://127.0.0.1:4317", "OTLP/gRPC endpoint for the gateway's spans", metavar="URL")
+    token: str = opt("", "require this token (Authorization: Bearer, or X-Tracerl-Gateway-Token to keep the "
+                     "client's Authorization for the upstream)", env="TRACERL_GATEWAY_TOKEN")
+    upstream_api_key: str = opt("", "bearer key sent upstream when the client's Authorization was the gateway "
+                                "token or absent", env="TRACERL_UPSTREAM_API_KEY")
+    timeout_s: float = opt(600.0, "upstream read timeout per call, seconds")
+    connect_timeout_s: float = opt(5.0, "upstream connect timeout, seconds")
+    max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
+    latest_alias: bool = opt(True, "send calls for model NAME to the newest NAME@k adapter the upstream serves, "
+                             "so unmodified agents follow the trainer's published versions")
+    models_ttl_s: float = opt(2.0, "how long the upstream's /v1/models list is trusted for the alias, seconds")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, GatewayCommandConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = from_args(GatewayCommandConfig, args)
+    from serving.gateway import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
+    from serving.httpserver import parse_listen
+
+    upstreams = [u for u in cfg.upstream.split(",") if u.strip()]
+    try:
+        for u in upstreams:
+            normalise_upstream(u)
+        host, port = parse_listen(cfg.listen, 8100)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not upstreams:
+        raise UsageError("--upstream needs at least one URL, e.g. http://127.0.0.1:8000")
+    provider = make_tracer_provider(cfg.otlp)
+    gw = Gateway((host, port), GatewayConfig(
+        upstreams=upstreams, token=cfg.token or None, upstream_api_key=cfg.upstream_api_key or None,
+        timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
+        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), latest_alias=cfg.latest_alias,
+        models_ttl_s=cfg.models_ttl_s), provider)
+    gw.start_background()
+    print(f"gateway on {gw.url}/v1 -> {', '.join(gw.upstreams)}; spans to {cfg.otlp}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        gw.stop()
+        provider.shutdown()
+    return 0

@@ -1,0 +1,82 @@
+"""Serve a local model with vLLM's OpenAI-compatible API subset on CPU (the laptop/CI stand-in).
+
+Chat and text completions (chat template, hermes tool calls, sampling, return_token_ids,
+logprobs, streaming), /v1/models, runtime LoRA load/unload and the dev-mode reload endpoints,
+so the gateway and `tracerl train` drive it exactly as they drive vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracerl.options import UsageError, add_options, from_args, opt
+
+EPILOG = """\
+example:
+  tracerl init-model ./tiny && tracerl serve --model ./tiny --listen 127.0.0.1:8000
+  curl -s 127.0.0.1:8000/v1/chat/completions -d '{"model":"policy","max_tokens":8,
+       "messages":[{"role":"user","content":"hi"}],"return_token_ids":true}'
+"""
+
+
+@dataclass
+class ServeConfig:
+    """Settings for ``tracerl serve``."""
+
+    model: str = opt("", "model directory (HF format; build one with `tracerl init-model DIR`)", metavar="DIR")
+    listen: str = opt("127.0.0.1:8000", "HOST:PORT to bind", metavar="HOST:PORT")
+    served_model_name: str = opt("policy", "name of the base model in /v1/models and requests")
+    api_key: str = opt("", "require `Authorization: Bearer KEY` on every endpoint but /health",
+                       env="TRACERL_SERVE_API_KEY")
+    logprobs_mode: str = opt("raw_logprobs", "logprobs of the raw distribution (vLLM default) or of the "
+                             "processed one (after temperature/top-k/top-p)",
+                             choices=["raw_logprobs", "processed_logprobs"])
+    max_model_len: int = opt(0, "context length limit (0: the model's max_position_embeddings)")
+    enable_lora: bool = opt(True, "allow LoRA adapters (vLLM --enable-lora)")
+    lora_updating: bool = opt(True, "register /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                              "(vLLM VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
+    dev_mode: bool = opt(True, "register /collective_rpc, /pause, /resume, /is_paused, /reset_prefix_cache "
+                         "(vLLM VLLM_SERVER_DEV_MODE=1)")
+    max_num_seqs: int = opt(8, "most requests batched into one forward pass (vLLM --max-num-seqs)")
+    max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
+    seed: int = opt(0, "seed of the sampler for requests without a seed")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, ServeConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = from_args(ServeConfig, args)
+    if not cfg.model:
+        raise UsageError("--model DIR is required; build a tiny one with `tracerl init-model ./tiny`")
+    if not (Path(cfg.model) / "config.json").is_file():
+        raise UsageError(f"{cfg.model} has no config.json; pass a HF model directory "
+                         f"(e.g. from `tracerl init-model {cfg.model}`)")
+    from serving.httpserver import parse_listen
+    from serving.server import EmbeddedServer, ServeOptions
+
+    try:
+        host, port = parse_listen(cfg.listen, 8000)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    opts = ServeOptions(api_key=cfg.api_key or None, enable_lora=cfg.enable_lora,
+                        enable_lora_updating=cfg.lora_updating, dev_mode=cfg.dev_mode,
+                        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_num_seqs=max(1, cfg.max_num_seqs))
+    server = EmbeddedServer.start(cfg.model, host=host, port=port, served_model_name=cfg.served_model_name,
+                                  logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
+                                  options=opts, seed=cfg.seed)
+    print(f"serving {cfg.model} as {cfg.served_model_name!r} on {server.url}/v1", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
