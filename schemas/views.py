@@ -19,7 +19,25 @@ from schemas.tables import PARTITION_SCHEMA, TABLES
 
 # Derived views, defined over the base table views; stages add theirs here so that the SQL
 # users see in the README, `tracerl sql` and the trainer are the same text.
-DERIVED_VIEWS: dict[str, str] = {}
+DERIVED_VIEWS: dict[str, str] = {
+    # span_to_transition: one row per converted rollout (see span_to_transition/README.md).
+    "rollouts": """
+        SELECT rollout_id,
+               any_value(task_id) AS task_id,
+               max(rollout_reward) AS reward,
+               any_value(reward_source) AS reward_source,
+               count(*) AS n_calls,
+               count(*) FILTER (WHERE trainable) AS n_trainable,
+               list_sort(list_distinct(list(agent_name) FILTER (WHERE agent_name IS NOT NULL))) AS agents,
+               min(policy_version) AS policy_version,
+               max(policy_version) AS max_policy_version,
+               avg(CASE WHEN token_source IN ('gateway', 'span') THEN 1.0 ELSE 0.0 END) AS token_coverage,
+               min(started_at) AS started_at,
+               max(ended_at) AS ended_at
+        FROM transitions
+        GROUP BY rollout_id
+    """,
+}
 
 
 def _files(layout: StoreLayout, table: str) -> list[str]:

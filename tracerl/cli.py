@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("tracerl.commands.collect", "receive OTLP (gRPC + HTTP) and store spans durably as Parquet"),
     "status": ("tracerl.commands.status", "row counts per table, WAL backlog, last span time"),
     "sql": ("tracerl.commands.sql", "run DuckDB SQL over the store, read-only"),
+    "convert": ("tracerl.commands.convert", "turn complete rollouts in the store into MDP transitions"),
     "init-model": ("tracerl.commands.init_model", "build a tiny random-weight model + real tokenizer (no hub)"),
     "serve": ("tracerl.commands.serve", "embedded CPU server with vLLM's OpenAI-compatible API subset"),
     "gateway": ("tracerl.commands.gateway", "OpenAI-compatible proxy that records exact token ids as spans"),

@@ -1,0 +1,71 @@
+"""Agent attribution: which agent made each LLM call, and whether its calls are trained on.
+
+An agent is whatever span says so, in any of the spellings frameworks use; a call belongs to
+its nearest agent ancestor (the call span itself first, since some frameworks tag it).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from span_to_transition.records import Span
+from span_to_transition.tree import Key, SpanTree
+
+AGENT_KEYS = frozenset(
+    {
+        "gen_ai.agent.name",  # OTel GenAI semconv
+        "agent.name",  # OpenInference (OpenAI Agents, smolagents), Google ADK
+        "agent_name",  # pydantic-ai / logfire
+        "crewai.agent.role",  # CrewAI
+        "traceloop.entity.name",  # OpenLLMetry frameworks, only with traceloop.span.kind = agent
+    }
+)
+
+
+def agent_of_span(span: Span) -> str | None:
+    """The agent name a span declares, or None when it is not an agent span."""
+    a = span.attributes
+    if not AGENT_KEYS.isdisjoint(a):  # (C-speed test; most spans carry none of these keys)
+        for key in ("gen_ai.agent.name", "agent.name", "agent_name", "crewai.agent.role"):
+            if a.get(key):
+                return a[key]
+        if a.get("traceloop.span.kind") == "agent" and a.get("traceloop.entity.name"):
+            return a["traceloop.entity.name"]
+    if a.get("gen_ai.operation.name") == "invoke_agent" or span.name.startswith("invoke_agent"):
+        rest = span.name[len("invoke_agent"):].strip()
+        return rest or None
+    if a.get("openinference.span.kind", "").upper() == "AGENT":
+        return span.name or None
+    return None
+
+
+def attribute_agent(tree: SpanTree, key: Key) -> str | None:
+    """The nearest agent at or above ``key``: nested agents (a checker inside a writer) win."""
+    for span in tree.ancestors(key, include_self=True):
+        name = agent_of_span(span)
+        if name:
+            return name
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def compile_agents(pattern: str | None) -> re.Pattern[str] | None:
+    """``--agents REGEX``: None trains every call. The regex must match the whole agent name."""
+    if pattern is None or pattern == "":
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"--agents {pattern!r} is not a valid regular expression ({e}); "
+                         "write e.g. --agents 'writer|rewriter'") from e
+
+
+def is_trainable(agent: str | None, selector: re.Pattern[str] | None) -> bool:
+    """Calls of agents the selector matches (fully) are trained on; others are kept, not trained.
+
+    With a selector, a call with no agent is not trainable: nothing selected it.
+    """
+    if selector is None:
+        return True
+    return agent is not None and selector.fullmatch(agent) is not None

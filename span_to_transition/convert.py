@@ -1,0 +1,263 @@
+"""One rollout's spans (+ log events + reward rows) -> its transitions. Pure: no I/O, no clock.
+
+This is the whole method in one function, ``convert_rollout``: assemble and repair the tree,
+find the LLM calls in any dialect, dedupe them by response id, join exact tokens, attribute
+agents, collect rewards from every channel, assign credit, and emit one transition per call
+in the order the calls started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from span_to_transition.agents import attribute_agent, compile_agents, is_trainable
+from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
+from span_to_transition.dialects import classify, parse_call, parse_semconv
+from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
+from span_to_transition.rewards import in_band_rewards, rollout_reward
+from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens
+from span_to_transition.tree import SpanTree, build_tree
+
+MISSING_REWARD = ("exclude", "fill")
+
+
+def _field(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field carrying its CLI help (read by ``tracerl.options.add_options``)."""
+    meta = {"help": help, "flag": None, "metavar": None, "choices": None, "env": None, **extra}
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ConvertConfig:
+    """How spans become transitions; the same settings for ``tracerl convert`` and ``collect --convert``."""
+
+    agents: str | None = _field(None, "regex (full match) of agent names whose calls are trainable; others are "
+                                      "kept with trainable=false; default: every call", metavar="REGEX")
+    credit: str = _field("identical", "credit assignment strategy", choices=list(CREDIT))
+    gamma: float = _field(0.9, "discount for --credit discounted")
+    quiet_s: float = _field(30.0, "a rollout whose root span ended is complete after this many seconds "
+                                  "without a new span")
+    max_wait_s: float = _field(600.0, "a rollout whose root span never arrives is converted anyway (tree "
+                                      "repaired) after this many quiet seconds")
+    missing_reward: str = _field("exclude", "a rollout with no reward on any channel is excluded (and "
+                                            "reconsidered when a reward row arrives), or filled",
+                                 choices=list(MISSING_REWARD))
+    fill_reward: float = _field(0.0, "reward given to reward-less rollouts with --missing-reward fill")
+    workers: int = _field(0, "worker processes for large batches (0: one per CPU when there are 4 or more, "
+                             "else in-process; 1: in-process)")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad setting and the fix."""
+        compile_agents(self.agents)
+        if self.credit not in CREDIT:
+            raise ValueError(f"--credit {self.credit!r} is unknown; choose one of {', '.join(CREDIT)}")
+        if self.missing_reward not in MISSING_REWARD:
+            raise ValueError(f"--missing-reward {self.missing_reward!r} is unknown; choose exclude or fill")
+        if self.quiet_s < 0 or self.max_wait_s < 0:
+            raise ValueError("--quiet-s and --max-wait-s must be >= 0")
+        if self.workers < 0:
+            raise ValueError(f"--workers {self.workers} must be >= 0 (0 picks one per CPU)")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"--gamma {self.gamma} must be within [0, 1]")
+
+
+@dataclass
+class RolloutInput:
+    rollout_id: str
+    spans: list[Span]
+    logs: list[LogEvent] = field(default_factory=list)
+    rewards: list[Reward] = field(default_factory=list)  # side-channel / offline rows of this rollout
+
+
+@dataclass
+class RolloutOutput:
+    rollout_id: str
+    status: str  # converted|excluded_no_reward|no_calls
+    transitions: list[Transition] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    orphans: int = 0
+    calls_without_content: int = 0
+    duplicate_calls: int = 0
+    filled_reward: bool = False
+
+
+def transition_id(rollout_id: str, trace_id: str, span_id: str) -> str:
+    """Stable across runs and delivery orders, so re-conversion never creates a second row."""
+    return hashlib.sha256(f"{rollout_id}/{trace_id}/{span_id}".encode()).hexdigest()[:32]
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _dumps(obj: Any) -> str:
+    """Compact JSON, UTF-8 kept as-is (the same text ``json.dumps(..., separators=(",", ":"))`` gives)."""
+    return _ENCODER.encode(obj)
+
+
+def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
+    """``tracerl.task_id`` (span attribute, then resource attribute, roots first); otherwise a stable
+    hash of the rollout's first user message, so reruns of the same task group together."""
+    ordered = sorted(tree.spans.values(), key=lambda s: (s.parent_span_id is not None, s.start_time_ns, s.span_id))
+    for s in ordered:
+        if s.attributes.get("tracerl.task_id"):
+            return s.attributes["tracerl.task_id"]
+    for s in ordered:
+        if s.resource_attributes.get("tracerl.task_id"):
+            return s.resource_attributes["tracerl.task_id"]
+    for c in calls:
+        for m in c.messages:
+            if m["role"] == "user" and m.get("content") is not None:
+                return "h:" + hashlib.sha256(_dumps(m["content"]).encode()).hexdigest()[:16]
+    return None
+
+
+def _call_quality(call: LLMCall, depth: int) -> tuple:
+    return (bool(call.messages), call.response is not None, call.tools is not None, -depth,
+            -call.start_time_ns, call.span_id)
+
+
+def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
+    """The transitions of one complete rollout (see the module docstring for the steps)."""
+    selector = compile_agents(config.agents)
+    tree = build_tree(inp.rollout_id, inp.spans)
+    out = RolloutOutput(inp.rollout_id, "no_calls", duplicates=tree.duplicates, orphans=len(tree.orphans))
+    out.problems.extend(tree.problems)
+
+    logs_by_span: dict[str, list[LogEvent]] = {}
+    for e in inp.logs:
+        if e.span_id:
+            logs_by_span.setdefault(e.span_id, []).append(e)
+
+    calls: list[LLMCall] = []
+    gateways: list[Span] = []
+    for key, span in tree.spans.items():
+        if not span.attributes:  # a skeleton span: structure only
+            continue
+        if is_gateway(span):
+            gateways.append(span)
+            continue
+        call = parse_call(span, logs_by_span.get(key[1], ()))
+        if call is None:
+            continue
+        if not call.messages or call.response is None:
+            out.calls_without_content += 1
+            what = "messages" if not call.messages else "a response (did the call fail?)"
+            out.problems.append(
+                f"LLM call span {span.span_id} ({call.dialect}) in trace {span.trace_id} has no {what}; not "
+                "converted. Turn on content capture (OpenLLMetry: TRACELOOP_TRACE_CONTENT=true; contrib: "
+                "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY with "
+                "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"
+            )
+            continue
+        calls.append(call)
+
+    # One call per gen_ai.response.id: two instrumentations (or a framework and a client library)
+    # recording the same request must not train on it twice. Keep the most complete record.
+    best: dict[str, LLMCall] = {}
+    unique: list[LLMCall] = []
+    for c in calls:
+        if not c.response_id:
+            unique.append(c)
+            continue
+        cur = best.get(c.response_id)
+        if cur is None:
+            best[c.response_id] = c
+        else:
+            out.duplicate_calls += 1
+            if _call_quality(c, tree.depth((c.trace_id, c.span_id))) > _call_quality(
+                    cur, tree.depth((cur.trace_id, cur.span_id))):
+                best[c.response_id] = c
+    unique.extend(best.values())
+
+    claimed: dict[str, Span] = {}
+    unclaimed: list[Span] = []
+    if gateways:
+        parent_of = {k[1]: p[1] if p else None for k, p in tree.parent.items()}
+        claimed, unclaimed = match_gateways(unique, gateways, parent_of)
+    for g in unclaimed:
+        if classify(g.attributes) == "semconv":
+            gcall = parse_semconv(g)
+            if gcall.messages and gcall.response is not None:
+                unique.append(gcall)
+                claimed[g.span_id] = g
+                continue
+        out.problems.append(
+            f"gateway span {g.span_id} in trace {g.trace_id} matches no LLM call span (no parent call span, "
+            "no call with its gen_ai.response.id) and records no gen_ai.input.messages/gen_ai.output.messages; "
+            "not converted. Instrument the agent's OpenAI client, or propagate traceparent to the gateway"
+        )
+
+    unique.sort(key=lambda c: (c.start_time_ns, c.end_time_ns, c.span_id))
+    if not unique:
+        return out
+
+    rewards = in_band_rewards(tree.spans.values(), inp.logs) + list(inp.rewards)
+    seen_ids: set[str] = set()
+    deduped: list[Reward] = []
+    for r in rewards:
+        if r.reward_id is not None:
+            if r.reward_id in seen_ids:
+                continue
+            seen_ids.add(r.reward_id)
+        deduped.append(r)
+    total = rollout_reward(deduped)
+    value, source = total.value, total.source
+    if value is None:
+        if config.missing_reward == "exclude":
+            out.status = "excluded_no_reward"
+            return out
+        value, source, out.filled_reward = config.fill_reward, "fill", True
+        deduped = []
+
+    refs = [CallRef(c.span_id, c.response_id, c.end_time_ns) for c in unique]
+    credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma))
+    task_id = task_id_of(tree, unique)
+    n = len(unique)
+    for step, (call, credited) in enumerate(zip(unique, credit)):
+        span = tree.spans[(call.trace_id, call.span_id)]
+        gateway = claimed.get(call.span_id)
+        tokens = resolve_tokens(span, gateway, call, out.problems)
+        agent = attribute_agent(tree, span.key)
+        model = call.response_model or call.request_model
+        input_tokens, output_tokens = call.input_tokens, call.output_tokens
+        if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it
+            if input_tokens is None:
+                input_tokens = as_int(gateway.attributes.get("gen_ai.usage.input_tokens"))
+            if output_tokens is None:
+                output_tokens = as_int(gateway.attributes.get("gen_ai.usage.output_tokens"))
+        out.transitions.append(
+            Transition(
+                transition_id=transition_id(inp.rollout_id, call.trace_id, call.span_id),
+                rollout_id=inp.rollout_id,
+                task_id=task_id,
+                trace_id=call.trace_id,
+                span_id=call.span_id,
+                step=step,
+                agent_name=agent,
+                trainable=is_trainable(agent, selector),
+                model=model,
+                policy_version=tokens.policy_version,
+                prompt_messages=_dumps(call.messages),
+                tools=_dumps(call.tools) if call.tools else None,
+                response_message=_dumps(call.response),
+                finish_reason=call.finish_reason,
+                prompt_token_ids=tokens.prompt_token_ids,
+                response_token_ids=tokens.response_token_ids,
+                response_logprobs=tokens.response_logprobs,
+                token_source=tokens.source,
+                reward=float(credited),
+                rollout_reward=float(value),
+                reward_source=source,
+                is_last=step == n - 1,
+                started_at=call.start_time_ns,
+                ended_at=call.end_time_ns,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+            )
+        )
+    out.status = "converted"
+    return out

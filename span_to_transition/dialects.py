@@ -1,0 +1,414 @@
+"""GenAI dialect parsers: recognise an LLM call by its attributes and normalise it to OpenAI chat.
+
+Four dialects are read (DESIGN.md "GenAI dialects"), each recorded by a real instrumentation
+package in ``tests/span_to_transition/fixtures``:
+
+- ``semconv``: OTel GenAI ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (parts format),
+  ``gen_ai.system_instructions``, ``gen_ai.tool.definitions`` (OpenLLMetry >= 0.55, contrib
+  openai-v2 with ``gen_ai_latest_experimental``). JSON strings and structured values read alike,
+  because the store keeps structured values as JSON text.
+- ``semconv_events``: the messages as log events joined to the span by span id, either one event
+  per message (``gen_ai.{system,user,assistant,tool}.message``, ``gen_ai.choice``) or one
+  ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes.
+- ``openllmetry``: flattened ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` with both usage
+  spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``).
+- ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``.
+
+Spans are classified by attributes, never by span name. Every parser returns the same shape
+(``LLMCall``), so the same call recorded by any instrumentation yields the same transition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+
+CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+MESSAGE_EVENTS = frozenset(
+    {"gen_ai.system.message", "gen_ai.user.message", "gen_ai.assistant.message", "gen_ai.tool.message",
+     "gen_ai.choice"}
+)
+
+# Keys whose presence makes a span worth reading (used by the store shell to filter vectorised).
+CALL_KEYS = frozenset(
+    {
+        "gen_ai.input.messages", "gen_ai.output.messages", "openinference.span.kind",
+        "gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
+        "gen_ai.completion.0.content", "gen_ai.operation.name", "llm.request.type",
+    }
+)
+
+FINISH_REASONS = {"tool_call": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
+                  "end_turn": "stop", "stop_sequence": "stop"}
+"""Semconv / provider spellings mapped to the OpenAI ``finish_reason`` values the trainer sees."""
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI message helpers: every dialect builds messages with these, so outputs compare equal.
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def tool_call(call_id: str | None, name: str | None, arguments: Any) -> dict[str, Any]:
+    """An OpenAI tool call. Structured arguments (semconv) are re-serialised with ``json.dumps``
+    defaults, which is how OpenAI-compatible servers print them; strings are kept verbatim."""
+    if arguments is None:
+        args = ""
+    elif isinstance(arguments, str):
+        args = arguments
+    else:
+        args = json.dumps(arguments, ensure_ascii=False)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def message(role: str, content: Any = None, *, tool_calls: list[dict[str, Any]] | None = None,
+            tool_call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
+    """A canonical OpenAI chat message: ``role`` and ``content`` always, the rest only when set."""
+    out: dict[str, Any] = {"role": role, "content": content if content != "" or role != "assistant" else None}
+    if tool_calls:
+        out["tool_calls"] = tool_calls
+    if tool_call_id:
+        out["tool_call_id"] = tool_call_id
+    if name:
+        out["name"] = name
+    return out
+
+
+def normalise_finish_reason(value: str | None) -> str | None:
+    if value is None:
+        return None
+    return FINISH_REASONS.get(value, value)
+
+
+def normalise_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Tool definitions in OpenAI form ``{"type": "function", "function": {name, description, parameters}}``."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    out = []
+    for t in tools:
+        if not isinstance(t, dict):
+            continue
+        fn = t.get("function") if isinstance(t.get("function"), dict) else t
+        spec: dict[str, Any] = {"name": fn.get("name")}
+        if fn.get("description") is not None:
+            spec["description"] = fn["description"]
+        params = fn.get("parameters")
+        if isinstance(params, str):
+            params = load_json(params)
+        if params is not None:
+            spec["parameters"] = params
+        out.append({"type": "function", "function": spec})
+    return out or None
+
+
+def _openai_message(m: Mapping[str, Any]) -> dict[str, Any]:
+    """An already OpenAI-shaped message dict (events, ``input.value``), canonicalised."""
+    calls = [
+        tool_call(c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+        for c in (m.get("tool_calls") or [])
+        if isinstance(c, dict)
+    ]
+    return message(m.get("role") or "user", m.get("content"), tool_calls=calls or None,
+                   tool_call_id=m.get("tool_call_id"), name=m.get("name"))
+
+
+# ---------------------------------------------------------------------------------------------
+# semconv parts
+
+
+def _join_text(texts: list[str]) -> str | list[dict[str, str]] | None:
+    if not texts:
+        return None
+    if len(texts) == 1:
+        return texts[0]
+    return [{"type": "text", "text": t} for t in texts]
+
+
+def messages_from_parts(items: Any) -> list[dict[str, Any]]:
+    """Semconv messages (``{"role", "parts": [...]}``) to OpenAI messages.
+
+    A ``tool_call_response`` part becomes its own ``tool`` message (OpenAI has one per result);
+    ``reasoning`` parts are not part of the chat-template prompt and are dropped.
+    """
+    out: list[dict[str, Any]] = []
+    if not isinstance(items, list):
+        return out
+    for m in items:
+        if not isinstance(m, dict):
+            continue
+        if "parts" not in m:
+            out.append(_openai_message(m))
+            continue
+        role = m.get("role") or "user"
+        ps = m["parts"]
+        if isinstance(ps, list) and len(ps) == 1 and isinstance(ps[0], dict) and ps[0].get("type") == "text" \
+                and not m.get("name"):  # the common case, without the general loop
+            out.append(message(role, ps[0].get("content") or ""))
+            continue
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        results: list[dict[str, Any]] = []
+        for p in m.get("parts") or []:
+            kind = p.get("type") if isinstance(p, dict) else None
+            if kind == "text":
+                texts.append(p.get("content") or "")
+            elif kind == "tool_call":
+                calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
+            elif kind == "tool_call_response":
+                results.append(message("tool", _text(p.get("response", p.get("result"))), tool_call_id=p.get("id")))
+        if results:
+            out.extend(results)
+        if texts or calls or not results:
+            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name")))
+    return out
+
+
+def _system_message(instructions: Any) -> dict[str, Any] | None:
+    if isinstance(instructions, str):
+        return message("system", instructions)
+    if isinstance(instructions, list):
+        texts = [p.get("content") or "" for p in instructions if isinstance(p, dict) and p.get("type") == "text"]
+        if texts:
+            return message("system", _join_text(texts))
+    return None
+
+
+def _first_output(outputs: list[dict[str, Any]], raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    finish = None
+    if isinstance(raw, list) and raw and isinstance(raw[0], dict):
+        finish = raw[0].get("finish_reason")
+    return (outputs[0] if outputs else None), finish
+
+
+def _finish_from_attr(attrs: Mapping[str, str]) -> str | None:
+    reasons = load_json(attrs.get("gen_ai.response.finish_reasons"))
+    if isinstance(reasons, list) and reasons:
+        return reasons[0]
+    return reasons if isinstance(reasons, str) else None
+
+
+def _usage(attrs: Mapping[str, str], *keys: str) -> int | None:
+    for k in keys:
+        v = as_int(attrs.get(k))
+        if v is not None:
+            return v
+    return None
+
+
+def _common(span: Span, attrs: Mapping[str, str], dialect: str, messages: list[dict[str, Any]],
+            response: dict[str, Any] | None, finish: str | None, tools: Any) -> LLMCall:
+    return LLMCall(
+        span_id=span.span_id,
+        trace_id=span.trace_id,
+        dialect=dialect,
+        messages=messages,
+        response=response,
+        tools=normalise_tools(tools),
+        finish_reason=normalise_finish_reason(finish or _finish_from_attr(attrs)),
+        request_model=attrs.get("gen_ai.request.model"),
+        response_model=attrs.get("gen_ai.response.model"),
+        response_id=attrs.get("gen_ai.response.id"),
+        input_tokens=_usage(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
+        output_tokens=_usage(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
+        start_time_ns=span.start_time_ns,
+        end_time_ns=span.end_time_ns,
+    )
+
+
+def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: str = "semconv") -> LLMCall:
+    attrs = span.attributes if attrs is None else attrs
+    messages = messages_from_parts(load_json(attrs.get("gen_ai.input.messages")))
+    system = _system_message(load_json(attrs.get("gen_ai.system_instructions")))
+    if system is not None and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, system)
+    raw_out = load_json(attrs.get("gen_ai.output.messages"))
+    response, finish = _first_output(messages_from_parts(raw_out), raw_out)
+    return _common(span, attrs, dialect, messages, response, finish, load_json(attrs.get("gen_ai.tool.definitions")))
+
+
+# ---------------------------------------------------------------------------------------------
+# flattened (OpenLLMetry <= 0.47 and OpenInference): "prefix.{i}.rest" -> [{rest: value}]
+
+_INDEXED = re.compile(r"^(\d+)\.(.+)$")
+
+
+def unflatten(attrs: Mapping[str, str], prefix: str) -> list[dict[str, Any]]:
+    """``{prefix}{i}.a.{j}.b = v`` into ``[{"a": [{"b": v}]}]``, ordered by the integer indices."""
+    root: dict[int, dict[str, Any]] = {}
+    n = len(prefix)
+    for key, value in attrs.items():
+        if not key.startswith(prefix):
+            continue
+        m = _INDEXED.match(key[n:])
+        if not m:
+            continue
+        node = root.setdefault(int(m.group(1)), {})
+        parts = m.group(2).split(".")
+        i = 0
+        while i < len(parts) - 1:
+            if i + 1 < len(parts) - 1 and parts[i + 1].isdigit():
+                lst = node.setdefault(parts[i], {})
+                node = lst.setdefault(int(parts[i + 1]), {})
+                i += 2
+            else:
+                node = node.setdefault(parts[i], {})
+                i += 1
+        node[parts[-1]] = value
+
+    def freeze(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            if obj and all(isinstance(k, int) for k in obj):
+                return [freeze(obj[k]) for k in sorted(obj)]
+            return {k: freeze(v) for k, v in obj.items()}
+        return obj
+
+    return [freeze(root[i]) for i in sorted(root)]
+
+
+def _openllmetry_message(m: dict[str, Any]) -> dict[str, Any]:
+    calls = [tool_call(c.get("id"), c.get("name"), c.get("arguments")) for c in m.get("tool_calls") or []]
+    fc = m.get("function_call")
+    if isinstance(fc, dict) and not calls:
+        calls.append(tool_call(fc.get("id"), fc.get("name"), fc.get("arguments")))
+    return message(m.get("role") or "user", m.get("content"), tool_calls=calls or None,
+                   tool_call_id=m.get("tool_call_id"), name=m.get("name"))
+
+
+def parse_openllmetry(span: Span) -> LLMCall:
+    attrs = span.attributes
+    messages = [_openllmetry_message(m) for m in unflatten(attrs, "gen_ai.prompt.")]
+    completions = unflatten(attrs, "gen_ai.completion.")
+    response = _openllmetry_message({"role": "assistant", **completions[0]}) if completions else None
+    finish = completions[0].get("finish_reason") if completions else None
+    tools = unflatten(attrs, "llm.request.functions.")
+    call = _common(span, attrs, "openllmetry", messages, response, finish, tools)
+    if call.input_tokens is None:
+        call.input_tokens = as_int(attrs.get("llm.usage.prompt_tokens"))
+    if call.output_tokens is None:
+        call.output_tokens = as_int(attrs.get("llm.usage.completion_tokens"))
+    return call
+
+
+def _openinference_message(m: dict[str, Any]) -> dict[str, Any]:
+    msg = m.get("message", {})
+    content: Any = msg.get("content")
+    if content is None and msg.get("contents"):
+        texts = [c.get("message_content", {}).get("text") for c in msg["contents"]]
+        content = _join_text([t for t in texts if t is not None])
+    calls = []
+    for c in msg.get("tool_calls") or []:
+        tc = c.get("tool_call", {})
+        fn = tc.get("function", {})
+        calls.append(tool_call(tc.get("id"), fn.get("name"), fn.get("arguments")))
+    return message(msg.get("role") or "user", content, tool_calls=calls or None,
+                   tool_call_id=msg.get("tool_call_id"), name=msg.get("name"))
+
+
+def parse_openinference(span: Span) -> LLMCall:
+    attrs = span.attributes
+    messages = [_openinference_message(m) for m in unflatten(attrs, "llm.input_messages.")]
+    outputs = [_openinference_message(m) for m in unflatten(attrs, "llm.output_messages.")]
+    tools = [load_json(t.get("tool", {}).get("json_schema")) for t in unflatten(attrs, "llm.tools.")]
+    output_value = load_json(attrs.get("output.value")) if attrs.get("output.mime_type") == "application/json" else None
+    input_value = load_json(attrs.get("input.value")) if attrs.get("input.mime_type") == "application/json" else None
+    finish = attrs.get("llm.finish_reason")
+    response_id = None
+    if isinstance(output_value, dict):
+        response_id = output_value.get("id")
+        choices = output_value.get("choices") or []
+        if finish is None and choices and isinstance(choices[0], dict):
+            finish = choices[0].get("finish_reason")
+    call = _common(span, attrs, "openinference", messages, outputs[0] if outputs else None, finish, tools)
+    call.response_id = attrs.get("gen_ai.response.id") or response_id
+    call.response_model = attrs.get("llm.model_name")
+    if isinstance(input_value, dict):
+        call.request_model = input_value.get("model")
+    call.input_tokens = as_int(attrs.get("llm.token_count.prompt"))
+    call.output_tokens = as_int(attrs.get("llm.token_count.completion"))
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# semconv log events
+
+
+def _event_name(e: LogEvent) -> str:
+    return e.event_name or e.attributes.get("event.name", "")
+
+
+def parse_events(span: Span, events: Iterable[LogEvent]) -> LLMCall | None:
+    """Messages from the log events of one span (already joined by span id), in time order."""
+    events = sorted(events, key=lambda e: e.time_ns)
+    for e in events:
+        if _event_name(e) == DETAILS_EVENT:
+            return parse_semconv(span, {**span.attributes, **e.attributes}, dialect="semconv_events")
+    messages: list[dict[str, Any]] = []
+    response = None
+    finish = None
+    for e in events:
+        name = _event_name(e)
+        if name not in MESSAGE_EVENTS:
+            continue
+        body = load_json(e.body)
+        body = body if isinstance(body, dict) else {"content": body}
+        if name == "gen_ai.choice":
+            if response is None and int(body.get("index") or 0) == 0:
+                msg = body.get("message") or {}
+                response = _openai_message({"role": "assistant", **msg})
+                finish = body.get("finish_reason")
+            continue
+        role = name.split(".")[1]
+        if role == "tool":
+            messages.append(message("tool", _text(body.get("content")), tool_call_id=body.get("id")))
+        else:
+            messages.append(_openai_message({"role": role, **body}))
+    if not messages and response is None:
+        return None
+    return _common(span, span.attributes, "semconv_events", messages, response, finish, None)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def classify(attrs: Mapping[str, str]) -> str | None:
+    """Which dialect recorded this span as an LLM call, from attributes alone; None if not a call."""
+    if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
+        return "semconv"
+    if attrs.get("openinference.span.kind", "").upper() == "LLM":
+        return "openinference"
+    if any(k in attrs for k in ("gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
+                                "gen_ai.completion.0.content")):
+        return "openllmetry"
+    if attrs.get("gen_ai.operation.name") in CALL_OPERATIONS or attrs.get("llm.request.type") in ("chat", "completion"):
+        return "attributes_only"
+    return None
+
+
+def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
+    """The LLM call recorded by ``span`` (plus its joined log events), or None if it is not one.
+
+    A call span whose content was not captured returns an ``LLMCall`` with no messages and no
+    response: the caller reports it (content capture is off) instead of inventing a prompt.
+    """
+    kind = classify(span.attributes)
+    if kind is None:
+        return None
+    if kind == "semconv":
+        return parse_semconv(span)
+    if kind == "openinference":
+        return parse_openinference(span)
+    if kind == "openllmetry":
+        return parse_openllmetry(span)
+    from_events = parse_events(span, events)
+    if from_events is not None:
+        return from_events
+    return _common(span, span.attributes, "attributes_only", [], None, None, None)

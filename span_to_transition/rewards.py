@@ -1,0 +1,112 @@
+"""Reward extraction from the three channels of DESIGN.md, and the rollout reward.
+
+1. In-band: a span with ``tracerl.reward`` (optional ``tracerl.reward.name``);
+   ``agentlightning.reward`` spans (``agentlightning.reward.{i}.value`` / ``.name``,
+   ``agentlightning.reward.primary``, or a legacy ``reward`` attribute); and
+   ``gen_ai.evaluation.result`` events (span events or log records) with
+   ``gen_ai.evaluation.score.value``.
+2. Side channel: rows the collector's ``POST /v1/rewards`` wrote into the rewards table.
+3. Offline: rows a user wrote into the rewards table (``source = offline``).
+
+The rollout reward is the sum of every reward observed for the rollout, so a task reward plus
+shaping terms add up, and ``matched`` credit can hand each term to the call it belongs to.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from span_to_transition.records import LogEvent, Reward, Span, as_float
+
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+AGL_PREFIX = "agentlightning.reward"
+AGL_PRIMARY = "agentlightning.reward.primary"
+AGL_FIRST = "agentlightning.reward.0.value"
+_AGL_INDEXED = re.compile(r"^agentlightning\.reward\.(\d+)\.(value|name)$")
+
+
+def _agentlightning(span: Span) -> list[Reward]:
+    a = span.attributes
+    at = span.end_time_ns
+    indexed: dict[int, dict[str, str]] = {}
+    for k, v in a.items():
+        m = _AGL_INDEXED.match(k)
+        if m:
+            indexed.setdefault(int(m.group(1)), {})[m.group(2)] = v
+    out = []
+    for i in sorted(indexed):
+        value = as_float(indexed[i].get("value"))
+        if value is not None:
+            out.append(Reward(value, "span", indexed[i].get("name"), span.span_id, None, at))
+    if out:
+        return out
+    primary = as_float(a.get("agentlightning.reward.primary"))
+    if primary is not None:
+        return [Reward(primary, "span", "primary", span.span_id, None, at)]
+    if span.name == AGL_PREFIX:
+        legacy = as_float(a.get("reward"))
+        if legacy is not None:
+            return [Reward(legacy, "span", None, span.span_id, None, at)]
+    return []
+
+
+def _evaluation(attrs: dict[str, str], at: int, source: str, span_id: str | None) -> Reward | None:
+    value = as_float(attrs.get("gen_ai.evaluation.score.value"))
+    if value is None:
+        return None
+    return Reward(value, source, attrs.get("gen_ai.evaluation.name"), span_id, attrs.get("gen_ai.response.id"), at)
+
+
+def in_band_rewards(spans: Iterable[Span], logs: Iterable[LogEvent] = ()) -> list[Reward]:
+    """Every reward recorded inside the trace, placed at the time it was emitted.
+
+    A reward span is placed at its end time; it targets no call (``span_id`` is the reward
+    span's own id, which no call has), so ``matched`` gives it to the nearest preceding call.
+    An evaluation event targets the call it was attached to (or its ``gen_ai.response.id``).
+    """
+    out: list[Reward] = []
+    for s in sorted(spans, key=lambda s: (s.start_time_ns, s.trace_id, s.span_id)):  # delivery order never matters
+        value = as_float(s.attributes.get("tracerl.reward"))
+        if value is not None:
+            out.append(Reward(value, "span", s.attributes.get("tracerl.reward.name"), s.span_id, None, s.end_time_ns))
+        if s.name == AGL_PREFIX or AGL_PRIMARY in s.attributes or AGL_FIRST in s.attributes:
+            out.extend(_agentlightning(s))
+        for e in s.events:
+            if e.name == EVALUATION_EVENT:
+                r = _evaluation(e.attributes, e.time_ns, "event", s.span_id)
+                if r is not None:
+                    out.append(r)
+    for e in logs:
+        if (e.event_name or e.attributes.get("event.name")) == EVALUATION_EVENT:
+            r = _evaluation(e.attributes, e.time_ns, "event", e.span_id)
+            if r is not None:
+                out.append(r)
+    out.sort(key=lambda r: r.at_ns or 0)  # stable: same-time rewards keep their recorded order
+    return out
+
+
+@dataclass(frozen=True)
+class RolloutReward:
+    value: float | None  # None: no reward anywhere
+    source: str | None  # the channels that contributed, comma-joined, e.g. "side_channel,span"
+
+
+def rollout_reward(rewards: Iterable[Reward]) -> RolloutReward:
+    """Sum of all rewards; rows with the same ``reward_id`` count once (retried side-channel posts)."""
+    seen: set[str] = set()
+    total = 0.0
+    sources: set[str] = set()
+    found = False
+    for r in rewards:
+        if r.reward_id is not None:
+            if r.reward_id in seen:
+                continue
+            seen.add(r.reward_id)
+        total += r.value
+        sources.add(r.source)
+        found = True
+    if not found:
+        return RolloutReward(None, None)
+    return RolloutReward(total, ",".join(sorted(sources)))

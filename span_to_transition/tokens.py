@@ -1,0 +1,135 @@
+"""Exact tokens: join each LLM call to the gateway span that saw its token ids, or say it has none.
+
+The serving gateway records the exact prompt/response token ids and logprobs of every call it
+proxies (``tracerl.gateway = true``). Its span is a child of the agent's call span when the
+agent's client propagated ``traceparent``; otherwise it shares the call's ``gen_ai.response.id``.
+A gateway span is never a call of its own when an agent call span claims it (that would count
+the call twice); unclaimed gateway spans (an uninstrumented agent) become calls themselves.
+
+Token sources: ``gateway`` (joined gateway span), ``span`` (the call span carries
+``tracerl.prompt_token_ids``), else ``retokenized``: ids stay empty and the trainer renders the
+messages with the model's chat template. Nothing is guessed: malformed ids are a reported
+problem and the call falls back to ``retokenized``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from span_to_transition.records import LLMCall, Span, Tokens, as_bool, as_int, load_json
+
+GATEWAY_FLAG = "tracerl.gateway"
+PROMPT_IDS = "tracerl.prompt_token_ids"
+RESPONSE_IDS = "tracerl.response_token_ids"
+LOGPROBS = "tracerl.response_logprobs"
+POLICY_VERSION = "tracerl.policy_version"
+
+_VERSIONED = re.compile(r"@(\d+)$")
+
+
+def is_gateway(span: Span) -> bool:
+    return as_bool(span.attributes.get(GATEWAY_FLAG))
+
+
+def parse_policy_version(model: str | None) -> int | None:
+    """``policy@3`` -> 3; names without ``@k`` have no version."""
+    if not model:
+        return None
+    m = _VERSIONED.search(model)
+    return int(m.group(1)) if m else None
+
+
+def _int_list(text: str | None, what: str, span: Span, problems: list[str]) -> list[int] | None:
+    if text is None:
+        return None
+    value = load_json(text)
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    problems.append(f"span {span.span_id} in trace {span.trace_id}: {what} is not a JSON list of ints "
+                    f"({text[:40]!r}); its call is marked retokenized; fix the producer of {what}")
+    return None
+
+
+def _float_list(text: str | None, span: Span, problems: list[str]) -> list[float] | None:
+    if text is None:
+        return None
+    value = load_json(text)
+    if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return [float(v) for v in value]
+    problems.append(f"span {span.span_id} in trace {span.trace_id}: {LOGPROBS} is not a JSON list of numbers; "
+                    "logprobs dropped")
+    return None
+
+
+def tokens_from(span: Span, source: str, problems: list[str]) -> Tokens | None:
+    """Token ids recorded on ``span``, or None when it records none (or they are malformed)."""
+    a = span.attributes
+    if PROMPT_IDS not in a and RESPONSE_IDS not in a:
+        return None
+    prompt = _int_list(a.get(PROMPT_IDS), PROMPT_IDS, span, problems)
+    response = _int_list(a.get(RESPONSE_IDS), RESPONSE_IDS, span, problems)
+    if prompt is None or response is None:
+        return None
+    logprobs = _float_list(a.get(LOGPROBS), span, problems)
+    if logprobs is not None and len(logprobs) != len(response):
+        problems.append(f"span {span.span_id}: {len(logprobs)} logprobs for {len(response)} response tokens; "
+                        "logprobs dropped")
+        logprobs = None
+    return Tokens(source, prompt, response, logprobs, as_int(a.get(POLICY_VERSION)))
+
+
+def match_gateways(calls: Iterable[LLMCall], gateways: Iterable[Span],
+                   parent_of: dict[str, str | None]) -> tuple[dict[str, Span], list[Span]]:
+    """Pair call spans with gateway spans: parent/child first, then ``gen_ai.response.id``.
+
+    Returns ({call span_id: gateway span}, unclaimed gateway spans). ``parent_of`` maps a span id
+    to its parent span id within the rollout.
+    """
+    calls = list(calls)
+    call_ids = {c.span_id for c in calls}
+    by_response = {c.response_id: c.span_id for c in calls if c.response_id}
+    matched: dict[str, Span] = {}
+    unclaimed: list[Span] = []
+    for g in sorted(gateways, key=lambda s: (s.start_time_ns, s.span_id)):
+        # the nearest call span above the gateway span (a client-library span may sit between)
+        target = None
+        cur = parent_of.get(g.span_id)
+        hops = 0
+        while cur is not None and hops < 4:
+            if cur in call_ids:
+                target = cur
+                break
+            cur = parent_of.get(cur)
+            hops += 1
+        if target is None:
+            target = by_response.get(g.attributes.get("gen_ai.response.id"))
+        if target is None or target in matched:
+            unclaimed.append(g)
+        else:
+            matched[target] = g
+    return matched, unclaimed
+
+
+def resolve_tokens(call_span: Span, gateway: Span | None, call: LLMCall, problems: list[str]) -> Tokens:
+    """Exact tokens for one call, with the policy version (attribute first, then ``name@k``)."""
+    tokens = None
+    if gateway is not None:
+        tokens = tokens_from(gateway, "gateway", problems)
+    if tokens is None:
+        tokens = tokens_from(call_span, "span", problems)
+    if tokens is None:
+        tokens = Tokens("retokenized")
+    if tokens.policy_version is None:
+        for span in (gateway, call_span):
+            if span is not None and as_int(span.attributes.get(POLICY_VERSION)) is not None:
+                tokens.policy_version = as_int(span.attributes.get(POLICY_VERSION))
+                break
+    if tokens.policy_version is None:
+        gw_model = gateway.attributes.get("gen_ai.response.model") if gateway is not None else None
+        for model in (gw_model, call.response_model, call.request_model):
+            v = parse_policy_version(model)
+            if v is not None:
+                tokens.policy_version = v
+                break
+    return tokens

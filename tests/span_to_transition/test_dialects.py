@@ -1,0 +1,170 @@
+"""Every dialect, recorded by its real instrumentation package, converts to the same transitions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from span_to_transition.convert import ConvertConfig, RolloutInput, convert_rollout
+from span_to_transition.dialects import classify, messages_from_parts, parse_call, unflatten
+from span_to_transition.records import Span
+from span_to_transition.store import logs_from_table, spans_from_table
+
+from .factory import DIALECT_FIXTURES, TraceBuilder, fixture_tables, user
+
+WEATHER_TOOL = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOL_CALL = {"id": "call_w1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+EXPECTED = [
+    {
+        "prompt": [{"role": "system", "content": "You are a weather assistant. Use the tools."},
+                   {"role": "user", "content": "What is the weather in Paris?"}],
+        "response": {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+        "finish_reason": "tool_calls", "usage": (42, 9),
+    },
+    {
+        "prompt": [{"role": "system", "content": "You are a weather assistant. Use the tools."},
+                   {"role": "user", "content": "What is the weather in Paris?"},
+                   {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+                   {"role": "tool", "content": "18C and sunny", "tool_call_id": "call_w1"}],
+        "response": {"role": "assistant", "content": "It is 18C and sunny in Paris."},
+        "finish_reason": "stop", "usage": (61, 11),
+    },
+]
+# Which recordings carry tool definitions at all (the contrib instrumentation does not record them).
+RECORDS_TOOLS = {"openllmetry": True, "openllmetry-legacy": True, "openinference": True, "openai-v2": False,
+                 "openai-v2-events": False, "openai-v2-details": False}
+
+
+def convert_fixture(name: str):
+    traces, logs = fixture_tables(name)
+    spans = spans_from_table(traces)
+    out = convert_rollout(
+        RolloutInput(spans[0].rollout_id, spans, logs_from_table(logs) if logs is not None else []), ConvertConfig())
+    assert out.status == "converted", out.problems
+    assert out.problems == []
+    return out.transitions
+
+
+@pytest.mark.parametrize("name", DIALECT_FIXTURES)
+def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) -> None:
+    transitions = convert_fixture(name)
+    assert len(transitions) == 2
+    for t, want in zip(transitions, EXPECTED):
+        assert json.loads(t.prompt_messages) == want["prompt"]
+        assert json.loads(t.response_message) == want["response"]
+        assert t.finish_reason == want["finish_reason"]
+        assert (t.input_tokens, t.output_tokens) == want["usage"]
+        assert t.agent_name == "weather"
+        assert t.model == "policy@3" and t.policy_version == 3
+        assert t.token_source == "retokenized" and t.prompt_token_ids is None
+        assert t.reward == 1.0 and t.reward_source == "span"
+        if RECORDS_TOOLS[name]:
+            assert json.loads(t.tools) == WEATHER_TOOL
+        else:
+            assert t.tools is None
+    assert [t.step for t in transitions] == [0, 1]
+    assert [t.is_last for t in transitions] == [False, True]
+
+
+def test_all_dialects_agree_row_for_row() -> None:
+    def comparable(name: str) -> list[tuple]:
+        return [(t.step, t.prompt_messages, t.response_message, t.finish_reason, t.input_tokens, t.output_tokens,
+                 t.agent_name, t.model, t.task_id, t.reward) for t in convert_fixture(name)]
+
+    reference = comparable(DIALECT_FIXTURES[0])
+    for name in DIALECT_FIXTURES[1:]:
+        assert comparable(name) == reference, name
+
+
+def _span(attrs: dict[str, str], name: str = "x") -> Span:
+    return Span("t" * 32, "s" * 16, None, name, 1, 2, attrs)
+
+
+def test_calls_are_recognised_by_attributes_not_span_names() -> None:
+    assert classify({}) is None
+    assert parse_call(_span({}, name="openai.chat")) is None
+    assert classify({"gen_ai.input.messages": "[]"}) == "semconv"
+    assert classify({"openinference.span.kind": "LLM"}) == "openinference"
+    assert classify({"openinference.span.kind": "TOOL"}) is None
+    assert classify({"gen_ai.prompt.0.role": "user"}) == "openllmetry"
+    assert classify({"gen_ai.operation.name": "execute_tool"}) is None
+
+
+def test_semconv_system_instructions_tool_results_and_structured_arguments() -> None:
+    attrs = {
+        "gen_ai.system_instructions": json.dumps([{"type": "text", "content": "Be brief."}]),
+        "gen_ai.input.messages": json.dumps([
+            {"role": "user", "parts": [{"type": "text", "content": "add 2 and 3"}]},
+            {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "add",
+                                             "arguments": {"a": 2, "b": 3}}]},
+            {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": 5}]},
+        ]),
+        "gen_ai.output.messages": json.dumps([{"role": "assistant", "finish_reason": "stop",
+                                               "parts": [{"type": "reasoning", "content": "easy"},
+                                                         {"type": "text", "content": "5"}]}]),
+        "gen_ai.tool.definitions": json.dumps([{"type": "function", "name": "add", "parameters": {"type": "object"}}]),
+        "gen_ai.usage.prompt_tokens": "7",  # the older usage spelling
+    }
+    call = parse_call(_span(attrs))
+    assert call is not None
+    assert call.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "content": "5", "tool_call_id": "c1"},
+    ]
+    assert call.response == {"role": "assistant", "content": "5"}
+    assert call.tools == [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    assert call.input_tokens == 7
+
+
+def test_flattened_openllmetry_usage_spellings_and_multiple_tool_calls() -> None:
+    attrs = {
+        "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "two things",
+        "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.finish_reason": "tool_calls",
+        "gen_ai.completion.0.tool_calls.1.id": "b", "gen_ai.completion.0.tool_calls.1.name": "g",
+        "gen_ai.completion.0.tool_calls.1.arguments": "{}",
+        "gen_ai.completion.0.tool_calls.0.id": "a", "gen_ai.completion.0.tool_calls.0.name": "f",
+        "gen_ai.completion.0.tool_calls.0.arguments": '{"x": 1}',
+        "gen_ai.usage.input_tokens": "3", "gen_ai.usage.output_tokens": "4",
+    }
+    call = parse_call(_span(attrs))
+    assert [c["id"] for c in call.response["tool_calls"]] == ["a", "b"]
+    assert (call.input_tokens, call.output_tokens) == (3, 4)
+
+
+def test_unflatten_orders_by_integer_index_not_text() -> None:
+    attrs = {f"p.{i}.role": str(i) for i in (10, 2, 1)}
+    assert [m["role"] for m in unflatten(attrs, "p.")] == ["1", "2", "10"]
+
+
+def test_semconv_message_in_plain_openai_shape_is_accepted() -> None:
+    assert messages_from_parts([{"role": "user", "content": "hi"}]) == [{"role": "user", "content": "hi"}]
+
+
+def test_two_instrumentations_on_one_call_count_once_by_response_id() -> None:
+    t = TraceBuilder()
+    root = t.span("invoke_agent a", agent="a")
+    outer = t.chat(root, [user("q")], "answer", response_id="chatcmpl-9")
+    # a second instrumentation (flattened attributes, no content for the response) inside the first
+    t.span("openai.chat", outer, {"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "q",
+                                  "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "answer",
+                                  "gen_ai.response.id": "chatcmpl-9"})
+    t.reward(root, 1.0)
+    out = convert_rollout(RolloutInput("r", t.spans), ConvertConfig())
+    assert out.duplicate_calls == 1
+    [tr] = out.transitions
+    assert tr.span_id == outer.span_id  # equally complete: the outer (shallower) record is kept
+
+
+def test_call_without_captured_content_is_reported_with_the_fix() -> None:
+    t = TraceBuilder()
+    t.span("chat policy", None, {"gen_ai.operation.name": "chat", "gen_ai.request.model": "policy"})
+    t.reward(None, 1.0)
+    out = convert_rollout(RolloutInput("r", t.spans), ConvertConfig())
+    assert out.transitions == [] and out.calls_without_content == 1
+    assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in out.problems[0]

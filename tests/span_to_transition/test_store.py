@@ -1,0 +1,204 @@
+"""The store shell on real Parquet: completion, idempotency, streaming == batch, late spans, views, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+from tracerl_testing import tracerl
+
+from schemas.parquet import read_table, write_table_atomic
+from schemas.store import StoreLayout
+from schemas.tables import REWARDS_SCHEMA
+from schemas.views import connect_readonly
+from span_to_transition.convert import ConvertConfig
+from span_to_transition.store import convert_store
+
+from .factory import DIALECT_FIXTURES, TraceBuilder, fixture_tables, spans_table, user
+
+S = 1_000_000_000
+LATER = 2_000_000_000 * S  # far after every fixture's receive time
+
+
+def put(store: Path, table: str, data: pa.Table, name: str) -> None:
+    write_table_atomic(data, StoreLayout.at(store).partition(table, "2026-11-21") / f"{name}.parquet", table)
+
+
+def transitions(store: Path) -> list[dict]:
+    table = read_table(StoreLayout.at(store).table("transitions"), "transitions")
+    for col in ("started_at", "ended_at"):  # ns timestamps: compare as ints (no pandas needed)
+        table = table.set_column(table.schema.get_field_index(col), col, table.column(col).cast(pa.int64()))
+    rows = table.to_pylist()
+    return sorted(rows, key=lambda r: r["transition_id"])
+
+
+def load_fixtures(store: Path) -> None:
+    for name in DIALECT_FIXTURES:
+        traces, logs = fixture_tables(name)
+        put(store, "spans", traces, name)
+        if logs is not None:
+            put(store, "logs", logs, name)
+
+
+def test_fixture_store_converts_every_dialect_and_rerunning_writes_nothing(store: Path) -> None:
+    load_fixtures(store)
+    stats = convert_store(store, ConvertConfig(), now_ns=LATER)
+    assert (stats.rollouts_converted, stats.transitions_written, stats.problems) == (6, 12, [])
+    rows = transitions(store)
+    assert {r["token_source"] for r in rows} == {"retokenized"}
+    assert len({(r["prompt_messages"], r["response_message"]) for r in rows}) == 2  # six dialects, two calls
+    files = sorted(StoreLayout.at(store).table("transitions").rglob("*.parquet"))
+
+    again = convert_store(store, ConvertConfig(), now_ns=LATER)
+    assert (again.transitions_written, again.span_files_read) == (0, 0)
+    assert sorted(StoreLayout.at(store).table("transitions").rglob("*.parquet")) == files
+    assert transitions(store) == rows
+
+
+def test_rollouts_view_and_readme_queries(store: Path) -> None:
+    load_fixtures(store)
+    convert_store(store, ConvertConfig(), now_ns=LATER)
+    con = connect_readonly(str(store))
+    got = con.execute("SELECT reward, n_calls, agents, policy_version, token_coverage FROM rollouts").fetchall()
+    assert got == [(1.0, 2, ["weather"], 3, 0.0)] * 6
+    readme = (Path(__file__).parents[2] / "span_to_transition" / "README.md").read_text()
+    queries = re.findall(r"```sql\n(.*?)```", readme, re.S)
+    assert len(queries) >= 3
+    for q in queries:
+        con.execute(q).fetchall()  # every documented query runs against the real views
+
+
+def rollout(trace_id: str, received_at_ns: int, *, reward: bool = True) -> list:
+    t = TraceBuilder(trace_id, received_at_ns=received_at_ns)
+    root = t.span("invoke_agent a", agent="a")
+    t.chat(root, [user(f"task {trace_id[:4]}")], "ok", response_id=f"r-{trace_id[:4]}")
+    if reward:
+        t.reward(root, 1.0)
+    return t.spans
+
+
+def test_streaming_in_pieces_equals_one_batch(tmp_path: Path) -> None:
+    batch = tmp_path / "batch"
+    put(batch, "spans", spans_table([s for i in range(6) for s in rollout(f"{i:032x}", 1_000)]), "all")
+    convert_store(batch, ConvertConfig(quiet_s=5), now_ns=LATER)
+
+    # The collector's view: rollout i arrives in two pieces at 10i s and 10i+1 s, children before
+    # parents and one span delivered twice; conversion runs after every piece.
+    stream = tmp_path / "stream"
+    rng = random.Random(3)
+    written = 0
+    for i in range(6):
+        spans = rollout(f"{i:032x}", 0)
+        rng.shuffle(spans)
+        for k, piece in enumerate([spans[: len(spans) // 2] + spans[:1], spans[len(spans) // 2:]]):
+            at = (10 * i + k) * S
+            put(stream, "spans", spans_table([replace(s, received_at_ns=at) for s in piece]), f"r{i}-{k}")
+            written += convert_store(stream, ConvertConfig(quiet_s=5), now_ns=at + S // 2).transitions_written
+        assert written == i  # rollout i is still in its quiet period; rollout i-1 is done
+    written += convert_store(stream, ConvertConfig(quiet_s=5), now_ns=LATER).transitions_written
+    assert written == 6
+    assert transitions(stream) == transitions(batch)
+
+
+def test_pending_until_quiet_then_late_spans_are_counted_not_converted(store: Path) -> None:
+    spans = rollout("f" * 32, received_at_ns=100 * S)
+    put(store, "spans", spans_table(spans), "a")
+    early = convert_store(store, ConvertConfig(quiet_s=30), now_ns=110 * S)
+    assert (early.rollouts_pending, early.transitions_written) == (1, 0)
+    done = convert_store(store, ConvertConfig(quiet_s=30), now_ns=131 * S)
+    assert done.transitions_written == 1
+
+    t = TraceBuilder("f" * 32, received_at_ns=140 * S)
+    t._n = 50
+    late = t.span("late tool", None)
+    put(store, "spans", spans_table([late]), "late")
+    stats = convert_store(store, ConvertConfig(quiet_s=30), now_ns=200 * S)
+    assert (stats.late_spans, stats.late_spans_total, stats.transitions_written) == (1, 1, 0)
+    assert "late spans" in stats.summary()
+    again = convert_store(store, ConvertConfig(quiet_s=30), now_ns=300 * S)
+    assert (again.late_spans, again.late_spans_total) == (0, 1)
+
+
+def test_excluded_rollout_is_converted_once_its_side_channel_reward_arrives(store: Path) -> None:
+    put(store, "spans", spans_table(rollout("e" * 32, 100 * S, reward=False)), "a")
+    first = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert (first.rollouts_excluded_no_reward, first.transitions_written) == (1, 0)
+    assert "--missing-reward fill" in first.summary()
+    assert convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER).rollouts_excluded_no_reward == 0
+
+    reward = pa.Table.from_pylist([{"reward_id": "x1", "rollout_id": None, "trace_id": "e" * 32, "span_id": None,
+                                    "response_id": None, "name": "judge", "value": 0.25, "source": "side_channel",
+                                    "at": None}], schema=REWARDS_SCHEMA)
+    put(store, "rewards", reward, "r1")
+    later = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert later.transitions_written == 1
+    [row] = transitions(store)
+    assert (row["reward"], row["reward_source"]) == (0.25, "side_channel")
+
+
+def test_cli_convert_and_usage_errors(store: Path) -> None:
+    put(store, "spans", spans_table(rollout("c" * 32, 100 * S)), "a")
+    bad = tracerl("convert", "--store", str(store), "--agents", "writer(", check=False)
+    assert bad.returncode == 2 and "--agents" in bad.stderr
+    missing = tracerl("convert", "--store", str(store / "nope"), check=False)
+    assert missing.returncode == 2 and "has no spans/ directory" in missing.stderr
+    ok = tracerl("convert", "--store", str(store), "--quiet-s", "0", "--json")
+    assert json.loads(ok.stdout)["transitions_written"] == 1
+    out = tracerl("sql", "--store", str(store), "--format", "json", "SELECT agent_name, reward FROM transitions")
+    assert json.loads(out.stdout) == [{"agent_name": "a", "reward": 1.0}]
+
+
+def test_explicit_end_marker_completes_a_rollout_without_waiting(store: Path) -> None:
+    t = TraceBuilder("d" * 32, received_at_ns=100 * S)
+    root = t.span("invoke_agent a", agent="a")
+    t.chat(root, [user("q")], "a")
+    t.span("done", root, {"tracerl.rollout.end": True, "tracerl.reward": 1.0})
+    put(store, "spans", spans_table([s for s in t.spans if s is not root]), "a")  # root not even here yet
+    stats = convert_store(store, ConvertConfig(quiet_s=3600), now_ns=100 * S)
+    assert stats.transitions_written == 1
+
+
+def test_spans_without_the_rollout_id_join_the_rollout_their_trace_belongs_to(store: Path) -> None:
+    """The gateway process does not know the agent's tracerl.rollout_id; its spans share the trace."""
+    t = TraceBuilder("9" * 32, rollout_id="run-7", received_at_ns=100 * S)
+    root = t.span("invoke_agent a", agent="a")
+    call = t.chat(root, [user("q")], "a", response_id="r1")
+    t.reward(root, 1.0)
+    put(store, "spans", spans_table(t.spans), "agent")
+    gw = TraceBuilder("9" * 32, rollout_id="9" * 32, received_at_ns=101 * S)  # collector default: trace id
+    gw._n = 40
+    gw_span = gw.span("gateway", call, {"tracerl.gateway": True, "gen_ai.response.id": "r1",
+                                        "tracerl.prompt_token_ids": [5, 6], "tracerl.response_token_ids": [7]})
+    put(store, "spans", spans_table([gw_span]), "gateway")
+    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert (stats.rollouts_seen, stats.transitions_written, stats.rollouts_pending) == (1, 1, 0)
+    [row] = transitions(store)
+    assert (row["rollout_id"], row["token_source"], row["prompt_token_ids"]) == ("run-7", "gateway", [5, 6])
+
+    late = TraceBuilder("9" * 32, rollout_id="9" * 32, received_at_ns=500 * S)
+    late._n = 60
+    put(store, "spans", spans_table([late.span("late gateway", call, {"tracerl.gateway": True})]), "late")
+    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert (again.late_spans, again.rollouts_pending, again.transitions_written) == (1, 0, 0)
+
+
+def test_convert_loop_converts_in_the_background_and_on_stop(store: Path) -> None:
+    import time as _time
+
+    from span_to_transition.store import ConvertLoop
+
+    put(store, "spans", spans_table(rollout("1" * 32, 1_000)), "a")
+    seen = []
+    loop = ConvertLoop(store, ConvertConfig(quiet_s=0), every_s=60, on_stats=seen.append).start()
+    loop.poke()
+    deadline = _time.monotonic() + 30
+    while not seen and _time.monotonic() < deadline:
+        _time.sleep(0.05)
+    assert seen and seen[0].transitions_written == 1
+    put(store, "spans", spans_table(rollout("2" * 32, 2_000)), "b")
+    loop.stop()  # the final pass picks up what arrived since
+    assert loop.last_error is None and len(transitions(store)) == 2

@@ -1,0 +1,60 @@
+"""Turn complete rollouts in the store into MDP transitions (one row per LLM call).
+
+A rollout (one trace, or every span sharing ``tracerl.rollout_id``) is converted once it is
+complete: its root span ended and no span arrived for --quiet-s seconds, or a span carried
+``tracerl.rollout.end = true``. Calls are read in any GenAI dialect (OTel semconv, semconv log
+events, OpenLLMetry, OpenInference), attributed to their nearest agent, credited with the
+rollout's reward, and joined to the gateway's exact token ids when those exist. Re-running is
+safe: converted rollouts are never written twice, and late spans are counted, not lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.store import default_store
+from span_to_transition.convert import ConvertConfig
+from span_to_transition.store import convert_store
+from tracerl.options import UsageError, add_options, from_args, opt
+
+EPILOG = """\
+examples:
+  tracerl convert --quiet-s 0                       # the agent has finished: convert everything now
+  tracerl convert --agents 'writer|rewriter'        # train only these agents' calls
+  tracerl convert --credit matched --missing-reward fill --fill-reward 0
+  tracerl sql "SELECT agent_name, policy_version, avg(reward) FROM transitions GROUP BY ALL"
+  tracerl sql "SELECT * FROM rollouts WHERE reward = 0"
+"""
+
+
+@dataclass
+class ConvertCommandConfig(ConvertConfig):
+    store: str = opt(default_store(), "store directory", metavar="DIR", env="TRACERL_STORE")
+    json: bool = opt(False, "print the conversion stats as JSON")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, ConvertCommandConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = from_args(ConvertCommandConfig, args)
+    convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
+    try:
+        convert_cfg.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not (Path(cfg.store).expanduser() / "spans").is_dir():
+        raise UsageError(f"--store {cfg.store} has no spans/ directory; point --store (or TRACERL_STORE) at the "
+                         "directory `tracerl collect --store DIR` writes")
+    stats = convert_store(cfg.store, convert_cfg)
+    if cfg.json:
+        print(json.dumps(dataclasses.asdict(stats), indent=2))
+    else:
+        print(stats.summary(), file=sys.stdout)
+    return 0
