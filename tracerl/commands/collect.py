@@ -10,12 +10,14 @@ next start replays the log, so nothing acknowledged is lost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 
 from schemas.store import default_store
+from span_to_transition.convert import ConvertConfig
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -29,7 +31,9 @@ post a reward for a rollout:
 
 
 @dataclass
-class CollectConfig:
+class CollectConfig(ConvertConfig):
+    """The collector's settings; with --convert, also the converter's (same flags as `tracerl convert`)."""
+
     store: str = opt(default_store(), "store directory (spans/, logs/, rewards/, wal/)", metavar="DIR")
     grpc: str = opt("127.0.0.1:4317", "OTLP/gRPC listen address; 'off' to disable", metavar="HOST:PORT")
     http: str = opt("127.0.0.1:4318", "OTLP/HTTP + /v1/rewards listen address; 'off' to disable", metavar="HOST:PORT")
@@ -39,6 +43,8 @@ class CollectConfig:
     segment_age_s: float = opt(1.0, "seal a WAL segment after this many seconds, making its spans queryable")
     max_backlog_mb: int = opt(2048, "refuse new data (retryable) when the uncompacted WAL exceeds this")
     min_free_disk_mb: int = opt(512, "refuse new data (retryable) when the store's disk has less free space")
+    convert: bool = opt(False, "also convert complete rollouts into transitions, continuously")
+    convert_every_s: float = opt(2.0, "with --convert: seconds between conversion passes")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -60,10 +66,20 @@ def run(args: argparse.Namespace) -> int:
         tls_key=cfg.tls_key, max_segment_age_s=cfg.segment_age_s,
         max_backlog_bytes=cfg.max_backlog_mb << 20, min_free_disk_bytes=cfg.min_free_disk_mb << 20,
     )
+    convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
+    try:
+        convert_cfg.validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     try:
         collector = Collector(settings).start()
     except (OSError, ValueError) as e:
         raise UsageError(str(e)) from None
+    loop = None
+    if cfg.convert:
+        from span_to_transition.store import ConvertLoop
+
+        loop = ConvertLoop(cfg.store, convert_cfg, every_s=cfg.convert_every_s).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -72,10 +88,14 @@ def run(args: argparse.Namespace) -> int:
         parts.append(f"OTLP/gRPC {collector.grpc_endpoint}")
     if http_addr:
         parts.append(f"OTLP/HTTP {collector.http_endpoint}")
+    if loop is not None:
+        parts.append(f"converting every {cfg.convert_every_s:g}s")
     print(f"tracerl collect: {', '.join(parts)} → {collector.store.root}", flush=True)
     stop.wait()
     print("tracerl collect: stopping (flushing the write-ahead log)…", file=sys.stderr, flush=True)
     collector.stop()
+    if loop is not None:
+        loop.stop()  # one final pass over everything the collector just flushed
     st = collector.compactor.stats
     print(f"tracerl collect: stopped; stored {st.spans} spans, {st.logs} log records, {st.rewards} rewards "
           f"({st.duplicates} duplicate deliveries dropped)", file=sys.stderr, flush=True)
