@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init-model": ("tracerl.commands.init_model", "build a tiny random-weight model + real tokenizer (no hub)"),
     "serve": ("tracerl.commands.serve", "embedded CPU server with vLLM's OpenAI-compatible API subset"),
     "gateway": ("tracerl.commands.gateway", "OpenAI-compatible proxy that records exact token ids as spans"),
+    "train": ("tracerl.commands.train", "train the policy on its transitions: on-policy rounds, checkpoint, publish"),
+    "report": ("tracerl.commands.report", "per-round reward/loss/KL table and a PNG plot of the rounds manifest"),
 }
 
 EPILOG = """\

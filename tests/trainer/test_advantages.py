@@ -1,0 +1,71 @@
+"""Advantage estimators on hand-computed groups."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer.advantages import (
+    RolloutReward,
+    grpo,
+    per_rollout_token_weights,
+    reinforce_baseline,
+    rloo,
+    rollout_advantages,
+)
+
+
+def test_grpo_centres_on_mean_and_scales_by_sample_std():
+    # rewards 1, 0, 0, 1: mean 0.5, sample std sqrt(4*0.25/3) = 0.57735
+    adv = grpo([1.0, 0.0, 0.0, 1.0], eps=0.0)
+    s = math.sqrt(1.0 / 3.0)
+    assert adv == pytest.approx([0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s])
+
+
+def test_rloo_uses_mean_of_the_other_rollouts():
+    # r = 3, 1, 2: baselines (1+2)/2=1.5, (3+2)/2=2.5, (3+1)/2=2
+    assert rloo([3.0, 1.0, 2.0]) == pytest.approx([1.5, -1.5, 0.0])
+
+
+def test_reinforce_baseline_subtracts_group_mean_only():
+    assert reinforce_baseline([3.0, 1.0, 2.0]) == pytest.approx([1.0, -1.0, 0.0])
+
+
+def test_groups_are_tasks_and_zero_variance_groups_are_dropped_and_counted():
+    rollouts = [
+        RolloutReward("a1", "task-a", 1.0),
+        RolloutReward("a2", "task-a", 0.0),
+        RolloutReward("b1", "task-b", 0.7),  # all equal: no signal
+        RolloutReward("b2", "task-b", 0.7),
+        RolloutReward("c1", "task-c", 5.0),  # alone: nothing to compare with
+    ]
+    res = rollout_advantages(rollouts, "reinforce_baseline")
+    assert res.advantages == pytest.approx({"a1": 0.5, "a2": -0.5})
+    assert res.n_groups == 3
+    assert res.n_groups_dropped_zero_variance == 2
+    assert res.n_rollouts_dropped == 3
+
+
+def test_grpo_group_advantages_do_not_mix_tasks():
+    rollouts = [RolloutReward("x1", "x", 10.0), RolloutReward("x2", "x", 20.0),
+                RolloutReward("y1", "y", 0.0), RolloutReward("y2", "y", 1.0)]
+    res = rollout_advantages(rollouts, "grpo")
+    # each group of two: +-0.5*d / (d/sqrt(2)) = +-0.7071, independent of the reward scale
+    assert res.advantages["x2"] == pytest.approx(1 / math.sqrt(2), rel=1e-5)
+    assert res.advantages["y2"] == pytest.approx(1 / math.sqrt(2), rel=1e-5)
+    assert res.advantages["x1"] == pytest.approx(-1 / math.sqrt(2), rel=1e-5)
+
+
+def test_unknown_estimator_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="grpo, rloo, reinforce_baseline"):
+        rollout_advantages([], "ppo")
+
+
+def test_per_rollout_weights_make_each_rollout_count_equally():
+    # rollout r1: two calls of 3 and 1 tokens; rollout r2: one call of 2 tokens.
+    w = per_rollout_token_weights(["r1", "r1", "r2"], [3, 1, 2])
+    assert w == pytest.approx([1 / 8, 1 / 8, 1 / 4])
+    # total weight per rollout is 1/2 each, whatever its length
+    assert 3 * w[0] + 1 * w[1] == pytest.approx(0.5)
+    assert 2 * w[2] == pytest.approx(0.5)

@@ -1,0 +1,189 @@
+"""Transitions -> samples -> packed batches, against a real Parquet store, DuckDB and a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from schemas.views import connect_readonly
+from trainer.dataset import (
+    DatasetConfig,
+    build_samples,
+    collate,
+    load_transitions,
+    make_batches,
+    make_padded_batches,
+    pack_samples,
+    sequence_logprobs,
+)
+
+
+def _ids(n: int, start: int = 10) -> list[int]:
+    return [start + i % 200 for i in range(n)]
+
+
+def test_load_filters_versions_trainable_agents_and_dedupes_replays(tmp_path, make_row, write_rows):
+    rows = [
+        make_row("r1", version=1, reward=1.0, prompt_ids=_ids(3), response_ids=_ids(2), transition_id="t1"),
+        make_row("r2", version=1, reward=0.0, prompt_ids=_ids(3), response_ids=_ids(2), agent="critic"),
+        make_row("r3", version=1, reward=0.0, prompt_ids=_ids(3), response_ids=_ids(2), trainable=False),
+        make_row("r4", version=2, reward=1.0, prompt_ids=_ids(3), response_ids=_ids(2)),
+    ]
+    write_rows(tmp_path, rows)
+    write_rows(tmp_path, [rows[0]])  # the converter replayed r1's call: same transition_id
+    con = connect_readonly(str(tmp_path))
+    got = load_transitions(con, (1, 1))
+    assert sorted(got.column("rollout_id").to_pylist()) == ["r1", "r2"]
+    got = load_transitions(con, (1, 1), agents="^solver$")
+    assert got.column("rollout_id").to_pylist() == ["r1"]
+    got = load_transitions(con, (1, 2), trainable_only=False)
+    assert sorted(got.column("rollout_id").to_pylist()) == ["r1", "r2", "r3", "r4"]
+
+
+def test_incomplete_rollouts_are_skipped_and_rollout_reward_is_copied_to_every_call(
+        tmp_path, make_row, write_rows, tokenizer):
+    rows = [
+        # r1: two calls, the last marks the rollout complete
+        make_row("r1", task_id="t", step=0, reward=1.0, is_last=False, prompt_ids=_ids(4), response_ids=_ids(6)),
+        make_row("r1", task_id="t", step=1, reward=1.0, is_last=True, prompt_ids=_ids(4), response_ids=_ids(2)),
+        make_row("r2", task_id="t", reward=0.0, prompt_ids=_ids(3), response_ids=_ids(4)),
+        make_row("r3", task_id="t", reward=1.0, is_last=False, prompt_ids=_ids(3), response_ids=_ids(4)),
+    ]
+    write_rows(tmp_path, rows)
+    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    samples, stats = build_samples(table, tokenizer, DatasetConfig(estimator="reinforce_baseline"))
+    assert stats.n_rollouts == 3 and stats.n_rollouts_incomplete == 1
+    assert [(s.rollout_id, s.advantage) for s in samples] == [("r1", 0.5), ("r1", 0.5), ("r2", -0.5)]
+    # per-rollout normalisation: r1 (8 tokens) and r2 (4 tokens) each carry half the loss weight
+    per_rollout = {}
+    for s in samples:
+        per_rollout[s.rollout_id] = per_rollout.get(s.rollout_id, 0.0) + s.weight * len(s.response_ids)
+    assert per_rollout == pytest.approx({"r1": 0.5, "r2": 0.5})
+
+
+def test_missing_token_ids_are_retokenized_with_the_chat_template_and_counted(
+        tmp_path, make_row, write_rows, tokenizer):
+    rows = [make_row("a", reward=1.0, prompt="what is 2+2?", response="4"),
+            make_row("b", reward=0.0, prompt="what is 2+2?", response="5")]
+    write_rows(tmp_path, rows)
+    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    samples, stats = build_samples(table, tokenizer, DatasetConfig())
+    assert stats.n_retokenized == 2 and all(s.retokenized and s.rollout_logprobs is None for s in samples)
+    a = samples[0]
+    full = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "what is 2+2?"}, {"role": "assistant", "content": "4"}], tokenize=False)
+    assert tokenizer.decode(a.prompt_ids + a.response_ids) + "\n" == full
+    assert tokenizer.decode(a.response_ids) == "4<|im_end|>"
+
+
+def test_truncation_keeps_the_end_of_the_prompt_and_the_start_of_the_response(
+        tmp_path, make_row, write_rows, tokenizer):
+    rows = [make_row("a", reward=1.0, prompt_ids=list(range(10, 30)), response_ids=list(range(50, 60)),
+                     logprobs=[-0.1 * i for i in range(10)]),
+            make_row("b", reward=0.0, prompt_ids=list(range(10, 13)), response_ids=list(range(50, 53)))]
+    write_rows(tmp_path, rows)
+    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    samples, stats = build_samples(table, tokenizer, DatasetConfig(max_prompt_tokens=5, max_response_tokens=4))
+    a = next(s for s in samples if s.rollout_id == "a")
+    assert a.prompt_ids == list(range(25, 30))
+    assert a.response_ids == [50, 51, 52, 53]
+    assert a.rollout_logprobs == pytest.approx([0.0, -0.1, -0.2, -0.3])
+    assert stats.n_truncated_prompt == 1 and stats.n_truncated_response == 1
+
+
+def test_zero_variance_groups_are_dropped_and_counted(tmp_path, make_row, write_rows, tokenizer):
+    rows = [make_row(f"r{i}", task_id="same", reward=1.0, prompt_ids=_ids(3), response_ids=_ids(3))
+            for i in range(3)]
+    write_rows(tmp_path, rows)
+    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    samples, stats = build_samples(table, tokenizer, DatasetConfig())
+    assert samples == [] and stats.n_groups_zero_variance == 1 and stats.n_rollouts_zero_variance == 3
+
+
+def _samples(lengths, tokenizer):
+    from trainer.dataset import Sample, assign_weights
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i, (p, r) in enumerate(lengths):
+        ids = torch.randint(3, len(tokenizer), (p + r,), generator=g).tolist()
+        out.append(Sample(f"t{i}", f"r{i}", ids[:p], ids[p:], None, advantage=float(i % 3 - 1)))
+    assign_weights(out, "token")
+    return out
+
+
+def test_packing_fills_rows_without_exceeding_capacity(tokenizer):
+    samples = _samples([(5, 3), (20, 10), (2, 2), (7, 7), (30, 2)], tokenizer)
+    rows = pack_samples(samples, pack_tokens=32)
+    assert all(sum(s.length for s in row) <= 32 for row in rows)
+    assert sorted(s.transition_id for row in rows for s in row) == sorted(s.transition_id for s in samples)
+    assert len(rows) == 3  # 32 | 30+2 | 14+8+4 = 26 ... first-fit decreasing
+    with pytest.raises(ValueError, match="raise --pack-tokens"):
+        pack_samples(samples, pack_tokens=16)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logprobs_equal_unpacked_logprobs(tiny_model_dir, tokenizer, attn):
+    """No attention leaks across packed samples: each sample scores as if it were alone."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn).eval()
+    samples = _samples([(6, 4), (3, 9), (11, 2)], tokenizer)
+    packed = collate([samples], pad_id=tokenizer.pad_token_id, pad_to=40)  # with trailing padding
+    with torch.no_grad():
+        lp_packed = sequence_logprobs(model, packed)
+        for (start, end), s in zip(packed.sample_spans[0], samples, strict=True):
+            alone = collate([[s]])
+            lp_alone = sequence_logprobs(model, alone)[0]
+            torch.testing.assert_close(lp_packed[0, start:end - 1], lp_alone, rtol=1e-4, atol=1e-5)
+        # the weights sit on response tokens only and survive packing unchanged
+        assert packed.weights.sum().item() == pytest.approx(sum(s.weight * len(s.response_ids) for s in samples))
+        # without the block-diagonal mask (position_ids only, cache on: transformers then does not look for
+        # packed sequences) the later samples *would* see the earlier ones
+        leaky = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=True).logits
+        s0_end = packed.sample_spans[0][0][1]
+        alone1 = model(input_ids=collate([[samples[1]]]).input_ids).logits[0]
+        assert not torch.allclose(leaky[0, s0_end:s0_end + samples[1].length], alone1, atol=1e-3)
+
+
+def test_padded_batches_give_the_same_logprobs_as_packed(tiny_model_dir, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    samples = _samples([(6, 4), (3, 9), (11, 2), (2, 2)], tokenizer)
+    with torch.no_grad():
+        def weighted(batches):
+            return sum((sequence_logprobs(model, b) * b.weights).sum().item() for b in batches)
+        assert weighted(make_batches(samples, 32)) == pytest.approx(weighted(make_padded_batches(samples, 3)), rel=1e-5)
+
+
+def test_retokenized_rows_render_tools_with_the_chat_template(tmp_path, make_row, write_rows, tokenizer):
+    import json
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "c1", "type": "function",
+                            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}
+    rows = [make_row("a", reward=1.0, prompt="weather?"), make_row("b", reward=0.0, prompt="weather?")]
+    rows[0]["tools"] = rows[1]["tools"] = json.dumps(tools)
+    rows[0]["response_message"] = json.dumps(call)
+    write_rows(tmp_path, rows)
+    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    samples, stats = build_samples(table, tokenizer, DatasetConfig())
+    assert stats.n_retokenized == 2
+    a = next(s for s in samples if s.rollout_id == "a")
+    assert "<tools>" in tokenizer.decode(a.prompt_ids) and "get_weather" in tokenizer.decode(a.prompt_ids)
+    assert tokenizer.decode(a.response_ids) == (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+
+
+def test_calls_without_a_version_count_as_the_base_model(tmp_path, make_row, write_rows):
+    rows = [make_row("base", version=0, prompt_ids=_ids(3), response_ids=_ids(2)),
+            make_row("v1", version=1, prompt_ids=_ids(3), response_ids=_ids(2))]
+    rows[0]["policy_version"] = None  # served as plain "policy" before anything was published
+    rows[0]["model"] = "policy"
+    write_rows(tmp_path, rows)
+    con = connect_readonly(str(tmp_path))
+    assert load_transitions(con, (0, 0)).column("rollout_id").to_pylist() == ["base"]
+    assert load_transitions(con, (0, 0), unversioned=-1).num_rows == 0
+    assert load_transitions(con, (1, 1)).column("rollout_id").to_pylist() == ["v1"]

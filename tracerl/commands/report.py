@@ -1,0 +1,40 @@
+"""Show the training rounds: a table of reward, loss, KL per round, and a PNG plot of them.
+
+Reads STORE/rounds (written by 'tracerl train'); the PNG goes to --out (default
+STORE/report.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.store import StoreLayout, default_store
+from tracerl.options import add_options, from_args, opt
+
+
+@dataclass
+class ReportConfig:
+    store: str = opt(default_store(), "store directory holding rounds/", metavar="DIR")
+    out: str | None = opt(None, "PNG file to write (default: STORE/report.png)", metavar="FILE")
+    plot: bool = opt(True, "write the PNG (--no-plot prints the table only)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, ReportConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.report import format_table, plot, round_rows
+
+    cfg = from_args(ReportConfig, args)
+    rows = round_rows(cfg.store)
+    if not rows:
+        print(f"no rounds in {StoreLayout.at(cfg.store).table('rounds')} yet; run 'tracerl train --once' first")
+        return 0
+    print(format_table(rows))
+    if cfg.plot:
+        out = Path(cfg.out) if cfg.out else StoreLayout.at(cfg.store).root / "report.png"
+        print(f"wrote {plot(rows, out)}")
+    return 0

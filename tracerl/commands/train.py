@@ -1,0 +1,59 @@
+"""Train the agent's policy on its own traces, one on-policy round at a time.
+
+Round k reads the transitions of policy@k (the base model --model is policy@0), computes
+group-relative advantages per task, runs PPO-clip updates, writes STORE/checkpoints/policy-<k+1>
+(HF weights + optimizer state + a manifest of what it trained on) and the STORE/rounds manifest,
+then publishes policy@k+1 to --server. --once does at most one round and is safe from cron: it
+takes a lock, resumes an interrupted round, and a rerun with no new data changes nothing.
+--watch keeps doing rounds as data arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tracerl.options import UsageError, add_options, from_args
+
+EPILOG = """\
+examples:
+  tracerl init-model ./tiny && tracerl train --once --model ./tiny --min-rollouts 8
+  tracerl train --watch --model ./tiny --server http://127.0.0.1:8000 --every 600
+  */10 * * * *  tracerl train --once --store /data/tracerl-store --model /models/base   (crontab)
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from trainer.config import TrainSettings
+
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--once", action="store_true", help="do at most one round, then exit (cron-safe)")
+    mode.add_argument("--watch", action="store_true", help="keep training rounds as transitions arrive")
+    add_options(parser, TrainSettings)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.config import TrainSettings
+    from trainer.rounds import TrainError, run_once, watch
+
+    settings = from_args(TrainSettings, args)
+    if settings.min_rollouts < 1 or settings.epochs < 1 or settings.steps_per_epoch < 1:
+        raise UsageError("--min-rollouts, --epochs and --steps-per-epoch must be >= 1")
+    if settings.pack_tokens < settings.max_prompt_tokens + settings.max_response_tokens:
+        raise UsageError(f"--pack-tokens {settings.pack_tokens} is smaller than the longest possible sample "
+                         f"(--max-prompt-tokens {settings.max_prompt_tokens} + --max-response-tokens "
+                         f"{settings.max_response_tokens}); raise it or lower those")
+    if settings.dual_clip is not None and settings.dual_clip <= 1.0:
+        raise UsageError(f"--dual-clip must be > 1 (it bounds the loss at dual_clip * advantage), got {settings.dual_clip}")
+    try:
+        publisher = None
+        if settings.server:
+            from trainer.publish import server_publisher
+
+            publisher = server_publisher(settings.server)
+        if args.watch:
+            watch(settings, publisher=publisher)
+            return 0
+        run_once(settings, publisher=publisher)
+        return 0
+    except TrainError as e:
+        raise UsageError(str(e)) from e

@@ -1,0 +1,204 @@
+"""The default backend: plain torch in this process, CPU or one GPU, full fine-tune or LoRA.
+
+One round = ``epochs`` passes, each split into ``steps_per_epoch`` optimizer steps over the
+round's packed micro-batches (gradient accumulation inside a step). With a single step per round
+the data is exactly on-policy, so the "old" logprobs are the current ones, detached, and no extra
+forward pass is spent; with more steps they are computed once up front, before any update, and
+PPO's clipping does its job. KL to the base model (``kl_coef > 0``) uses the base weights: the
+LoRA model with its adapter switched off, or a frozen copy for full fine-tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.backends.base import StepCallback, TrainMetrics
+from trainer.config import TrainSettings
+from trainer.dataset import Batch, sequence_logprobs
+from trainer.loss import LossConfig, policy_loss
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def loss_config(s: TrainSettings) -> LossConfig:
+    return LossConfig(
+        clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip, kl_coef=s.kl_coef,
+        kl_estimator=s.kl_estimator, is_correction=s.is_correction, is_threshold_low=s.is_low,
+        is_threshold_high=s.is_high,
+    )
+
+
+def is_adapter_checkpoint(path: Path) -> bool:
+    return (path / "adapter_config.json").exists()
+
+
+class TorchBackend:
+    """Owns the model, its optimizer and (when needed) the reference; see the module docstring."""
+
+    def __init__(self, model: Any, tokenizer: Any, settings: TrainSettings, device: torch.device,
+                 ref_model: Any | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.device = device
+        self.ref_model = ref_model
+        self.adapter = hasattr(model, "peft_config")
+        self.loss_config = loss_config(settings)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+
+    @classmethod
+    def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
+        """Policy = base model (round 0) or the previous round's checkpoint, with its optimizer state."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(settings.seed)
+        device = pick_device(settings.device)
+        tokenizer = AutoTokenizer.from_pretrained(base_model)
+        lora = settings.lora_rank > 0 or (parent is not None and is_adapter_checkpoint(parent))
+        if lora:
+            from peft import LoraConfig, PeftModel, get_peft_model
+
+            base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+            if parent is not None and is_adapter_checkpoint(parent):
+                model = PeftModel.from_pretrained(base, str(parent), is_trainable=True)
+            else:
+                targets = settings.lora_targets
+                target_modules: Any = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+                cfg = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
+                                 target_modules=target_modules, lora_dropout=0.0, task_type="CAUSAL_LM")
+                model = get_peft_model(base, cfg)
+            ref = None  # the reference is the same model with the adapter disabled
+        else:
+            model = AutoModelForCausalLM.from_pretrained(parent or base_model, dtype=torch.float32)
+            ref = None
+            if settings.kl_coef > 0:
+                ref = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(device).eval()
+                ref.requires_grad_(False)
+        model.to(device).train()
+        backend = cls(model, tokenizer, settings, device, ref)
+        if parent is not None and (parent / OPTIMIZER_FILE).exists():
+            backend.load_optimizer(parent / OPTIMIZER_FILE)
+        return backend
+
+    def load_optimizer(self, path: Path) -> None:
+        """Carry AdamW moments across rounds; the learning rate comes from the current settings."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.settings.lr
+            group["weight_decay"] = self.settings.weight_decay
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.device.type == "cuda" and self.settings.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        with self._autocast():
+            if self.ref_model is not None:
+                return sequence_logprobs(self.ref_model, batch)
+            with self.model.disable_adapter():
+                return sequence_logprobs(self.model, batch)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, batch: Batch) -> torch.Tensor:
+        with self._autocast():
+            return sequence_logprobs(self.model, batch)
+
+    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
+        s = self.settings
+        t0 = time.perf_counter()
+        batches = [b.to(self.device) for b in batches]
+        n_steps = max(1, min(s.steps_per_epoch, len(batches)))
+        chunks = [batches[i::n_steps] for i in range(n_steps)]  # interleaved: similar sizes per step
+        off_policy = s.epochs * n_steps > 1
+        old = [self._logprobs_no_grad(b) for b in batches] if off_policy else None
+        ref = [self._ref_logprobs(b) for b in batches] if s.kl_coef > 0 else None
+        index = {id(b): i for i, b in enumerate(batches)}
+        m = TrainMetrics()
+        resp_tokens = 0.0
+        progress = _progress(s.progress, s.epochs * len(batches), "train")
+        for _epoch in range(s.epochs):
+            for chunk in chunks:
+                total_w = float(sum(b.weights.sum().item() for b in chunk))
+                if total_w <= 0:
+                    continue
+                for b in chunk:
+                    i = index[id(b)]
+                    with self._autocast():
+                        lp = sequence_logprobs(self.model, b)
+                    old_lp = old[i] if old is not None else lp.detach()
+                    rollout = None
+                    if b.has_rollout_logprobs.any():
+                        rollout = torch.where(b.has_rollout_logprobs, b.rollout_logprobs, old_lp)
+                    out = policy_loss(lp, old_lp, b.advantages, b.weights / total_w, self.loss_config,
+                                      rollout_logprobs=rollout, ref_logprobs=ref[i] if ref is not None else None)
+                    out.loss.backward()
+                    n_resp = float((b.weights > 0).sum().item())
+                    resp_tokens += n_resp
+                    m.loss += out.loss.item() / (s.epochs * n_steps)
+                    m.policy_loss += out.policy_loss.item() / (s.epochs * n_steps)
+                    m.kl += out.kl.item() / (s.epochs * n_steps)
+                    m.clip_fraction += out.clip_fraction.item() * n_resp
+                    m.ppo_kl += out.ppo_kl.item() * n_resp
+                    m.is_filtered_fraction += out.is_filtered_fraction.item() * n_resp
+                    m.micro_batches += 1
+                    m.tokens += b.n_tokens
+                    progress.update(1)
+                params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                if s.max_grad_norm > 0:
+                    norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+                else:
+                    norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None))
+                m.grad_norm = float(norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                m.optimizer_steps += 1
+                if on_step is not None:
+                    on_step(m.optimizer_steps, m)
+        progress.close()
+        if resp_tokens:
+            m.clip_fraction /= resp_tokens
+            m.ppo_kl /= resp_tokens
+            m.is_filtered_fraction /= resp_tokens
+        m.seconds = time.perf_counter() - t0
+        if not math.isfinite(m.loss):
+            raise FloatingPointError(f"training loss is {m.loss}; lower --lr or check the rewards for NaN/inf")
+        return m
+
+    def save(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out_dir)
+        self.tokenizer.save_pretrained(out_dir)
+        torch.save(self.optimizer.state_dict(), out_dir / OPTIMIZER_FILE)
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(enabled: bool, total: int, desc: str) -> Any:
+    if not enabled:
+        return _NoProgress()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="mb", leave=False)

@@ -1,0 +1,99 @@
+"""Self-describing checkpoints, written whole or not at all.
+
+A checkpoint directory ``STORE/checkpoints/policy-<v>`` holds what vLLM loads (HF weights: a LoRA
+adapter or the full model, plus the tokenizer), the optimizer state for the next round, and
+``tracerl_checkpoint.json``: round, versions, base model, parent, settings, git SHA, and the
+exact rollouts and transitions it was trained on. It is built in a temp sibling directory and
+renamed into place, so a crash leaves either nothing or a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "tracerl_checkpoint.json"
+
+
+def checkpoint_dir(checkpoints: Path, version: int) -> Path:
+    """Where the weights published as ``policy@<version>`` live."""
+    return checkpoints / f"policy-{version:06d}"
+
+
+def git_sha() -> str | None:
+    """Commit of the tracerl source that trained this checkpoint (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint is complete when its manifest exists (it is written last, before the rename)."""
+    return (path / MANIFEST).is_file()
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / MANIFEST).read_text())
+
+
+def write_checkpoint(final: Path, save: Callable[[Path], None], manifest: dict[str, Any]) -> Path:
+    """Run ``save(tmp_dir)``, add the manifest, fsync and rename ``tmp_dir`` to ``final``.
+
+    An incomplete directory at ``final`` (impossible with rename, but left by hand-copied files)
+    is replaced; a complete one is an error, because checkpoints are immutable once published.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        if is_complete(final):
+            raise FileExistsError(f"checkpoint {final} already exists; checkpoints are never overwritten")
+        shutil.rmtree(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
+    try:
+        save(tmp)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return final
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Small state files (the round's selection): temp file + fsync + rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def clean_temp_dirs(checkpoints: Path) -> int:
+    """Remove temp directories left by a process killed mid-save; returns how many."""
+    n = 0
+    if checkpoints.exists():
+        for p in checkpoints.glob(".policy-*"):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+                n += 1
+    return n

@@ -1,0 +1,72 @@
+"""Settings of ``tracerl train``: one dataclass, one help text per field, defaults that run on a laptop.
+
+Fields carry the same metadata as ``tracerl.options.opt`` (``help`` and friends), so the CLI
+builds its flags from this class while the trainer does not depend on the CLI package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.store import default_store
+
+
+def setting(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field with its CLI help text (same metadata shape as ``tracerl.options.opt``)."""
+    return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass
+class TrainSettings:
+    """Everything one training round needs; ``tracerl train --help`` lists these as flags."""
+
+    store: str = setting(default_store(), "store directory (transitions/ in, rounds/ and checkpoints/ out)",
+                         metavar="DIR")
+    model: str | None = setting(None, "base model directory (HF format), served as policy@0; "
+                                      "make a tiny one with 'tracerl init-model DIR'", metavar="DIR")
+    server: str | None = setting(None, "serving URL to publish each new policy to (vLLM or 'tracerl serve'); "
+                                       "none: checkpoints are written but not announced", metavar="URL")
+    min_rollouts: int = setting(8, "train a round once this many complete, rewarded rollouts of the current "
+                                   "version exist")
+    every: float = setting(0.0, "also train when this many seconds passed since the last round, with any "
+                                "number (>= 2) of rollouts; 0 disables", metavar="S")
+    staleness: int = setting(0, "round k also uses not-yet-used rollouts of versions k-S..k-1 (0: strictly "
+                                "on-policy)", metavar="S")
+    unversioned_as: int = setting(0, "policy version of calls recorded without one (the base model served as "
+                                     "plain 'policy' is policy@0); -1 never trains on them", metavar="K")
+    served_name: str = setting("policy", "served model name; round k publishes <served-name>@<k+1>", metavar="NAME")
+    agents: str | None = setting(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
+    backend: str = setting("torch", "training backend", choices=["torch", "openrlhf"])
+    estimator: str = setting("grpo", "advantage estimator", choices=["grpo", "rloo", "reinforce_baseline"])
+    aggregation: str = setting("rollout", "loss averaging: each rollout, each call or each token counts equally",
+                               choices=["rollout", "sequence", "token"])
+    lr: float = setting(1e-5, "AdamW learning rate")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    epochs: int = setting(1, "passes over a round's data (PPO epochs)")
+    steps_per_epoch: int = setting(1, "optimizer steps per pass (mini-batches); >1 makes later steps off-policy "
+                                      "and PPO clipping active")
+    max_grad_norm: float = setting(1.0, "gradient clipping norm; 0 disables")
+    clip_eps_low: float = setting(0.2, "PPO clip: lower bound 1 - eps_low on the ratio")
+    clip_eps_high: float = setting(0.2, "PPO clip: upper bound 1 + eps_high (raise for DAPO clip-higher)")
+    dual_clip: float | None = setting(None, "dual-clip bound for negative advantages (> 1); none disables")
+    kl_coef: float = setting(0.0, "weight of the KL penalty to the base model; 0 disables (no reference pass)")
+    kl_estimator: str = setting("k3", "KL estimator", choices=["k1", "k2", "k3"])
+    is_correction: str = setting("clip", "importance correction with the serving engine's logprobs",
+                                 choices=["off", "clip", "mask"])
+    is_low: float = setting(0.5, "importance ratio lower bound (clip/mask)")
+    is_high: float = setting(5.0, "importance ratio upper bound (clip/mask)")
+    max_prompt_tokens: int = setting(1024, "keep the last N prompt tokens (counted when truncated)")
+    max_response_tokens: int = setting(1024, "keep the first N response tokens (counted when truncated)")
+    pack_tokens: int = setting(2048, "tokens per packed micro-batch row (>= max prompt + max response tokens; "
+                                     "on CPU keep it near the longest sample: attention is O(L^2) per row)")
+    lora_rank: int = setting(0, "LoRA rank; 0 trains all weights")
+    lora_alpha: float = setting(16.0, "LoRA alpha")
+    lora_targets: str = setting("all-linear", "LoRA target modules (comma list or 'all-linear')")
+    device: str = setting("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1, ...")
+    bf16: bool = setting(True, "bf16 autocast on GPU (CPU always trains in fp32)")
+    seed: int = setting(0, "random seed")
+    poll_s: float = setting(10.0, "--watch: seconds between checks of the store")
+    max_rounds: int = setting(0, "--watch: stop after this many rounds; 0 runs until interrupted")
+    progress: bool = setting(True, "show progress bars")

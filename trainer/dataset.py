@@ -1,0 +1,361 @@
+"""Transitions (Parquet) -> token sequences -> packed training batches.
+
+Three steps, each a function with its counts in ``DatasetStats`` so the round metrics say exactly
+what was used, retokenized, truncated or dropped:
+
+1. ``load_transitions``: one DuckDB query over the store picks the calls of the requested policy
+   versions, deduplicates replayed rows by ``transition_id``, marks whether each rollout is
+   complete (one of its calls has ``is_last``) and derives the rollout reward, then keeps the
+   selected calls (``trainable``, agent-name regex).
+2. ``build_samples``: token ids come from the row when the gateway/span recorded them; otherwise
+   the prompt and response are rendered with the model's chat template and tokenized (the row is
+   marked ``retokenized`` and has no serving logprobs). Truncation is explicit: the prompt keeps
+   its *last* ``max_prompt_tokens`` tokens (the most recent context), the response its *first*
+   ``max_response_tokens``; both are counted. Each sample gets its rollout's advantage and a
+   loss weight (see ``trainer.advantages``).
+3. ``pack_samples`` / ``collate``: samples are packed first-fit-decreasing into rows of at most
+   ``pack_tokens`` tokens. ``position_ids`` restart at 0 for every sample and an explicit
+   block-diagonal causal 4D mask keeps attention inside each sample. transformers 5.23 infers
+   packing from ``position_ids`` only when no mask is given *and* no KV cache is active (with the
+   default ``use_cache=True`` the samples see each other), so the trainer never relies on that:
+   the mask is explicit, in the form the attention kernel expects (``model_attention_mask``).
+   ``tests/trainer/test_dataset.py`` checks packed logprobs equal per-sample ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from trainer.advantages import RolloutReward, per_rollout_token_weights, rollout_advantages
+
+TRANSITIONS_SQL = """
+WITH picked AS (
+    SELECT * FROM transitions
+    WHERE coalesce(policy_version, $unversioned) BETWEEN $lo AND $hi
+    QUALIFY row_number() OVER (PARTITION BY transition_id ORDER BY ended_at DESC NULLS LAST) = 1
+),
+marked AS (
+    SELECT *,
+        bool_or(coalesce(is_last, false)) OVER (PARTITION BY rollout_id) AS rollout_complete,
+        coalesce(max(rollout_reward) OVER (PARTITION BY rollout_id),
+                 sum(reward) OVER (PARTITION BY rollout_id)) AS rollout_reward_used
+    FROM picked
+)
+SELECT * FROM marked
+WHERE ($all_calls OR coalesce(trainable, false))
+  AND ($agents IS NULL OR regexp_matches(coalesce(agent_name, ''), $agents))
+ORDER BY rollout_id, step, transition_id
+"""
+
+
+@dataclass
+class DatasetConfig:
+    """How transitions become token sequences."""
+
+    max_prompt_tokens: int = 1024
+    max_response_tokens: int = 1024
+    pack_tokens: int = 2048
+    estimator: str = "grpo"
+    aggregation: str = "rollout"
+    require_complete: bool = True
+
+
+@dataclass
+class DatasetStats:
+    """What happened to the rows, reported in the round metrics."""
+
+    n_transitions: int = 0
+    n_rollouts: int = 0
+    n_rollouts_incomplete: int = 0
+    n_rollouts_no_reward: int = 0
+    n_groups: int = 0
+    n_groups_zero_variance: int = 0
+    n_rollouts_zero_variance: int = 0
+    n_retokenized: int = 0
+    n_truncated_prompt: int = 0
+    n_truncated_response: int = 0
+    n_empty_response: int = 0
+    n_samples: int = 0
+    n_response_tokens: int = 0
+    mean_reward: float = float("nan")
+
+
+@dataclass
+class Sample:
+    """One model call ready to train on: prompt and response ids plus its advantage and weight."""
+
+    transition_id: str
+    rollout_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float] | None
+    advantage: float = 0.0
+    weight: float = 0.0  # loss weight of each response token
+    retokenized: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class Batch:
+    """One micro-batch. Per-token tensors are ``[rows, L-1]``, aligned with ``input_ids[:, 1:]``."""
+
+    input_ids: torch.Tensor  # [R, L] long
+    position_ids: torch.Tensor  # [R, L] long, restart at 0 per sample
+    attention_mask: torch.Tensor  # [R, 1, L, L] bool, block-diagonal causal
+    advantages: torch.Tensor  # [R, L-1] float
+    weights: torch.Tensor  # [R, L-1] float, 0 on prompt/padding
+    rollout_logprobs: torch.Tensor  # [R, L-1] float, 0 where unknown
+    has_rollout_logprobs: torch.Tensor  # [R, L-1] bool
+    n_samples: int = 0
+    n_tokens: int = 0  # real (non-padding) tokens
+    sample_spans: list[list[tuple[int, int]]] = field(default_factory=list)  # per row: (start, end)
+
+    def to(self, device: torch.device | str) -> Batch:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        return Batch(**moved)
+
+
+def load_transitions(
+    con: Any, versions: tuple[int, int], *, agents: str | None = None, trainable_only: bool = True,
+    unversioned: int = 0,
+) -> pa.Table:
+    """Selected calls of policy versions ``versions[0]..versions[1]`` with rollout completeness and reward.
+
+    ``con`` is a DuckDB connection with the store's views (``schemas.views.connect_readonly``).
+    Calls recorded without a version (the base model served as plain ``policy`` before anything
+    was published has no ``@k``) count as version ``unversioned`` (0, the base; -1 skips them).
+    """
+    params = {"lo": versions[0], "hi": versions[1], "agents": agents, "all_calls": not trainable_only,
+              "unversioned": unversioned}
+    return con.sql(TRANSITIONS_SQL, params=params).to_arrow_table()
+
+
+def _json(text: str | None, default: Any) -> Any:
+    if text is None or text == "":
+        return default
+    return json.loads(text)
+
+
+def retokenize(tokenizer: Any, prompt_messages: list[dict], response_message: dict,
+               tools: list[dict] | None) -> tuple[list[int], list[int]]:
+    """Prompt and response ids from the chat template, for rows recorded without token ids.
+
+    The response is the text the template adds after the generation prompt when the assistant
+    message is appended, up to and including the end-of-turn token (the trailing newline some
+    templates add after it is not something the model generated).
+    """
+    kw = {"tools": tools} if tools else {}
+    prompt_text = tokenizer.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=False, **kw)
+    full_text = tokenizer.apply_chat_template(
+        [*prompt_messages, response_message], add_generation_prompt=False, tokenize=False, **kw
+    )
+    if full_text.startswith(prompt_text):
+        response_text = full_text[len(prompt_text):].rstrip("\n")
+    else:  # a template that rewrites earlier turns: fall back to the content plus end of turn
+        response_text = (response_message.get("content") or "") + (tokenizer.eos_token or "")
+    prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(response_text, add_special_tokens=False)["input_ids"]
+    return list(prompt_ids), list(response_ids)
+
+
+def build_samples(
+    rows: pa.Table, tokenizer: Any, config: DatasetConfig, *, exclude_rollouts: Iterable[str] = ()
+) -> tuple[list[Sample], DatasetStats]:
+    """Turn selected transition rows into weighted samples; see the module docstring for the rules."""
+    excluded = set(exclude_rollouts)
+    stats = DatasetStats()
+    records = [r for r in rows.to_pylist() if r["rollout_id"] not in excluded]
+    rollouts: dict[str, dict] = {}
+    for r in records:
+        rollouts.setdefault(r["rollout_id"], r)
+    stats.n_rollouts = len(rollouts)
+    usable: list[RolloutReward] = []
+    for rid, r in rollouts.items():
+        if config.require_complete and not r["rollout_complete"]:
+            stats.n_rollouts_incomplete += 1
+        elif r["rollout_reward_used"] is None:
+            stats.n_rollouts_no_reward += 1
+        else:
+            usable.append(RolloutReward(rid, r["task_id"] or rid, float(r["rollout_reward_used"])))
+    if usable:
+        stats.mean_reward = sum(u.reward for u in usable) / len(usable)
+    adv = rollout_advantages(usable, config.estimator)
+    stats.n_groups = adv.n_groups
+    stats.n_groups_zero_variance = adv.n_groups_dropped_zero_variance
+    stats.n_rollouts_zero_variance = adv.n_rollouts_dropped
+
+    samples: list[Sample] = []
+    for r in records:
+        if r["rollout_id"] not in adv.advantages:
+            continue
+        stats.n_transitions += 1
+        prompt_ids, response_ids = r["prompt_token_ids"] or [], r["response_token_ids"] or []
+        logprobs = r["response_logprobs"]
+        retok = r["token_source"] == "retokenized" or not prompt_ids or not response_ids
+        if retok:
+            prompt_ids, response_ids = retokenize(
+                tokenizer, _json(r["prompt_messages"], []), _json(r["response_message"], {}),
+                _json(r["tools"], None),
+            )
+            logprobs = None
+            stats.n_retokenized += 1
+        if logprobs is not None and len(logprobs) != len(response_ids):
+            logprobs = None
+        if len(prompt_ids) > config.max_prompt_tokens:
+            prompt_ids = prompt_ids[-config.max_prompt_tokens:]
+            stats.n_truncated_prompt += 1
+        if len(response_ids) > config.max_response_tokens:
+            response_ids = response_ids[: config.max_response_tokens]
+            logprobs = logprobs[: config.max_response_tokens] if logprobs is not None else None
+            stats.n_truncated_response += 1
+        if not response_ids or not prompt_ids:
+            stats.n_empty_response += 1
+            continue
+        samples.append(Sample(
+            transition_id=r["transition_id"], rollout_id=r["rollout_id"], prompt_ids=list(prompt_ids),
+            response_ids=list(response_ids), rollout_logprobs=list(logprobs) if logprobs is not None else None,
+            advantage=adv.advantages[r["rollout_id"]], retokenized=retok,
+        ))
+    assign_weights(samples, config.aggregation)
+    stats.n_samples = len(samples)
+    stats.n_response_tokens = sum(len(s.response_ids) for s in samples)
+    return samples, stats
+
+
+def assign_weights(samples: Sequence[Sample], aggregation: str) -> None:
+    """Set each sample's per-token loss weight so the weights of the whole round sum to 1.
+
+    ``rollout``: every rollout counts equally (default); ``token``: every response token counts
+    equally (OpenRLHF token-level); ``sequence``: every call counts equally (OpenRLHF sample-level).
+    """
+    lengths = [len(s.response_ids) for s in samples]
+    if aggregation == "rollout":
+        ws = per_rollout_token_weights([s.rollout_id for s in samples], lengths)
+    elif aggregation == "token":
+        total = sum(lengths)
+        ws = [1.0 / total if total else 0.0 for _ in samples]
+    elif aggregation == "sequence":
+        ws = [1.0 / (n * len(samples)) if n else 0.0 for n in lengths]
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}; must be one of rollout, token, sequence")
+    for s, w in zip(samples, ws, strict=True):
+        s.weight = w
+
+
+def pack_samples(samples: Sequence[Sample], pack_tokens: int) -> list[list[Sample]]:
+    """First-fit-decreasing bin packing of samples into rows of at most ``pack_tokens`` tokens."""
+    rows: list[list[Sample]] = []
+    room: list[int] = []
+    for s in sorted(samples, key=lambda s: s.length, reverse=True):
+        if s.length > pack_tokens:
+            raise ValueError(
+                f"sample {s.transition_id} has {s.length} tokens, more than pack_tokens={pack_tokens}; "
+                "raise --pack-tokens or lower --max-prompt-tokens/--max-response-tokens"
+            )
+        for i, free in enumerate(room):
+            if s.length <= free:
+                rows[i].append(s)
+                room[i] -= s.length
+                break
+        else:
+            rows.append([s])
+            room.append(pack_tokens - s.length)
+    return rows
+
+
+def collate(rows: Sequence[Sequence[Sample]], pad_id: int = 0, pad_to: int | None = None) -> Batch:
+    """Tensors for one micro-batch of rows; a row holds one sample (padded) or several (packed)."""
+    length = max(sum(s.length for s in row) for row in rows)
+    length = max(length, pad_to or 0)
+    n_rows = len(rows)
+    input_ids = torch.full((n_rows, length), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((n_rows, length), dtype=torch.long)
+    segment = torch.full((n_rows, length), -1, dtype=torch.long)
+    adv = torch.zeros((n_rows, length))
+    weights = torch.zeros((n_rows, length))
+    rlp = torch.zeros((n_rows, length))
+    has_rlp = torch.zeros((n_rows, length), dtype=torch.bool)
+    spans: list[list[tuple[int, int]]] = []
+    for i, row in enumerate(rows):
+        pos, row_spans = 0, []
+        for j, s in enumerate(row):
+            p, n = len(s.prompt_ids), len(s.response_ids)
+            end = pos + p + n
+            input_ids[i, pos:end] = torch.tensor(s.prompt_ids + s.response_ids)
+            position_ids[i, pos:end] = torch.arange(p + n)
+            segment[i, pos:end] = j
+            resp = slice(pos + p, end)
+            adv[i, resp] = s.advantage
+            weights[i, resp] = s.weight
+            if s.rollout_logprobs is not None:
+                rlp[i, resp] = torch.tensor(s.rollout_logprobs)
+                has_rlp[i, resp] = True
+            row_spans.append((pos, end))
+            pos = end
+        spans.append(row_spans)
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
+    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
+    eye = torch.eye(length, dtype=torch.bool)  # padding attends to itself only (no all-masked rows)
+    mask = (same & causal) | eye
+    return Batch(
+        input_ids=input_ids, position_ids=position_ids, attention_mask=mask[:, None],
+        advantages=adv[:, 1:], weights=weights[:, 1:], rollout_logprobs=rlp[:, 1:],
+        has_rollout_logprobs=has_rlp[:, 1:], n_samples=sum(len(r) for r in rows),
+        n_tokens=sum(s.length for r in rows for s in r), sample_spans=spans,
+    )
+
+
+def make_batches(samples: Sequence[Sample], pack_tokens: int, pad_id: int = 0) -> list[Batch]:
+    """Packed micro-batches: one row of up to ``pack_tokens`` tokens each."""
+    return [collate([row], pad_id) for row in pack_samples(samples, pack_tokens)]
+
+
+def make_padded_batches(samples: Sequence[Sample], rows_per_batch: int, pad_id: int = 0) -> list[Batch]:
+    """The unpacked baseline: ``rows_per_batch`` samples per micro-batch, each padded to the longest."""
+    ordered = list(samples)
+    return [collate([[s] for s in ordered[i:i + rows_per_batch]], pad_id)
+            for i in range(0, len(ordered), rows_per_batch)]
+
+
+def model_attention_mask(model: Any, batch: Batch) -> torch.Tensor | None:
+    """The block-diagonal mask in the form the model's attention implementation expects.
+
+    transformers passes a 4D mask straight to the kernel: sdpa wants bool (True = attend), eager
+    *adds* the mask to the scores, so it needs 0 / -inf-like floats (a bool mask there is silently
+    wrong). flash-attention finds sample boundaries from ``position_ids`` itself (varlen) and gets
+    no mask.
+    """
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    if impl.startswith("flash_attention"):
+        return None
+    if impl == "eager":
+        dtype = next(model.parameters()).dtype
+        zeros = torch.zeros(batch.attention_mask.shape, dtype=dtype, device=batch.attention_mask.device)
+        return zeros.masked_fill(~batch.attention_mask, torch.finfo(dtype).min)
+    if impl == "sdpa":
+        return batch.attention_mask
+    raise ValueError(f"attention implementation {impl!r} is not supported for packed training; "
+                     "load the model with attn_implementation='sdpa', 'eager' or 'flash_attention_2'")
+
+
+def sequence_logprobs(model: Any, batch: Batch) -> torch.Tensor:
+    """Log-probability of every next token, ``[R, L-1]``, under ``model`` with the packing mask."""
+    if all(len(spans) <= 1 for spans in batch.sample_spans):
+        # one right-padded sample per row: default positions and the causal mask are exact, and with
+        # no position_ids transformers does not mistake the padding for packed sequences
+        logits = model(input_ids=batch.input_ids, use_cache=False).logits
+    else:
+        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                       attention_mask=model_attention_mask(model, batch), use_cache=False).logits
+    logits = logits[:, :-1].float()
+    targets = batch.input_ids[:, 1:]
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

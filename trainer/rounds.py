@@ -1,0 +1,343 @@
+"""The round protocol: on-policy, idempotent, resumable (DESIGN.md "Training", issue #5).
+
+Versions: the base model is ``policy@0``. Round k trains on transitions of ``policy_version`` k
+(plus not-yet-used rollouts of versions k-S..k-1 with ``--staleness S``) and publishes
+``policy@k+1`` from ``STORE/checkpoints/policy-<k+1>``. So rounds are numbered from 0, and the
+n-th round trains on the data of the policy the (n-1)-th round published.
+
+One call of ``run_once`` does at most one round, under an exclusive lock (cron-safe):
+
+1. finish what a killed run left: publish a ``trained`` round that was not announced; resume a
+   ``started``/``failed`` round from its recorded selection (if its checkpoint was already
+   renamed into place, adopt it instead of training again);
+2. otherwise count complete, rewarded, unused rollouts of version k; below ``--min-rollouts``
+   (and ``--every`` not due) it writes nothing and returns ``waiting``: a rerun is a no-op;
+3. record the selection (``checkpoints/round-<k>.json``: which rollouts and calls) and a
+   ``started`` row in ``rounds``, train, write the checkpoint atomically, mark ``trained``,
+   publish, mark ``published``.
+
+The selection file is what makes reruns safe: a rollout listed in an earlier round's selection
+is never trained on again, and a resumed round trains on exactly the rollouts it started with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.parquet import read_table, write_table_atomic
+from schemas.store import StoreLayout
+from schemas.tables import ROUNDS_SCHEMA
+from schemas.views import connect_readonly
+from trainer.backends.base import StepCallback, TrainMetrics
+from trainer.checkpoint import (
+    checkpoint_dir,
+    clean_temp_dirs,
+    git_sha,
+    is_complete,
+    read_manifest,
+    write_checkpoint,
+    write_json_atomic,
+)
+from trainer.config import TrainSettings
+from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions, make_batches
+
+DONE = ("trained", "published")
+
+
+class TrainError(Exception):
+    """A round cannot run as configured; the message names the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class PublishRequest:
+    """What a publisher needs to make ``name`` servable: vLLM ``load_lora_adapter`` or a weight reload."""
+
+    name: str  # policy@<version>
+    version: int
+    checkpoint_path: Path
+    adapter: bool
+    base_model: Path
+
+
+Publisher = Callable[[PublishRequest], None]
+
+
+@dataclass
+class RoundOutcome:
+    """What one ``run_once`` did: ``published``, ``trained``, ``waiting`` or ``locked``."""
+
+    status: str
+    round: int | None = None
+    trained: bool = False  # a new checkpoint was written (or adopted) by this call
+    message: str = ""
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def selection_path(layout: StoreLayout, k: int) -> Path:
+    return layout.checkpoints / f"round-{k:06d}.json"
+
+
+def read_rounds(layout: StoreLayout) -> dict[int, dict[str, Any]]:
+    """The manifest: one row per round (each round's file is rewritten as its status advances)."""
+    rows = read_table(layout.table("rounds"), "rounds").to_pylist()
+    return {r["round"]: r for r in sorted(rows, key=lambda r: r["round"])}
+
+
+def write_round(layout: StoreLayout, row: dict[str, Any]) -> Path:
+    """Write (or replace) the manifest row of ``row['round']`` atomically, in its first date partition."""
+    name = f"round-{row['round']:06d}.parquet"
+    existing = sorted(layout.table("rounds").rglob(name)) if layout.table("rounds").exists() else []
+    path = existing[0] if existing else layout.partition("rounds", _now().strftime("%Y-%m-%d")) / name
+    return write_table_atomic(pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA), path, "rounds")
+
+
+@contextlib.contextmanager
+def train_lock(layout: StoreLayout) -> Iterator[bool]:
+    """Exclusive, non-blocking lock on the store's training state; released by the OS if we die."""
+    layout.checkpoints.mkdir(parents=True, exist_ok=True)
+    with open(layout.checkpoints / ".train.lock", "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def used_rollouts(layout: StoreLayout, before: int) -> set[str]:
+    """Rollouts already consumed by rounds < ``before``."""
+    used: set[str] = set()
+    for k in range(before):
+        p = selection_path(layout, k)
+        if p.exists():
+            used.update(json.loads(p.read_text())["rollout_ids"])
+    return used
+
+
+def dataset_config(s: TrainSettings) -> DatasetConfig:
+    return DatasetConfig(max_prompt_tokens=s.max_prompt_tokens, max_response_tokens=s.max_response_tokens,
+                         pack_tokens=s.pack_tokens, estimator=s.estimator, aggregation=s.aggregation)
+
+
+def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetrics | None) -> str:
+    """The one line per round a user greps: what went in, what came out, how long it took."""
+    k = row["round"]
+    parts = [f"round {k}: policy@{k} -> policy@{k + 1}", f"status={row['status']}",
+             f"rollouts={row['n_rollouts']}", f"calls={row['n_transitions']}",
+             f"reward={row['mean_reward']:.4f}", f"loss={row['loss']:.5f}", f"kl={row['kl']:.5f}",
+             f"clip={row['clip_fraction']:.3f}"]
+    if stats is not None:
+        parts += [f"retokenized={stats.n_retokenized}",
+                  f"truncated={stats.n_truncated_prompt}p/{stats.n_truncated_response}r",
+                  f"zero_var_groups={stats.n_groups_zero_variance}/{stats.n_groups}",
+                  f"incomplete={stats.n_rollouts_incomplete}"]
+    if m is not None:
+        parts += [f"tokens={m.tokens}", f"steps={m.optimizer_steps}", f"grad_norm={m.grad_norm:.3f}"]
+    timings = json.loads(row["timings"] or "{}")
+    parts.append(f"time={sum(timings.values()):.1f}s")
+    return " ".join(parts)
+
+
+def run_once(
+    settings: TrainSettings,
+    *,
+    publisher: Publisher | None = None,
+    on_step: StepCallback | None = None,
+    log: Callable[[str], None] = print,
+) -> RoundOutcome:
+    """Do the next step of the round protocol (module docstring); safe to call from cron."""
+    if not settings.model:
+        raise TrainError("no base model: pass --model DIR (make a tiny one with 'tracerl init-model DIR')")
+    base_model = Path(settings.model).expanduser().resolve()
+    if not (base_model / "config.json").exists():
+        raise TrainError(f"--model {base_model} has no config.json; point it at a HF model directory")
+    layout = StoreLayout.at(settings.store)
+    with train_lock(layout) as locked:
+        if not locked:
+            msg = "another 'tracerl train' holds the lock on this store; nothing done"
+            log(msg)
+            return RoundOutcome("locked", message=msg)
+        clean_temp_dirs(layout.checkpoints)
+        return _run_locked(settings, layout, base_model, publisher, on_step, log)
+
+
+def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, publisher: Publisher | None,
+                on_step: StepCallback | None, log: Callable[[str], None]) -> RoundOutcome:
+    rounds = read_rounds(layout)
+    done = [k for k, r in rounds.items() if r["status"] in DONE]
+    last = max(done) if done else None
+    if last is not None and rounds[last]["status"] == "trained" and publisher is not None:
+        row = _publish(layout, rounds[last], base_model, publisher, log, settings.served_name)
+        return RoundOutcome("published", last, row=row,
+                            message=f"published {settings.served_name}@{last + 1} (left unannounced by an earlier run)")
+    k = 0 if last is None else last + 1
+    parent = checkpoint_dir(layout.checkpoints, k) if k > 0 else None
+    if parent is not None and not is_complete(parent):
+        raise TrainError(f"round {k} starts from {parent}, which is missing or incomplete; restore it, or start "
+                         "a new --store")
+    for r in rounds.values():
+        if r["base_model"] and Path(r["base_model"]) != base_model:
+            raise TrainError(f"round {r['round']} was trained from base model {r['base_model']}, not {base_model}; "
+                             "use the same --model for every round of a store, or a new --store")
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    sel_file = selection_path(layout, k)
+    resuming = sel_file.exists()  # a run of round k was interrupted: redo it on the same rollouts
+    selection: dict[str, Any] | None = json.loads(sel_file.read_text()) if resuming else None
+    lo = selection["versions"][0] if selection is not None else max(0, k - settings.staleness)
+    con = connect_readonly(str(layout.root))
+    rows = load_transitions(con, (lo, k), agents=settings.agents, unversioned=settings.unversioned_as)
+    con.close()
+    if selection is not None:
+        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    exclude = used_rollouts(layout, k) if selection is None else set()
+    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude)
+    timings["dataset"] = time.perf_counter() - t
+    if selection is not None:
+        trained_ids = set(selection["transition_ids"])
+        samples = [s for s in samples if s.transition_id in trained_ids]
+    else:
+        usable = stats.n_rollouts - stats.n_rollouts_incomplete - stats.n_rollouts_no_reward
+        due = usable >= settings.min_rollouts or _every_due(settings, layout, last, usable)
+        if not due or not samples:
+            why = (f"{usable} complete rewarded rollouts of policy@{k} (need --min-rollouts {settings.min_rollouts})"
+                   if not due else f"all {usable} rollouts of policy@{k} are in zero-reward-variance groups")
+            msg = f"round {k}: waiting: {why}; nothing written"
+            log(msg)
+            return RoundOutcome("waiting", k, message=msg)
+        rollout_ids = sorted({s.rollout_id for s in samples} | _usable_rollouts(rows, exclude))
+        selection = {"round": k, "versions": [lo, k], "rollout_ids": rollout_ids,
+                     "transition_ids": sorted(s.transition_id for s in samples), "created_at": _now().isoformat()}
+        write_json_atomic(sel_file, selection)
+
+    row = {
+        "round": k, "policy_version": k, "base_model": str(base_model), "checkpoint_path": None,
+        "adapter": None, "n_rollouts": len({s.rollout_id for s in samples}), "n_transitions": len(samples),
+        "mean_reward": stats.mean_reward, "loss": None, "kl": None, "clip_fraction": None,
+        "timings": json.dumps(timings), "published_at": None, "status": "started",
+    }
+    write_round(layout, row)
+    final = checkpoint_dir(layout.checkpoints, k + 1)
+    metrics: TrainMetrics | None = None
+    try:
+        if is_complete(final) and read_manifest(final).get("round") == k:
+            log(f"round {k}: adopting checkpoint {final} written before the previous run stopped")
+            man = read_manifest(final)
+            metrics = TrainMetrics(**{f.name: man["metrics"].get(f.name, 0) for f in dataclasses.fields(TrainMetrics)
+                                      if f.name != "extra"})
+            adapter = bool(man["adapter"])
+        else:
+            from trainer.backends import load_backend
+
+            t = time.perf_counter()
+            backend = load_backend(settings.backend, settings, base_model, parent)
+            timings["model_load"] = time.perf_counter() - t
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            batches = make_batches(samples, settings.pack_tokens, pad_id)
+            log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
+                f"{len(batches)} packed micro-batches" + (" (resumed)" if resuming else ""))
+            metrics = backend.train(batches, on_step)
+            timings["train"] = metrics.seconds
+            t = time.perf_counter()
+            adapter = bool(backend.adapter)
+            manifest = {
+                "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
+                "version": k + 1,
+                "base_model": str(base_model), "parent": str(parent) if parent else None, "adapter": adapter,
+                "backend": settings.backend, "settings": dataclasses.asdict(settings), "git_sha": git_sha(),
+                "selection": selection, "dataset": dataclasses.asdict(stats),
+                "metrics": dataclasses.asdict(metrics), "created_at": _now().isoformat(),
+            }
+            write_checkpoint(final, backend.save, manifest)
+            timings["save"] = time.perf_counter() - t
+    except BaseException:
+        write_round(layout, {**row, "status": "failed", "timings": json.dumps(timings)})
+        raise
+    row.update(checkpoint_path=str(final), adapter=adapter, loss=metrics.loss, kl=metrics.kl,
+               clip_fraction=metrics.clip_fraction, timings=json.dumps(timings), status="trained")
+    write_round(layout, row)
+    if publisher is not None:
+        row = _publish(layout, row, base_model, publisher, log, settings.served_name)
+    log(metrics_line(row, stats, metrics))
+    return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
+
+
+def _usable_rollouts(rows: pa.Table, exclude: set[str]) -> set[str]:
+    """Complete, rewarded rollouts in ``rows`` (consumed by this round even if their group had no signal)."""
+    out = set()
+    for r in rows.select(["rollout_id", "rollout_complete", "rollout_reward_used"]).to_pylist():
+        if r["rollout_complete"] and r["rollout_reward_used"] is not None and r["rollout_id"] not in exclude:
+            out.add(r["rollout_id"])
+    return out
+
+
+def _every_due(settings: TrainSettings, layout: StoreLayout, last: int | None, usable: int) -> bool:
+    """``--every S``: S seconds after the previous round started, train with whatever (>= 2) rollouts exist."""
+    if settings.every <= 0 or usable < 2:
+        return False
+    if last is None or not selection_path(layout, last).exists():
+        return True
+    started = datetime.fromisoformat(json.loads(selection_path(layout, last).read_text())["created_at"])
+    return (_now() - started).total_seconds() >= settings.every
+
+
+def _publish(layout: StoreLayout, row: dict[str, Any], base_model: Path, publisher: Publisher,
+             log: Callable[[str], None], served_name: str = "policy") -> dict[str, Any]:
+    k = row["round"]
+    req = PublishRequest(name=f"{served_name}@{k + 1}", version=k + 1, checkpoint_path=Path(row["checkpoint_path"]),
+                         adapter=bool(row["adapter"]), base_model=base_model)
+    t = time.perf_counter()
+    publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
+    timings = json.loads(row["timings"] or "{}")
+    timings["publish"] = time.perf_counter() - t
+    row = {**row, "status": "published", "published_at": _now(), "timings": json.dumps(timings)}
+    write_round(layout, row)
+    log(f"round {k}: published {req.name} from {req.checkpoint_path}")
+    return row
+
+
+def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
+          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> int:
+    """``tracerl train --watch``: run rounds as data arrives until ``max_rounds`` (0: forever)."""
+    n = 0
+    last_wait = ""
+
+    def quiet_log(msg: str) -> None:  # the same "waiting" line every poll is noise: print it once
+        nonlocal last_wait
+        if "waiting" in msg or "holds the lock" in msg:
+            if msg == last_wait:
+                return
+            last_wait = msg
+        log(msg)
+
+    while settings.max_rounds <= 0 or n < settings.max_rounds:
+        out = run_once(settings, publisher=publisher, log=quiet_log)
+        if out.trained:
+            n += 1
+        if out.status in DONE:
+            continue
+        sleep(settings.poll_s)
+    return n
