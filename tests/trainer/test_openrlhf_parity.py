@@ -1,13 +1,15 @@
 """Our loss equals OpenRLHF 0.11.2's ``PolicyLoss`` / ``compute_approx_kl`` on random batches.
 
-CI installs openrlhf without its GPU-only dependencies (see the trainer report / CI recipe); the
-``importorskip`` only spares a laptop without it. flash-attn's CUDA extension cannot be built on
+`make install` (so CI) installs openrlhf without its GPU-only dependencies; under CI (``CI`` set)
+the import is strict so a broken install fails the run, elsewhere ``importorskip`` spares a laptop. flash-attn's CUDA extension cannot be built on
 CPU, so, as OpenRLHF's own CPU tests do, an empty ``flash_attn_2_cuda`` module is registered
 before import (nothing in the loss path calls into it).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 import types
 
@@ -17,8 +19,9 @@ import torch
 from trainer.loss import LossConfig, approx_kl, policy_loss, token_weights
 
 sys.modules.setdefault("flash_attn_2_cuda", types.ModuleType("flash_attn_2_cuda"))
-openrlhf_models = pytest.importorskip("openrlhf.models")
-openrlhf_utils = pytest.importorskip("openrlhf.models.utils")
+_import = importlib.import_module if os.environ.get("CI") else pytest.importorskip
+openrlhf_models = _import("openrlhf.models")
+openrlhf_utils = _import("openrlhf.models.utils")
 
 
 def _batch(seed: int, rows: int = 4, cols: int = 7):
