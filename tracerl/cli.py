@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("tracerl.commands.gateway", "OpenAI-compatible proxy that records exact token ids as spans"),
     "train": ("tracerl.commands.train", "train the policy on its transitions: on-policy rounds, checkpoint, publish"),
     "report": ("tracerl.commands.report", "per-round reward/loss/KL table and a PNG plot of the rounds manifest"),
+    "rollout": ("tracerl.commands.rollout", "run an unmodified agent per task and sample, pointed at tracerl by env vars"),
 }
 
 EPILOG = """\

@@ -1,0 +1,146 @@
+"""The demo agent + task: its reward function, its tasks, and a real end-to-end rollout.
+
+End to end: `tracerl serve` (tiny model) ← `tracerl gateway` ← the unmodified demo agent under
+`opentelemetry-instrument`, launched by `tracerl rollout`, exporting to a real collector. The
+store must hold, per rollout, the spans of both named agents (each with its openai call and the
+gateway's token span below it) and the rollout's reward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from tracerl_testing import BIN, free_port, tracerl
+
+from collector_exporter.testing import running_collector
+from schemas.views import connect_readonly
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"demo_{name}", DEMO / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+reward, make_tasks = _load("reward"), _load("make_tasks")
+
+
+def out(writer: str, final: str) -> str:
+    return "log line\n" + json.dumps({"letter": "a", "writer": writer, "final": final}) + "\n"
+
+
+def test_reward_is_one_only_when_both_agents_start_with_the_letter_and_use_no_other():
+    task = {"id": "letter-a", "letter": "a", "letters": "aeot"}
+    assert reward.score(task, out("a", " A!")) == 1.0
+    assert reward.score(task, out("allall", "aaaa")) == 1.0
+    assert reward.score(task, out("at", "xyz")) == pytest.approx((1 + 0.5) / 2 / 2)  # first ok, share 1/2; then 0
+    assert reward.score(task, out("the cat", "ba")) == pytest.approx(((0 + 1 / 4) / 2 + (0 + 1) / 2) / 2)
+    assert reward.score(task, out("xyz", "")) == 0.0
+    assert reward.score(task, "not json") == 0.0 and reward.score(task, "") == 0.0
+
+
+def test_no_reply_that_ignores_the_task_beats_one_over_the_number_of_letters():
+    letters = "aeot"
+    for reply in ("tooltool", "allallal", "eat", "ouou", "the weather", "", "a e o t"):
+        mean = sum(reward.letter_score(reply, c, letters) for c in letters) / len(letters)
+        assert mean <= 1 / len(letters) + 1e-9, reply
+
+
+def test_tasks_are_one_per_letter_with_distinct_ids():
+    assert make_tasks.make_tasks("ae") == [{"id": "letter-a", "letter": "a", "letters": "ae"},
+                                           {"id": "letter-e", "letter": "e", "letters": "ae"}]
+    ids = [t["id"] for t in make_tasks.make_tasks("aeot", repeat=3)]
+    assert len(ids) == 12 == len(set(ids))
+    for bad in ("", "aa", "a1"):
+        with pytest.raises(ValueError):
+            make_tasks.make_tasks(bad)
+    proc = subprocess.run([sys.executable, str(DEMO / "make_tasks.py"), "--letters", "ot"],
+                          capture_output=True, text=True, check=True)
+    assert [json.loads(line)["letter"] for line in proc.stdout.splitlines()] == ["o", "t"]
+
+
+def start(*args: str, health: str, timeout: float = 60) -> subprocess.Popen:
+    proc = subprocess.Popen([str(BIN / "tracerl"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"tracerl {args[0]} exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if httpx.get(health, timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"tracerl {args[0]} did not become healthy within {timeout}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_model_dir):
+    store = tmp_path / "store"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(subprocess.run([sys.executable, str(DEMO / "make_tasks.py"), "--letters", "ae"],
+                                    capture_output=True, text=True, check=True).stdout)
+    serve_port, gw_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+    env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
+    with running_collector(store) as c:
+        server = start("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
+                       health=f"http://127.0.0.1:{serve_port}/health")
+        try:
+            gw = start("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
+                       "--otlp", c.grpc_endpoint, health=f"http://127.0.0.1:{gw_port}/health")
+            try:
+                proc = tracerl("rollout", "--tasks", str(tasks), "-n", "2", "--concurrency", "2",
+                               "--store", str(store), "--collector", c.http_endpoint, "--otlp", c.grpc_endpoint,
+                               "--gateway", f"http://127.0.0.1:{gw_port}/v1",
+                               "--reward", f"{DEMO / 'reward.py'}:score", "--timeout-s", "60",
+                               "--", str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(DEMO / "agent.py"),
+                               env=env, timeout=120)
+            finally:
+                stop(gw)  # flushes the gateway's span batch
+        finally:
+            stop(server)
+        c.flush()
+    assert "4 rollouts: 4 ok, 0 failed, 0 timeout" in proc.stdout, proc.stdout + proc.stderr
+    (records_file,) = (store / "rollouts").glob("driver-*.jsonl")
+    recs = {r["rollout_id"]: r for r in map(json.loads, records_file.read_text().splitlines())}
+
+    con = connect_readonly(str(store))
+    agents = con.execute("""
+        SELECT rollout_id, resource_attributes['tracerl.task_id'], list(attributes['gen_ai.agent.name'] ORDER BY start_time_ns),
+               count(DISTINCT trace_id)
+        FROM spans WHERE attributes['gen_ai.agent.name'] IS NOT NULL GROUP BY 1, 2 ORDER BY 1""").fetchall()
+    assert [(rid, task) for rid, task, _, _ in agents] == sorted((r, recs[r]["task_id"]) for r in recs)
+    assert all(names == ["writer", "rewriter"] and traces == 1 for _, _, names, traces in agents)
+    # below each agent span: its openai call, and below that the gateway's span with exact token ids
+    calls = con.execute("""
+        SELECT a.rollout_id, a.attributes['gen_ai.agent.name'], c.name, g.name, g.attributes['tracerl.response_token_ids']
+        FROM spans a JOIN spans c ON c.parent_span_id = a.span_id JOIN spans g ON g.parent_span_id = c.span_id
+        WHERE a.attributes['gen_ai.agent.name'] IS NOT NULL""").fetchall()
+    assert len(calls) == 8
+    assert {(c, g) for _, _, c, g, _ in calls} == {("openai.chat", "tracerl.gateway policy")}
+    assert all(json.loads(ids) for *_, ids in calls)
+    rewards = dict(con.execute("SELECT rollout_id, value FROM rewards").fetchall())
+    assert rewards == {rid: r["reward"] for rid, r in recs.items()}
+    assert all(0.0 <= v <= 1.0 for v in rewards.values())

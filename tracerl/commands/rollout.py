@@ -1,0 +1,64 @@
+"""Run an unmodified agent once per task and sample, pointed at tracerl by environment variables only.
+
+Each run gets OTEL_RESOURCE_ATTRIBUTES=tracerl.rollout_id=…,tracerl.task_id=… (merged with yours),
+OTEL_EXPORTER_OTLP_ENDPOINT (--otlp), OPENAI_BASE_URL (--gateway) and TRACERL_TASK (the task JSON,
+also on stdin or as the last argument). An optional --reward function scores stdout; the score is
+POSTed to the collector's /v1/rewards. One JSON line per rollout goes to STORE/rollouts/.
+Exit 0 when every rollout ran (failed agents are data), 1 when the driver failed, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tracerl.options import UsageError, add_options, from_args
+from tracerl.rollout import (
+    Driver,
+    RolloutConfig,
+    format_summary,
+    load_reward_fn,
+    load_tasks,
+    run_rollouts,
+    summarize,
+)
+
+EPILOG = """\
+example (collector, server and gateway already running):
+  python examples/demo/make_tasks.py > tasks.jsonl
+  tracerl rollout --tasks tasks.jsonl -n 4 --concurrency 8 --reward examples/demo/reward.py:score \\
+      -- opentelemetry-instrument python examples/demo/agent.py
+
+tasks.jsonl: one JSON object per line; `id` (string or integer) names the task, else a hash of the
+line is used. A bad line stops the run before any agent starts, with FILE:LINE and the problem.
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, RolloutConfig)
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                        help="the agent command, unchanged (after `--`)")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    cfg = from_args(RolloutConfig, args)
+    if not command:
+        raise UsageError("give the agent command after `--`, e.g. "
+                         "tracerl rollout --tasks tasks.jsonl -- opentelemetry-instrument python agent.py")
+    tasks = load_tasks(cfg.tasks)
+    reward_fn = load_reward_fn(cfg.reward) if cfg.reward else None
+    driver = Driver(command=command, tasks=tasks, n=cfg.n, concurrency=cfg.concurrency, collector=cfg.collector,
+                    otlp=cfg.otlp, gateway=cfg.gateway, reward_fn=reward_fn, reward_name=cfg.reward_name,
+                    reward_retries=cfg.reward_retries,
+                    timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store)
+    records, path = run_rollouts(driver)
+    summary = summarize(records)
+    print(format_summary(summary, str(path)), flush=True)
+    if summary.unposted_rewards:
+        print(f"tracerl rollout: error: {summary.unposted_rewards} reward(s) could not be posted to "
+              f"{cfg.collector}; start `tracerl collect` or pass the right --collector", file=sys.stderr)
+        return 1
+    return 0
