@@ -191,6 +191,11 @@ def drop_invalid_logs(req: ExportLogsServiceRequest) -> tuple[int, int, str]:
     return kept, rejected, reason
 
 
+def _check_size(body: bytes) -> None:
+    if len(body) > MAX_BODY_BYTES:
+        raise TooLarge(f"request of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
+
+
 @dataclass
 class IngestStats:
     requests: int = 0
@@ -216,52 +221,50 @@ class Ingest:
             raise Overloaded(reason)
 
     def traces(self, body: bytes, *, is_json: bool = False) -> ExportTraceServiceResponse:
-        if len(body) > MAX_BODY_BYTES:
-            raise TooLarge(f"request of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
-        req = decode(body, ExportTraceServiceRequest, is_json=is_json)
-        kept, rejected, reason = drop_invalid_spans(req)
         resp = ExportTraceServiceResponse()
+        kept, rejected, reason = self._export(body, is_json, ExportTraceServiceRequest, drop_invalid_spans, Kind.TRACES)
         if rejected:
             resp.partial_success.rejected_spans = rejected
             resp.partial_success.error_message = f"{rejected} span(s) rejected: {reason}"
-            self.stats.rejected += rejected
-        if kept:
-            self._check_capacity()
-            payload = body if (not rejected and not is_json) else req.SerializeToString()
-            self.wal.append(Kind.TRACES, payload, time.time_ns())
-            self.stats.spans += kept
-        self.stats.requests += 1
+        self.stats.spans += kept
         return resp
 
     def logs(self, body: bytes, *, is_json: bool = False) -> ExportLogsServiceResponse:
-        if len(body) > MAX_BODY_BYTES:
-            raise TooLarge(f"request of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
-        req = decode(body, ExportLogsServiceRequest, is_json=is_json)
-        kept, rejected, reason = drop_invalid_logs(req)
         resp = ExportLogsServiceResponse()
+        kept, rejected, reason = self._export(body, is_json, ExportLogsServiceRequest, drop_invalid_logs, Kind.LOGS)
         if rejected:
             resp.partial_success.rejected_log_records = rejected
             resp.partial_success.error_message = f"{rejected} log record(s) rejected: {reason}"
-            self.stats.rejected += rejected
+        self.stats.logs += kept
+        return resp
+
+    def _export(self, body: bytes, is_json: bool, cls: type[Message],
+                drop_invalid: Callable[[Message], tuple[int, int, str]], kind: Kind) -> tuple[int, int, str]:
+        """Decode, drop what can never be stored, append the rest durably: (kept, rejected, reason).
+
+        The WAL gets the client's own bytes when nothing was dropped and they were protobuf, so the
+        hot path never re-encodes.
+        """
+        _check_size(body)
+        req = decode(body, cls, is_json=is_json)
+        kept, rejected, reason = drop_invalid(req)
         if kept:
             self._check_capacity()
             payload = body if (not rejected and not is_json) else req.SerializeToString()
-            self.wal.append(Kind.LOGS, payload, time.time_ns())
-            self.stats.logs += kept
+            self.wal.append(kind, payload, time.time_ns())
+        self.stats.rejected += rejected
         self.stats.requests += 1
-        return resp
+        return kept, rejected, reason
 
     def metrics(self, body: bytes, *, is_json: bool = False) -> ExportMetricsServiceResponse:
         """Accepted (so agents exporting metrics to the same endpoint see no errors) and dropped."""
-        if len(body) > MAX_BODY_BYTES:
-            raise TooLarge(f"request of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
+        _check_size(body)
         decode(body, ExportMetricsServiceRequest, is_json=is_json)
         self.stats.requests += 1
         return ExportMetricsServiceResponse()
 
     def rewards(self, body: bytes) -> dict:
-        if len(body) > MAX_BODY_BYTES:
-            raise TooLarge(f"request of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
+        _check_size(body)
         try:
             rows = parse_rewards(body)
         except RewardError as e:

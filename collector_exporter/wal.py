@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
+from schemas.parquet import fsync_dir
+
 HEADER = struct.Struct("<IIBQ")
 _CRC_OFFSET = 8  # crc covers bytes from kind onwards
 
@@ -77,14 +79,6 @@ def read_records(path: Path) -> tuple[list[Record], int]:
     return out, pos
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def segment_number(path: Path) -> int:
     return int(path.name.split("-", 1)[1].split(".", 1)[0])
 
@@ -118,7 +112,7 @@ def recover(wal_dir: Path) -> None:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(path, path.with_suffix(".wal"))
-    _fsync_dir(wal_dir)
+    fsync_dir(wal_dir)
 
 
 class WriteAheadLog:
@@ -187,7 +181,7 @@ class WriteAheadLog:
         self._seg_path = self.dir / f"seg-{self._next_segment:012d}.open"
         self._next_segment += 1
         self._fd = os.open(self._seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._seg_bytes = 0
         self._seg_opened = time.monotonic()
 
@@ -200,7 +194,7 @@ class WriteAheadLog:
             os.replace(self._seg_path, self._seg_path.with_suffix(".wal"))
         else:
             self._seg_path.unlink()
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._seg_path = None
 
     def _run(self) -> None:

@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 from schemas.tables import SCHEMA_VERSION, TABLES
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable (the directory entry itself is fsynced)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -47,7 +48,7 @@ def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], table_name
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 

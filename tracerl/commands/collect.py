@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import signal
 import sys
-import threading
 from dataclasses import dataclass
 
 from schemas.store import default_store
 from span_to_transition.convert import ConvertConfig
 from tracerl.options import UsageError, add_options, from_args, opt
+from tracerl.signals import wait_for_stop
 
 EPILOG = """\
 point an unmodified agent at it:
@@ -80,9 +79,6 @@ def run(args: argparse.Namespace) -> int:
         from span_to_transition.store import ConvertLoop
 
         loop = ConvertLoop(cfg.store, convert_cfg, every_s=cfg.convert_every_s).start()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     parts = []
     if grpc_addr:
         parts.append(f"OTLP/gRPC {collector.grpc_endpoint}")
@@ -91,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if loop is not None:
         parts.append(f"converting every {cfg.convert_every_s:g}s")
     print(f"tracerl collect: {', '.join(parts)} → {collector.store.root}", flush=True)
-    stop.wait()
+    wait_for_stop()
     print("tracerl collect: stopping (flushing the write-ahead log)…", file=sys.stderr, flush=True)
     collector.stop()
     if loop is not None:

@@ -9,11 +9,10 @@ logprobs added; the client gets back exactly what it asked for; the gateway expo
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from dataclasses import dataclass
 
 from tracerl.options import UsageError, add_options, from_args, opt
+from tracerl.signals import wait_for_stop
 
 EPILOG = """\
 example:
@@ -68,12 +67,8 @@ def run(args: argparse.Namespace) -> int:
         models_ttl_s=cfg.models_ttl_s), provider)
     gw.start_background()
     print(f"gateway on {gw.url}/v1 -> {', '.join(gw.upstreams)}; spans to {cfg.otlp}", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        wait_for_stop()
     finally:
         gw.stop()
         provider.shutdown()

@@ -8,12 +8,11 @@ so the gateway and `tracerl train` drive it exactly as they drive vLLM.
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from tracerl.options import UsageError, add_options, from_args, opt
+from tracerl.signals import wait_for_stop
 
 EPILOG = """\
 example:
@@ -71,12 +70,8 @@ def run(args: argparse.Namespace) -> int:
                                   logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
                                   options=opts, seed=cfg.seed)
     print(f"serving {cfg.model} as {cfg.served_model_name!r} on {server.url}/v1", flush=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+        wait_for_stop()
     finally:
         server.stop()
     return 0
