@@ -150,7 +150,8 @@ def main() -> int:
     result = {
         "spans": n_spans, "generate_s": round(gen_s, 2), "bare_read_s": round(read_s, 3),
         "bare_read_spans_per_s": round(read_rows / read_s), "convert_s": round(conv_s, 2),
-        "calls": calls, "calls_per_s": round(calls / conv_s), "convert_cpu_s_this_process": round(conv_cpu, 2), "convert_over_read": round(conv_s / read_s, 1),
+        "calls": calls, "calls_per_s": round(calls / conv_s), "convert_cpu_s_this_process": round(conv_cpu, 2),
+        "cpu_us_per_call": round(conv_cpu / max(calls, 1) * 1e6, 1), "calls_per_cpu_s": round(calls / max(conv_cpu, 1e-9)), "convert_over_read": round(conv_s / read_s, 1),
         "rollouts": stats.rollouts_converted, "cpus": os.cpu_count(), "workers": args.workers,
         "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)], "problems": len(stats.problems), "phases_s": stats.phase_seconds,
     }

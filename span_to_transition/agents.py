@@ -40,13 +40,27 @@ def agent_of_span(span: Span) -> str | None:
     return None
 
 
-def attribute_agent(tree: SpanTree, key: Key) -> str | None:
-    """The nearest agent at or above ``key``: nested agents (a checker inside a writer) win."""
+def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None = None) -> str | None:
+    """The nearest agent at or above ``key``: nested agents (a checker inside a writer) win.
+
+    ``memo`` (one dict per tree) remembers the answer for every span walked, so calls under the
+    same agent do not walk up to it again; the answers are the same with or without it.
+    """
+    walked: list[Key] = []
+    found: str | None = None
     for span in tree.ancestors(key, include_self=True):
+        if memo is not None and span.key in memo:
+            found = memo[span.key]
+            break
+        walked.append(span.key)
         name = agent_of_span(span)
         if name:
-            return name
-    return None
+            found = name
+            break
+    if memo is not None:
+        for k in walked:  # every span walked below the answer has the same nearest agent
+            memo[k] = found
+    return found
 
 
 @functools.lru_cache(maxsize=64)

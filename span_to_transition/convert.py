@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,24 +91,41 @@ def transition_id(rollout_id: str, trace_id: str, span_id: str) -> str:
     return hashlib.sha256(f"{rollout_id}/{trace_id}/{span_id}".encode()).hexdigest()[:32]
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+def _compact_encoder() -> Callable[[Any], str]:
+    """Compact JSON, UTF-8 kept as-is: the text ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))``
+    gives. ``JSONEncoder.encode`` builds a new C encoder on every call, which costs twice the encoding
+    of a chat message, so the C encoder is built once here (with the settings ``encode`` would pass it;
+    no circular-reference check: the values are decoded JSON, never circular)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator: the pure-Python path
+        return encoder.encode
+    try:  # a private CPython function: use it only if it still behaves exactly like the public path
+        iterencode = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
+        fast = lambda obj: "".join(iterencode(obj, 0))  # noqa: E731
+        probe = [{"role": "user", "content": "é \"q\"\n", "n": 1.5, "ok": True, "x": None}]
+        if fast(probe) == encoder.encode(probe):
+            return fast
+    except Exception:
+        pass
+    return encoder.encode
 
 
-def _dumps(obj: Any) -> str:
-    """Compact JSON, UTF-8 kept as-is (the same text ``json.dumps(..., separators=(",", ":"))`` gives)."""
-    return _ENCODER.encode(obj)
+_dumps = _compact_encoder()
 
 
 def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
     """``tracerl.task_id`` (span attribute, then resource attribute, roots first); otherwise a stable
     hash of the rollout's first user message, so reruns of the same task group together."""
-    ordered = sorted(tree.spans.values(), key=lambda s: (s.parent_span_id is not None, s.start_time_ns, s.span_id))
-    for s in ordered:
-        if s.attributes.get("tracerl.task_id"):
-            return s.attributes["tracerl.task_id"]
-    for s in ordered:
-        if s.resource_attributes.get("tracerl.task_id"):
-            return s.resource_attributes["tracerl.task_id"]
+    def first(spans: list[Span]) -> Span | None:  # roots first, then by start time and span id
+        return min(spans, key=lambda s: (s.parent_span_id is not None, s.start_time_ns, s.span_id), default=None)
+
+    s = first([s for s in tree.spans.values() if s.attributes.get("tracerl.task_id")])
+    if s is not None:
+        return s.attributes["tracerl.task_id"]
+    s = first([s for s in tree.spans.values() if s.resource_attributes.get("tracerl.task_id")])
+    if s is not None:
+        return s.resource_attributes["tracerl.task_id"]
     for c in calls:
         for m in c.messages:
             if m["role"] == "user" and m.get("content") is not None:
@@ -217,11 +235,12 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma))
     task_id = task_id_of(tree, unique)
     n = len(unique)
+    agents: dict[tuple[str, str], str | None] = {}
     for step, (call, credited) in enumerate(zip(unique, credit)):
         span = tree.spans[(call.trace_id, call.span_id)]
         gateway = claimed.get(call.span_id)
         tokens = resolve_tokens(span, gateway, call, out.problems)
-        agent = attribute_agent(tree, span.key)
+        agent = attribute_agent(tree, span.key, agents)
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens
         if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it

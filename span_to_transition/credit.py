@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from span_to_transition.records import Reward
 
 
-@dataclass(frozen=True)
-class CallRef:
-    """What credit assignment needs to know about one call."""
+class CallRef(NamedTuple):
+    """What credit assignment needs to know about one call (a named tuple: one per call, made cheaply)."""
 
     span_id: str
     response_id: str | None

@@ -137,10 +137,23 @@ class Transition:
     output_tokens: int | None
 
 
+_SCAN = json.JSONDecoder().scan_once  # json.loads' own C scanner, without the whitespace handling around it
+
+
 def load_json(text: str | None) -> Any:
-    """Decode an attribute value stored as JSON text; a plain string that is not JSON stays a string."""
+    """Decode an attribute value stored as JSON text; a plain string that is not JSON stays a string.
+
+    Same result as ``json.loads``. The store writes JSON without surrounding whitespace, so the
+    scanner is tried first (half the cost of ``json.loads`` for a short message list); anything
+    else (whitespace, trailing data, not JSON) takes the ``json.loads`` path."""
     if text is None:
         return None
+    try:
+        value, end = _SCAN(text, 0)
+        if end == len(text):
+            return value
+    except (StopIteration, ValueError, TypeError):
+        pass
     try:
         return json.loads(text)
     except (ValueError, TypeError):

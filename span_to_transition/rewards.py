@@ -67,7 +67,9 @@ def in_band_rewards(spans: Iterable[Span], logs: Iterable[LogEvent] = ()) -> lis
     An evaluation event targets the call it was attached to (or its ``gen_ai.response.id``).
     """
     out: list[Reward] = []
-    for s in sorted(spans, key=lambda s: (s.start_time_ns, s.trace_id, s.span_id)):  # delivery order never matters
+    carriers = [s for s in spans if "tracerl.reward" in s.attributes or s.events or s.name == AGL_PREFIX
+                or AGL_PRIMARY in s.attributes or AGL_FIRST in s.attributes]  # the spans that can hold a reward
+    for s in sorted(carriers, key=lambda s: (s.start_time_ns, s.trace_id, s.span_id)):  # delivery order never matters
         value = as_float(s.attributes.get("tracerl.reward"))
         if value is not None:
             out.append(Reward(value, "span", s.attributes.get("tracerl.reward.name"), s.span_id, None, s.end_time_ns))

@@ -13,6 +13,7 @@ are fully converted, and late spans. Re-running over the same spans writes nothi
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import gc
 import hashlib
@@ -27,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,10 @@ RELEVANT_KEYS = sorted(
        "agentlightning.reward.primary", "agentlightning.reward.0.value"}
 )
 """A span with any of these attribute keys is materialised with its attributes (see module docstring)."""
+
+SPAN_COLUMNS = ["trace_id", "span_id", "parent_span_id", "name", "rollout_id", "start_time_ns", "end_time_ns",
+                "received_at", "attributes", "resource_attributes", "events"]
+"""The span columns conversion reads; batches are cut from these alone (a filter of every column costs 2x)."""
 
 RELEVANT_NAME_PREFIXES = ("invoke_agent", "agentlightning.reward")
 MAX_PROBLEMS = 50
@@ -167,7 +172,11 @@ def _maps_to_dicts(arr: pa.Array) -> list[dict[str, str]]:
         return []
     offsets = arr.offsets.to_numpy(zero_copy_only=False)
     start, stop = int(offsets[0]), int(offsets[-1])
-    pairs = zip(arr.keys[start:stop].to_pylist(), arr.items[start:stop].to_pylist())
+    # keys repeat (a few dozen distinct names): decode each name once and share the str objects
+    encoded = pc.dictionary_encode(arr.keys[start:stop])
+    names = np.array(encoded.dictionary.to_pylist(), dtype=object)
+    keys = names[encoded.indices.to_numpy(zero_copy_only=False)].tolist()
+    pairs = zip(keys, arr.items[start:stop].to_pylist())
     counts = np.diff(offsets).tolist()  # a null map has no entries, so it becomes {}
     return [dict(islice(pairs, c)) for c in counts]
 
@@ -260,8 +269,7 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
         same = pc.and_(pc.equal(tid_a.slice(1), tid_a.slice(0, n0 - 1)), pc.equal(sid_a.slice(1), sid_a.slice(0, n0 - 1)))
         first = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
         order = pc.filter(order, pa.array(first))
-    table = table.select(["trace_id", "span_id", "parent_span_id", "name", "rollout_id", "start_time_ns",
-                          "end_time_ns", "received_at", "attributes", "resource_attributes", "events"])
+    table = table.select(SPAN_COLUMNS)
     narrow = table.select(["trace_id", "span_id", "parent_span_id"]).take(order)
     order_np = order.to_numpy(zero_copy_only=False)
     m = len(narrow)
@@ -294,17 +302,20 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     start, end = _ns(kept.column("start_time_ns")), _ns(kept.column("end_time_ns"))
     received = _ns(kept.column("received_at"))
     rel_rows = pc.take(order, pa.array(kept_idx[rel_in_kept]))  # rows of ``table`` that get attributes
-    # gather the wide map columns in ascending row order (10x faster than a random gather), then
-    # put the Python objects back in rollout order
+    # gather the wide map columns in ascending row order with a row mask (the rows are unique, so a
+    # filter selects exactly them, 10x faster than a gather), then put the Python objects back in
+    # rollout order
     rel_np = rel_rows.to_numpy(zero_copy_only=False)
     asc = np.argsort(rel_np, kind="stable")
     back = np.empty_like(asc)
     back[asc] = np.arange(len(asc))
-    asc_rows = pa.array(rel_np[asc])
-    attrs_asc = _maps_to_dicts(pc.take(table.column("attributes"), asc_rows))
+    row_mask = np.zeros(len(table), dtype=bool)
+    row_mask[rel_np] = True
+    row_mask_a = pa.array(row_mask)
+    attrs_asc = _maps_to_dicts(pc.filter(table.column("attributes"), row_mask_a))
     attrs = [attrs_asc[k] for k in back.tolist()]
-    task = pc.take(pc.map_lookup(pc.take(table.column("resource_attributes"), asc_rows), "tracerl.task_id", "first"),
-                   pa.array(back)).to_pylist()
+    task = pc.take(pc.map_lookup(pc.filter(table.column("resource_attributes"), row_mask_a), "tracerl.task_id",
+                                 "first"), pa.array(back)).to_pylist()
     n_events = pc.take(pc.fill_null(pc.list_value_length(table.column("events")), 0), rel_rows)
     events_rows = pc.indices_nonzero(pc.greater(n_events, 0))
     events_py = pc.take(table.column("events"), pc.take(rel_rows, events_rows)).to_pylist()
@@ -357,19 +368,17 @@ def rewards_from_table(table: pa.Table) -> list[tuple[str | None, str | None, Re
 
 
 def transitions_table(rows: list[Transition]) -> pa.Table:
+    """Transition records to a TRANSITIONS_SCHEMA table, built column by column (no per-row tuples)."""
     if not rows:
         return TRANSITIONS_SCHEMA.empty_table()
-    columns = list(zip(*map(_ROW, rows)))
     arrays = []
-    for f, values in zip(TRANSITIONS_SCHEMA, columns):
+    for f in TRANSITIONS_SCHEMA:
+        values = list(map(operator.attrgetter(f.name), rows))
         if pa.types.is_timestamp(f.type):
             arrays.append(pa.array(values, pa.int64()).cast(f.type))
         else:
             arrays.append(pa.array(values, f.type))
     return pa.Table.from_arrays(arrays, schema=TRANSITIONS_SCHEMA)
-
-
-_ROW = operator.attrgetter(*TRANSITIONS_SCHEMA.names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,6 +529,7 @@ def _convert_parallel(sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str,
     if n == 1 and n_rollouts <= BATCH_ROLLOUTS:
         yield convert_table(sel, logs, rewards_by, config)
         return
+    sel = sel.select(SPAN_COLUMNS)
     # deal whole rollouts round-robin into chunks, vectorised: sequential filters, no sort or gather
     rollout_ids = pc.unique(sel.column("rollout_id"))
     n_chunks = min(max(n * 2, -(-len(rollout_ids) // BATCH_ROLLOUTS)), len(rollout_ids))
@@ -592,7 +602,7 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     parts = []
     for i, f in enumerate(todo):
         t = pq.read_table(f, schema=SPANS_SCHEMA)
-        parts.append(t.append_column("_file", pa.array([i] * len(t), pa.int32())))
+        parts.append(t.append_column("_file", pa.array(np.full(len(t), i, dtype=np.int32))))
     spans = pa.concat_tables(parts)
     lap = stats.lap("read", t0)
     spans = spans.set_column(spans.schema.get_field_index("rollout_id"), "rollout_id",
@@ -691,16 +701,27 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     return stats
 
 
+_EPOCH = datetime.date(1970, 1, 1)
+_DAY_NS = 86_400 * 10**9
+
+
 def write_transitions(layout: StoreLayout, table: pa.Table) -> list[Path]:
     """One atomic file per date partition (UTC date of the call's start), named by its content,
     so writing the same transitions again replaces a file with the same rows."""
     if len(table) == 0:
         return []
-    table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
-    dates = pc.strftime(table.column("started_at"), format="%Y-%m-%d")
+    table = table.combine_chunks()
+    # UTC date = whole days since the epoch (integer math, not a strftime per row); one gather puts
+    # the rows in (date, rollout_id, step) order, so each partition is a slice in (rollout_id, step) order
+    days = np.floor_divide(pc.cast(table.column("started_at"), pa.int64()).to_numpy(), _DAY_NS)
+    order = pc.sort_indices(table, sort_keys=[("rollout_id", "ascending"), ("step", "ascending")]).to_numpy()
+    order = order[np.argsort(days[order], kind="stable")]
+    table, days = table.take(pa.array(order)), days[order]
+    starts = [*np.flatnonzero(np.diff(days, prepend=days[0] - 1)).tolist(), len(days)]
     out = []
-    for date in sorted(pc.unique(dates).to_pylist()):
-        part = table.filter(pc.equal(dates, date))
+    for a, b in pairwise(starts):
+        date = (_EPOCH + datetime.timedelta(days=int(days[a]))).isoformat()
+        part = table.slice(a, b - a)
         digest = hashlib.sha256("\n".join(part.column("transition_id").to_pylist()).encode()).hexdigest()[:24]
         path = layout.partition("transitions", date) / f"part-{digest}.parquet"
         out.append(write_table_atomic(part, path, "transitions"))

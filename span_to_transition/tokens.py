@@ -14,6 +14,7 @@ problem and the call falls back to ``retokenized``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -32,6 +33,7 @@ def is_gateway(span: Span) -> bool:
     return as_bool(span.attributes.get(GATEWAY_FLAG))
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of model names, seen once per call
 def parse_policy_version(model: str | None) -> int | None:
     """``policy@3`` -> 3; names without ``@k`` have no version."""
     if not model:
