@@ -18,9 +18,11 @@ from .helpers import make_spans, span_key
 
 
 def start_collector(store, port: int) -> subprocess.Popen:
+    # Segments stay open 5 s, so the kill (1 s in) always hits acknowledged spans that exist only in
+    # the open WAL segment: exactly what the restart must replay.
     proc = subprocess.Popen(
         [str(BIN / "tracerl"), "collect", "--store", str(store), "--grpc", f"127.0.0.1:{port}", "--http", "off",
-         "--segment-age-s", "0.2"],
+         "--segment-age-s", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     line = proc.stdout.readline()  # printed once both receivers are bound
@@ -51,7 +53,7 @@ def test_kill_9_then_restart_loses_and_duplicates_no_acknowledged_span(store):
     before_kill = len(acked)
     os.kill(collector.pid, signal.SIGKILL)  # mid-stream: requests in flight, segments open
     collector.wait()
-    left_in_wal = list((store / "wal").glob("*/seg-*"))
+    left_in_wal = list((store / "wal").glob("*/seg-*.open"))
     collector = start_collector(store, port)
     restarted.set()
     deadline = time.monotonic() + 30
@@ -63,7 +65,7 @@ def test_kill_9_then_restart_loses_and_duplicates_no_acknowledged_span(store):
     collector.send_signal(signal.SIGTERM)
     assert collector.wait(timeout=30) == 0, collector.stderr.read()
 
-    assert left_in_wal, "the kill should leave uncompacted WAL segments for the restart to replay"
+    assert left_in_wal, "the kill should leave an open WAL segment of acknowledged spans to replay"
     assert before_kill > 0 and len(acked) >= before_kill + 1000, (before_kill, len(acked))
     con = connect_readonly(str(store))
     rows = con.execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL").fetchall()
