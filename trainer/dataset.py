@@ -167,13 +167,22 @@ def retokenize(tokenizer: Any, prompt_messages: list[dict], response_message: di
     return list(prompt_ids), list(response_ids)
 
 
+def _timestamps_as_ns(rows: pa.Table) -> pa.Table:
+    """Timestamp columns as int64 nanoseconds: pyarrow cannot turn a nanosecond timestamp that is not a
+    whole microsecond into a ``datetime`` without pandas, and real spans carry such times."""
+    for i, f in enumerate(rows.schema):
+        if pa.types.is_timestamp(f.type):
+            rows = rows.set_column(i, f.name, rows.column(i).cast(pa.int64()))
+    return rows
+
+
 def build_samples(
     rows: pa.Table, tokenizer: Any, config: DatasetConfig, *, exclude_rollouts: Iterable[str] = ()
 ) -> tuple[list[Sample], DatasetStats]:
     """Turn selected transition rows into weighted samples; see the module docstring for the rules."""
     excluded = set(exclude_rollouts)
     stats = DatasetStats()
-    records = [r for r in rows.to_pylist() if r["rollout_id"] not in excluded]
+    records = [r for r in _timestamps_as_ns(rows).to_pylist() if r["rollout_id"] not in excluded]
     rollouts: dict[str, dict] = {}
     for r in records:
         rollouts.setdefault(r["rollout_id"], r)

@@ -187,3 +187,15 @@ def test_calls_without_a_version_count_as_the_base_model(tmp_path, make_row, wri
     assert load_transitions(con, (0, 0)).column("rollout_id").to_pylist() == ["base"]
     assert load_transitions(con, (0, 0), unversioned=-1).num_rows == 0
     assert load_transitions(con, (1, 1)).column("rollout_id").to_pylist() == ["v1"]
+
+
+def test_rows_with_nanosecond_timestamps_build_samples(tmp_path, make_row, write_rows, tokenizer):
+    # real transitions carry span times in ns, most not a whole microsecond (datetime cannot hold them)
+    t0 = 1_795_269_159_352_905_647
+    rows = [make_row(f"r{i}", task_id="t", reward=float(i), prompt_ids=_ids(3), response_ids=_ids(2)) for i in range(2)]
+    for i, r in enumerate(rows):
+        r["started_at"], r["ended_at"] = t0 + i, t0 + 1000 + i
+    write_rows(tmp_path, rows)
+    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    samples, stats = build_samples(table, tokenizer, DatasetConfig())
+    assert stats.n_rollouts == 2 and sorted(s.rollout_id for s in samples) == ["r0", "r1"]
