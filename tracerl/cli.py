@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tracerl.commands.train", "train the policy on its transitions: on-policy rounds, checkpoint, publish"),
     "report": ("tracerl.commands.report", "per-round reward/loss/KL table and a PNG plot of the rounds manifest"),
     "rollout": ("tracerl.commands.rollout", "run an unmodified agent per task and sample, pointed at tracerl by env vars"),
+    "demo": ("tracerl.commands.demo", "the whole loop on this machine: serve, collect, rollouts, train, repeat"),
 }
 
 EPILOG = """\

@@ -1,0 +1,137 @@
+"""`tracerl demo`: the whole loop (serve, collect, gateway, rollouts, convert, train, publish) for real.
+
+The end-to-end test runs the installed command with tiny settings (2 rounds of 8 rollouts) and
+checks that its table is the trainer's manifest of real rounds: round 1's rollouts were served by
+policy@1 (per the gateway's span and per the transitions), and the printed numbers are the
+manifest's. The other tests check the failure paths a user meets first: ports in use, a store
+that already holds data, Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from tracerl_testing import BIN, free_port, tracerl
+
+from schemas.store import StoreLayout
+from schemas.views import connect_readonly
+from tracerl.demo import TABLE_HEADER, RoundResult, format_row, parse_table
+from trainer.rounds import read_rounds
+
+FREE_PORTS = ["--serve-port", "0", "--gateway-port", "0", "--grpc-port", "0", "--http-port", "0"]
+
+
+@pytest.mark.slow
+def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path):
+    work = tmp_path / "work"
+    t = time.monotonic()
+    proc = tracerl("demo", "--rounds", "2", "--rollouts-per-round", "8", "--workdir", str(work),
+                   "--no-final-eval", *FREE_PORTS, timeout=170)
+    elapsed = time.monotonic() - t
+    out = proc.stdout
+    store = work / "store"
+
+    rounds = read_rounds(StoreLayout.at(store))
+    assert sorted(rounds) == [0, 1]
+    assert [(r["policy_version"], r["status"]) for r in rounds.values()] == [(0, "published"), (1, "published")]
+    assert all(r["n_rollouts"] >= 2 and r["loss"] is not None for r in rounds.values())
+
+    con = connect_readonly(str(store))
+    # transitions: 8 rollouts of the base (recorded as plain 'policy': no version), 8 of policy@1
+    by_version = dict(con.execute("""SELECT coalesce(policy_version, 0), count(DISTINCT rollout_id)
+                                     FROM transitions GROUP BY 1""").fetchall())
+    assert by_version == {0: 8, 1: 8}
+    # the gateway tagged every call of round 1 with the version the server reported
+    tags = dict(con.execute("""SELECT coalesce(attributes['tracerl.policy_version'], 'none'), count(*) FROM spans
+                               WHERE attributes['tracerl.gateway'] = 'true' GROUP BY 1""").fetchall())
+    assert tags == {"none": 16, "1": 16}  # 8 rollouts x (writer + rewriter) per round
+    assert con.execute("SELECT count(*) FROM transitions WHERE token_source <> 'gateway'").fetchone()[0] == 0
+    # round 1 trained on exactly policy@1's rollouts, recorded before training
+    sel = json.loads((store / "checkpoints" / "round-000001.json").read_text())
+    v1 = {r for (r,) in con.execute("SELECT DISTINCT rollout_id FROM transitions WHERE policy_version = 1").fetchall()}
+    assert set(sel["rollout_ids"]) <= v1 and len(sel["rollout_ids"]) == rounds[1]["n_rollouts"]
+
+    # the printed table is the manifest
+    table = parse_table(out)
+    assert [row["round"] for row in table] == ["0", "1"]
+    for row in table:
+        m = rounds[int(row["round"])]
+        assert row["policy"] == f"policy@{m['policy_version']}"
+        assert int(row["rollouts"]) == m["n_rollouts"]
+        assert row["mean_reward"] == f"{m['mean_reward']:.3f}"
+        assert row["loss"] == f"{m['loss']:.4f}" and row["kl"] == f"{m['kl']:.4f}"
+    assert (work / "reward-curve.png").stat().st_size > 1000
+    assert f'tracerl sql --store {store} "SELECT round' in out
+    assert "tracerl demo: 2 rounds in" in out
+    assert elapsed < 150, f"the 2-round demo took {elapsed:.0f}s"
+
+
+def test_a_port_in_use_names_the_flag_to_change(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = tracerl("demo", "--workdir", str(tmp_path), *FREE_PORTS, "--gateway-port", str(port), check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"port {port}" in proc.stderr and "--gateway-port" in proc.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_a_store_with_data_is_refused_and_the_fix_named(tmp_path):
+    store = tmp_path / "mine"
+    (store / "spans").mkdir(parents=True)
+    proc = tracerl("demo", "--workdir", str(tmp_path), "--store", str(store), *FREE_PORTS, check=False)
+    assert proc.returncode == 2 and "already holds data" in proc.stderr and "--store" in proc.stderr
+
+
+def test_bad_rollouts_per_round_is_a_usage_error(tmp_path):
+    proc = tracerl("demo", "--workdir", str(tmp_path), "--rollouts-per-round", "6", *FREE_PORTS, check=False)
+    assert proc.returncode == 2 and "multiple of the 4 tasks" in proc.stderr
+
+
+def test_table_rows_round_trip_through_the_parser():
+    rows = [RoundResult(0, "policy@0", 8, 0.1234, -0.05, 0.0, 12.3), RoundResult(1, "policy@1", 6, None, None, None, 1)]
+    text = "preamble\n" + TABLE_HEADER + "\n" + "\n".join(format_row(r) + "   (extra)" for r in rows) + "\n\nafter"
+    got = parse_table(text)
+    assert got == [
+        {"round": "0", "policy": "policy@0", "rollouts": "8", "mean_reward": "0.123", "loss": "-0.0500",
+         "kl": "0.0000", "seconds": "12.3"},
+        {"round": "1", "policy": "policy@1", "rollouts": "6", "mean_reward": "-", "loss": "-", "kl": "-",
+         "seconds": "1.0"},
+    ]
+
+
+def _port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path):
+    ports = {"--serve-port": free_port(), "--gateway-port": free_port(), "--grpc-port": free_port(),
+             "--http-port": free_port()}
+    args = [a for kv in ports.items() for a in (kv[0], str(kv[1]))]
+    proc = subprocess.Popen([str(BIN / "tracerl"), "demo", "--workdir", str(tmp_path), "--rollouts-per-round", "8",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:  # wait until the round table starts: every server is up
+            seen.append(line)
+            if line.split() == list(TABLE_HEADER.split()):
+                break
+        time.sleep(2)  # agents are running now
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, "".join(seen)
+    assert all(_port_closed(p) for p in ports.values())
+    agents = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert agents == []  # no server or agent process still runs with the demo's paths

@@ -1,0 +1,61 @@
+"""Run the whole loop on this machine: an agent's traces train its own model, round after round.
+
+With no arguments it builds a tiny random model, starts `tracerl serve` (the model, as `policy`),
+`tracerl collect` (OTLP → Parquet store) and `tracerl gateway` (exact token ids + policy version),
+then each round k: runs the demo agent (examples/demo: a writer and a rewriter agent asked to
+reply with a letter) under `opentelemetry-instrument` once per task and sample, scores it with
+examples/demo/reward.py and posts the reward to the collector; waits until all the round's spans
+are stored and converts them into transitions; trains one round on the policy@k transitions and
+publishes policy@k+1 to the server. The next round's calls reach policy@k+1 through the gateway.
+
+It prints one line per round (from the trainer's rounds manifest, plus the round's wall time),
+the final policy's mean reward, a reward-curve PNG and DuckDB queries to explore the store.
+The agent is unmodified: it only gets OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_RESOURCE_ATTRIBUTES and
+OPENAI_BASE_URL. Ctrl-C stops every process the demo started.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tracerl.options import add_options, from_args
+
+EPILOG = """\
+examples:
+  tracerl demo                                   # 16 rounds x 16 rollouts on the tiny model, CPU only
+  tracerl demo --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
+  tracerl demo --serve-port 0 --gateway-port 0 --grpc-port 0 --http-port 0   # any free ports
+  tracerl demo --model ./my-model --server http://127.0.0.1:8000 --lora-rank 8
+      # a running vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
+      #   --served-model-name policy --enable-lora --max-lora-rank 8
+
+what each round prints: round k, the policy that produced its rollouts (policy@k), how many rollouts
+it trained on (groups whose rollouts all scored alike carry no signal and are left out), their mean
+reward, the PPO loss, the KL to the base model (0 here: the demo trains without a KL penalty), and its
+seconds (rollouts + conversion + training + publish). The last row ("eval") is a batch of rollouts of
+the final policy, measured and not trained on. The processes' logs are in WORKDIR/logs/.
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from tracerl.demo import DemoConfig
+
+    add_options(parser, DemoConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tracerl.demo import DemoConfig, explore_queries, run_demo
+
+    cfg = from_args(DemoConfig, args)
+    result = run_demo(cfg)
+    first = result.rounds[0].mean_reward if result.rounds else None
+    parts = [f"{len(result.rounds)} rounds in {result.seconds:.0f}s"]
+    if first is not None:
+        parts.append(f"mean reward of policy@0 {first:.3f}")
+    if result.final_reward is not None:
+        parts.append(f"of policy@{len(result.rounds)} {result.final_reward:.3f}")
+    print("tracerl demo: " + ", ".join(parts))
+    if result.plot is not None:
+        print(f"reward curve: {result.plot}")
+    print(explore_queries(result.store))
+    return 0

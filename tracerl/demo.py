@@ -1,0 +1,603 @@
+"""``tracerl demo``: the whole loop on one machine, with real processes and real HTTP on 127.0.0.1.
+
+Pieces (each is the command a user would run by hand, see README "The loop by hand"):
+
+* ``tracerl serve`` (embedded CPU server, tiny model) unless ``--server`` names a running one;
+* ``tracerl collect`` (OTLP receiver + WAL + Parquet store);
+* ``tracerl gateway`` (records exact token ids and ``tracerl.policy_version`` as spans);
+* per round k: the rollout driver (``tracerl rollout``'s code) runs the demo agent under
+  ``opentelemetry-instrument`` once per (task, sample) and posts each reward to the collector;
+  the demo waits until every span of the round is queryable (each rollout's root span, its reward,
+  and a gateway span for every LLM call), converts the round (``convert_store``, quiet 0: the
+  round is known to be complete, so conversion is deterministic), then runs one training round
+  (``tracerl train --once``'s code: trains on policy@k transitions, publishes policy@k+1);
+* after the last round, one evaluation batch of rollouts of the final policy (not trained on).
+
+The round table, the PNG and the final reward come from the store (the trainer's rounds manifest
+and the rewards the collector received), never from numbers computed on the side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracerl.options import UsageError, opt
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_DIR = REPO / "examples" / "demo"
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class DemoConfig:
+    """Settings of ``tracerl demo``; every field is a flag."""
+
+    rounds: int = opt(16, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1")
+    rollouts_per_round: int = opt(16, "rollouts per round: tasks x samples per task (must be a multiple of "
+                                      "the number of tasks, one per --letters letter)", metavar="R")
+    letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
+    workdir: str = opt("./tracerl-demo", "directory for the tiny model, tasks, logs and the reward plot",
+                       metavar="DIR")
+    store: str | None = opt(None, "store directory (default: WORKDIR/store); must be new or empty",
+                            metavar="DIR")
+    model: str | None = opt(None, "base model directory (HF format); default: build a tiny random model in "
+                                  "WORKDIR/tiny-model", metavar="DIR")
+    server: str | None = opt(None, "a running vLLM (or `tracerl serve`) serving --model as 'policy', to use "
+                                   "instead of starting the embedded server; it must allow publishing "
+                                   "(VLLM_SERVER_DEV_MODE=1, or runtime LoRA with --lora-rank)", metavar="URL")
+    serve_port: int = opt(8000, "port of the embedded `tracerl serve` (0: any free port)")
+    gateway_port: int = opt(8100, "port of `tracerl gateway` (0: any free port)")
+    grpc_port: int = opt(4317, "OTLP/gRPC port of `tracerl collect` (0: any free port)")
+    http_port: int = opt(4318, "OTLP/HTTP + /v1/rewards port of `tracerl collect` (0: any free port)")
+    concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core)")
+    max_tokens: int = opt(6, "max_tokens of each agent call (DEMO_MAX_TOKENS)")
+    temperature: float = opt(1.0, "sampling temperature of the agent (DEMO_TEMPERATURE)")
+    lr: float = opt(6e-3, "learning rate (the tiny model needs a large one; 3e-3 learned half as fast here)")
+    epochs: int = opt(2, "passes over each round's data")
+    steps_per_epoch: int = opt(2, "optimizer steps per pass")
+    lora_rank: int = opt(0, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA)")
+    final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
+                                 "(measured, not trained on)")
+    timeout_s: float = opt(60.0, "seconds an agent run may take")
+    wait_s: float = opt(60.0, "seconds to wait for a round's spans to reach the store before giving up")
+
+    def resolved_store(self) -> Path:
+        return Path(self.store).expanduser() if self.store else Path(self.workdir).expanduser() / "store"
+
+
+# ------------------------------------------------------------------------------------ processes
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(port: int, flag: str, taken: set[int]) -> int:
+    """``port`` if free, any free port for 0; a taken port is a usage error naming ``flag``."""
+    if port == 0:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                p = s.getsockname()[1]
+            if p not in taken:
+                taken.add(p)
+                return p
+    if not 0 < port < 65536:
+        raise UsageError(f"{flag} {port} is not a port number; pass 1..65535, or 0 for any free port")
+    if port in taken or not port_free(port):
+        raise UsageError(f"port {port} on 127.0.0.1 is in use; pass {flag} with another port, or {flag} 0 "
+                         "for any free port")
+    taken.add(port)
+    return port
+
+
+class Child:
+    """One long-running ``tracerl`` server process, its log file, and a health check."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.name, self.argv, self.log_path = name, argv, log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
+        # own session: a Ctrl-C reaches only the demo, which then stops the children in order
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join("    " + line for line in lines[-n:])
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"`tracerl {self.name}` exited with code {self.proc.returncode}; "
+                               f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
+
+    def wait_healthy(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with contextlib.suppress(Exception):
+                if ready():
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"`tracerl {self.name}` did not become ready within {timeout_s:.0f}s; see {self.log_path}:"
+                           f"\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM (servers flush: the gateway its spans, the collector its WAL), SIGKILL after ``grace_s``."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything left in its group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+class Children:
+    """Started children, stopped in reverse order on exit, on failure, on Ctrl-C and on SIGTERM."""
+
+    def __init__(self) -> None:
+        self.items: list[Child] = []
+
+    def start(self, child: Child) -> Child:
+        self.items.append(child)
+        return child
+
+    def check_alive(self) -> None:
+        for c in self.items:
+            c.check_alive()
+
+    def stop_all(self) -> None:
+        while self.items:
+            self.items.pop().stop()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM to the demo unwinds like Ctrl-C, so children and agents are always cleaned up."""
+    def handler(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (tests calling run_demo from a thread)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def http_ok(url: str) -> bool:
+    import httpx
+
+    return httpx.get(url, timeout=1.0).status_code == 200
+
+
+def tcp_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+        return True
+
+
+# ------------------------------------------------------------------------------------ the store
+def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
+    """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
+    from schemas.views import connect_readonly
+
+    con = connect_readonly(str(store))
+    try:
+        con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
+        roots, traces = con.execute("""
+            SELECT count(DISTINCT s.rollout_id) FILTER (WHERE s.parent_span_id IS NULL OR s.parent_span_id = ''),
+                   count(DISTINCT s.trace_id)
+            FROM spans s JOIN ids USING (rollout_id)""").fetchone()
+        calls, gateway = con.execute("""
+            WITH t AS (SELECT DISTINCT trace_id FROM spans JOIN ids USING (rollout_id))
+            SELECT count(*) FILTER (WHERE coalesce(s.attributes['tracerl.gateway'], '') <> 'true'
+                                      AND coalesce(s.attributes['gen_ai.system'],
+                                                   s.attributes['gen_ai.provider.name']) IS NOT NULL),
+                   count(*) FILTER (WHERE s.attributes['tracerl.gateway'] = 'true')
+            FROM spans s JOIN t USING (trace_id)""").fetchone()
+        rewards = con.execute("SELECT count(DISTINCT r.rollout_id) FROM rewards r JOIN ids USING (rollout_id)"
+                              ).fetchone()[0]
+        converted = con.execute("SELECT count(DISTINCT t.rollout_id) FROM transitions t JOIN ids USING (rollout_id)"
+                                ).fetchone()[0]
+    finally:
+        con.close()
+    return {"roots": roots, "traces": traces, "calls": calls, "gateway_spans": gateway, "rewards": rewards,
+            "converted": converted}
+
+
+def wait_for_round(store: Path, rollout_ids: list[str], rewarded: int, timeout_s: float,
+                   alive: Callable[[], None]) -> dict[str, int]:
+    """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive()
+        st = round_status(store, rollout_ids)
+        if (st["roots"] >= len(rollout_ids) and st["rewards"] >= rewarded and st["calls"] > 0
+                and st["gateway_spans"] >= st["calls"]):
+            return st
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the round's spans did not all reach the store within {timeout_s:.0f}s "
+                               f"(--wait-s): {len(rollout_ids)} rollouts, {st['roots']} root spans, {rewarded} "
+                               f"rewards posted / {st['rewards']} stored, {st['calls']} LLM calls / "
+                               f"{st['gateway_spans']} gateway spans; see the collector and gateway logs")
+        time.sleep(0.1)
+
+
+# ------------------------------------------------------------------------------------ the table
+TABLE_COLUMNS = ("round", "policy", "rollouts", "mean_reward", "loss", "kl", "seconds")
+
+
+@dataclass
+class RoundResult:
+    """One printed row: the manifest's numbers for round k, and this demo's wall time for it."""
+
+    round: int
+    policy: str
+    rollouts: int
+    mean_reward: float | None
+    loss: float | None
+    kl: float | None
+    seconds: float
+    status: str = ""
+
+
+def format_row(r: RoundResult) -> str:
+    def num(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    return (f"{r.round!s:>5}  {r.policy:>9}  {r.rollouts:>8}  {num(r.mean_reward, '.3f'):>11}  "
+            f"{num(r.loss, '.4f'):>8}  {num(r.kl, '.4f'):>7}  {r.seconds:>7.1f}")
+
+
+TABLE_HEADER = (f"{'round':>5}  {'policy':>9}  {'rollouts':>8}  {'mean_reward':>11}  {'loss':>8}  {'kl':>7}  "
+                f"{'seconds':>7}")
+
+
+def parse_table(text: str) -> list[dict[str, str]]:
+    """The rows of a printed round table (for tests and scripts): header line to the next blank line."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split() == list(TABLE_COLUMNS))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        cells = line.split()
+        if cells[0].isdigit() or cells[0] == "eval":  # other lines (a library's warning) are not rows
+            rows.append(dict(zip(TABLE_COLUMNS, cells[:len(TABLE_COLUMNS)], strict=True)))
+    return rows
+
+
+# ------------------------------------------------------------------------------------ the demo
+@dataclass
+class DemoRun:
+    """What ``run_demo`` produced; also printed."""
+
+    store: Path
+    rounds: list[RoundResult] = field(default_factory=list)
+    final_reward: float | None = None
+    plot: Path | None = None
+    seconds: float = 0.0
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def validate(cfg: DemoConfig, n_tasks: int) -> None:
+    if cfg.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {cfg.rounds}")
+    if cfg.rollouts_per_round < 2 * n_tasks or cfg.rollouts_per_round % n_tasks:
+        raise UsageError(f"--rollouts-per-round {cfg.rollouts_per_round} must be a multiple of the {n_tasks} tasks "
+                         f"(one per --letters letter) with at least 2 samples per task, e.g. {2 * n_tasks} or "
+                         f"{4 * n_tasks}")
+    if cfg.max_tokens < 1 or cfg.temperature <= 0:
+        raise UsageError("--max-tokens must be >= 1 and --temperature > 0 (sampling gives the groups their spread)")
+    if cfg.lr <= 0 or cfg.epochs < 1 or cfg.steps_per_epoch < 1:
+        raise UsageError("--lr must be > 0, --epochs and --steps-per-epoch >= 1")
+    if cfg.server and not cfg.model:
+        raise UsageError("--server needs --model: the directory of the model that server serves as 'policy' "
+                         "(the trainer starts from it); or leave both out for the embedded tiny model")
+    if cfg.concurrency < 0:
+        raise UsageError(f"--concurrency must be >= 0, got {cfg.concurrency}")
+
+
+MARKER = ".tracerl-demo"
+
+
+def _prepare_store(store: Path, explicit: bool) -> None:
+    """A fresh store; the previous demo's store at the default place (marked by the demo) is replaced."""
+    if store.exists() and any(store.iterdir()):
+        if explicit or not (store / MARKER).exists():
+            raise UsageError(f"store {store} already holds data (the demo trains from policy@0 in a fresh store); "
+                             f"remove it, or pass --store (or --workdir) with a new directory")
+        _say(f"replacing the previous demo's store {store}")
+        shutil.rmtree(store)
+    store.mkdir(parents=True, exist_ok=True)
+    (store / MARKER).write_text("written by `tracerl demo`; a later demo with the same --workdir replaces it\n")
+
+
+def _model(cfg: DemoConfig, workdir: Path) -> Path:
+    if cfg.model:
+        model = Path(cfg.model).expanduser().resolve()
+        if not (model / "config.json").exists():
+            raise UsageError(f"--model {model} has no config.json; point it at a HF model directory, or leave "
+                             "--model out to build a tiny one")
+        return model
+    model = (workdir / "tiny-model").resolve()
+    if (model / "config.json").exists():
+        _say(f"reusing tiny model {model}")
+        return model
+    from serving.tiny_model import build_tiny_model
+
+    t = time.perf_counter()
+    if model.exists():
+        shutil.rmtree(model)
+    build_tiny_model(model, seed=0)
+    _say(f"built tiny model in {model} ({time.perf_counter() - t:.1f}s)")
+    return model
+
+
+def agent_env(cfg: DemoConfig) -> dict[str, str]:
+    """The agent's environment: yours minus OTEL_*/OPENAI_* (the driver sets those), plus the demo knobs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+    env.update({
+        "OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true", "OPENAI_API_KEY": "unused",
+        "DEMO_MAX_TOKENS": str(cfg.max_tokens), "DEMO_TEMPERATURE": repr(cfg.temperature),
+        # OpenLLMetry's own metrics and content-size checks are not needed here
+        "TRACELOOP_TELEMETRY": "false",
+    })
+    return env
+
+
+def run_demo(cfg: DemoConfig) -> DemoRun:
+    """The whole loop; raises ``UsageError`` for bad settings, ``RuntimeError`` when a part fails."""
+    sys.path.insert(0, str(DEMO_DIR))
+    if not (DEMO_DIR / "agent.py").exists():
+        raise RuntimeError(f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
+                           "checkout (pip install -e .)")
+    from make_tasks import make_tasks  # examples/demo
+
+    try:
+        tasks = make_tasks(cfg.letters)
+    except ValueError as e:
+        raise UsageError(f"--letters: {e}") from None
+    validate(cfg, len(tasks))
+    t_start = time.perf_counter()
+    workdir = Path(cfg.workdir).expanduser().resolve()
+    store = cfg.resolved_store().resolve()
+    taken: set[int] = set()
+    http_port = pick_port(cfg.http_port, "--http-port", taken)
+    grpc_port = pick_port(cfg.grpc_port, "--grpc-port", taken)
+    gateway_port = pick_port(cfg.gateway_port, "--gateway-port", taken)
+    serve_port = None if cfg.server else pick_port(cfg.serve_port, "--serve-port", taken)
+    _prepare_store(store, explicit=bool(cfg.store))
+    workdir.mkdir(parents=True, exist_ok=True)
+    _quiet_transformers()
+    model = _model(cfg, workdir)
+    tasks_file = workdir / "tasks.jsonl"
+    tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    logs = workdir / "logs"
+    run = DemoRun(store=store)
+    children = Children()
+    with sigterm_as_interrupt():
+        try:
+            _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs,
+                  tasks_file=tasks_file, ports=(serve_port, gateway_port, grpc_port, http_port))
+        finally:
+            if children.items:
+                _say("stopping gateway, server and collector")
+            children.stop_all()
+    run.seconds = time.perf_counter() - t_start
+    return run
+
+
+def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
+          logs: Path, tasks_file: Path, ports: tuple[int | None, int, int, int]) -> None:
+    from tracerl.rollout import Driver, load_reward_fn, load_tasks, run_rollouts, summarize
+
+    serve_port, gateway_port, grpc_port, http_port = ports
+    tracerl_bin = str(BIN / "tracerl")
+    t = time.perf_counter()
+    collector = children.start(Child("collect", [
+        tracerl_bin, "collect", "--store", str(store), "--grpc", f"127.0.0.1:{grpc_port}",
+        "--http", f"127.0.0.1:{http_port}", "--segment-age-s", "0.2"], logs / "collect.log"))
+    if cfg.server:
+        server_url = cfg.server.rstrip("/")
+    else:
+        server_url = f"http://127.0.0.1:{serve_port}"
+        server = children.start(Child("serve", [
+            tracerl_bin, "serve", "--model", str(model), "--listen", f"127.0.0.1:{serve_port}"], logs / "serve.log"))
+    otlp = f"http://127.0.0.1:{grpc_port}"
+    gateway = children.start(Child("gateway", [
+        tracerl_bin, "gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gateway_port}", "--otlp", otlp,
+        "--models-ttl-s", "0.5"], logs / "gateway.log"))
+    collector.wait_healthy(lambda: tcp_open(http_port) and tcp_open(grpc_port), 60)
+    if not cfg.server:
+        server.wait_healthy(lambda: http_ok(f"{server_url}/health"), 120)
+    elif not http_ok_quiet(f"{server_url}/v1/models"):
+        raise UsageError(f"--server {server_url} does not answer GET /v1/models; start it first, or leave --server "
+                         "out to use the embedded CPU server")
+    gateway.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{gateway_port}/health"), 60)
+    _say(f"up in {time.perf_counter() - t:.1f}s: collector {otlp} (rewards http://127.0.0.1:{http_port}), "
+         f"{'server' if cfg.server else 'tracerl serve'} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
+         f"logs in {logs}")
+
+    from schemas.store import StoreLayout
+    from span_to_transition.convert import ConvertConfig
+    from span_to_transition.store import convert_store
+    from trainer.config import TrainSettings
+    from trainer.publish import server_publisher
+    from trainer.rounds import read_rounds, run_once
+
+    tasks = load_tasks(str(tasks_file))
+    n = cfg.rollouts_per_round // len(tasks)
+    concurrency = cfg.concurrency or 2 * (os.cpu_count() or 1)
+    reward_fn = load_reward_fn(f"{DEMO_DIR / 'reward.py'}:score")
+    command = [str(BIN / "opentelemetry-instrument"), sys.executable, str(DEMO_DIR / "agent.py")]
+    base_env = agent_env(cfg)
+    convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
+    settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
+                             epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
+                             max_prompt_tokens=256, max_response_tokens=64, pack_tokens=512, progress=False)
+    publisher = server_publisher(server_url)
+    layout = StoreLayout.at(store)
+
+    def alive() -> None:
+        children.check_alive()
+
+    def do_rollouts(label: str) -> tuple[list[Any], dict[str, int], float]:
+        t0 = time.perf_counter()
+        driver = Driver(command=command, tasks=tasks, n=n, concurrency=concurrency,
+                        collector=f"http://127.0.0.1:{http_port}", otlp=otlp,
+                        gateway=f"http://127.0.0.1:{gateway_port}/v1", reward_fn=reward_fn,
+                        timeout_s=cfg.timeout_s, retries=0, store=str(store), base_env=base_env)
+        with open(os.devnull, "w") as quiet:
+            records, _ = run_rollouts(driver, out=quiet)
+        alive()
+        s = summarize(records)
+        if s.ok == 0:
+            tail = next((r.stderr_tail for r in records if r.stderr_tail), "")
+            raise RuntimeError(f"{label}: all {s.total} agent runs failed; the last lines of one:\n{tail}")
+        if s.unposted_rewards:
+            raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
+                               f"see {logs / 'collect.log'}")
+        ids = [r.rollout_id for r in records]
+        st = wait_for_round(store, ids, sum(bool(r.reward_posted) for r in records), cfg.wait_s, alive)
+        return records, st, time.perf_counter() - t0
+
+    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({len(tasks)} tasks x {n} samples), "
+          f"{concurrency} agents at a time; model {model}\n", flush=True)
+    print(TABLE_HEADER, flush=True)
+    k = 0  # the trainer's round: trains on policy@k, publishes policy@k+1
+    no_signal = 0  # consecutive batches in which every task's rollouts scored alike
+    while k < cfg.rounds:
+        t0 = time.perf_counter()
+        records, _, t_roll = do_rollouts(f"round {k}")
+        t1 = time.perf_counter()
+        stats = convert_store(str(store), convert_cfg)
+        converted = round_status(store, [r.rollout_id for r in records])["converted"]
+        rewarded = sum(r.reward is not None for r in records)
+        if converted < rewarded:
+            raise RuntimeError(f"round {k}: only {converted} of {rewarded} rewarded rollouts were converted "
+                               f"({stats.summary()})")
+        t2 = time.perf_counter()
+        outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
+        alive()
+        t3 = time.perf_counter()
+        if outcome.status == "waiting":  # no reward spread in any group: nothing to learn from this batch
+            no_signal += 1
+            s = summarize(records)
+            print(f"    -   policy@{k}: {s.total} rollouts, mean reward {s.mean_reward or 0:.3f}, all alike within "
+                  f"each task: no training signal; {'stopping' if no_signal >= 3 else 'sampling policy@' + str(k) + ' again'}",
+                  flush=True)
+            if no_signal >= 3:
+                break
+            continue
+        no_signal = 0
+        time.sleep(0.6)  # > the gateway's --models-ttl-s: the next call sees the new policy
+        row = read_rounds(layout).get(k)
+        if outcome.status != "published" or row is None or row["status"] != "published":
+            raise RuntimeError(f"round {k}: training did not publish policy@{k + 1} ({outcome.status}: "
+                               f"{outcome.message}); see the rounds manifest: tracerl report --store {store}")
+        res = RoundResult(round=k, policy=f"policy@{row['policy_version']}", rollouts=row["n_rollouts"],
+                          mean_reward=row["mean_reward"], loss=row["loss"], kl=row["kl"],
+                          seconds=time.perf_counter() - t0, status=row["status"])
+        run.rounds.append(res)
+        print(format_row(res) + f"   (rollouts {t_roll:.1f}s, convert {t2 - t1:.1f}s, train {t3 - t2:.1f}s)",
+              flush=True)
+        k += 1
+    if cfg.final_eval:
+        records, _, t_roll = do_rollouts("evaluation")
+        ids = [r.rollout_id for r in records]
+        run.final_reward = store_mean_reward(store, ids)
+        convert_store(str(store), convert_cfg)  # queryable like the rounds' rollouts (never trained on)
+        print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
+              f"{run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {t_roll:>7.1f}", flush=True)
+    print(flush=True)
+    try:
+        from trainer.report import plot, round_rows
+
+        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png")
+    except Exception as e:  # a missing matplotlib must not hide a finished run
+        _say(f"no plot ({type(e).__name__}: {e})")
+
+
+def _quiet_transformers() -> None:
+    """Training runs in this process: its per-round weight loading/saving bars would break the table."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    with contextlib.suppress(Exception):
+        import torch
+
+        if not torch.cuda.is_available():  # what DeepSpeed (imported by transformers) picks anyway, minus its warning
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    with contextlib.suppress(Exception):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
+def http_ok_quiet(url: str) -> bool:
+    try:
+        return http_ok(url)
+    except Exception:
+        return False
+
+
+def store_mean_reward(store: Path, rollout_ids: list[str]) -> float | None:
+    """Mean of the rewards the collector stored for these rollouts (last value per rollout)."""
+    from schemas.views import connect_readonly
+
+    con = connect_readonly(str(store))
+    try:
+        return con.execute("""SELECT avg(v) FROM (SELECT arg_max(value, "at") AS v FROM rewards
+                              WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id)""",
+                           [rollout_ids]).fetchone()[0]
+    finally:
+        con.close()
+
+
+def explore_queries(store: Path) -> str:
+    s = f"--store {store}"
+    return "\n".join([
+        "explore the run with DuckDB SQL:",
+        f'  tracerl sql {s} "SELECT round, policy_version, n_rollouts, mean_reward, loss, kl, status FROM rounds '
+        'ORDER BY round"',
+        f'  tracerl sql {s} "SELECT policy_version, agent_name, count(*) AS calls, avg(reward) AS mean_reward '
+        'FROM transitions GROUP BY ALL ORDER BY ALL"',
+        f'  tracerl sql {s} "SELECT policy_version, json_extract_string(response_message, \'$.content\') AS reply, '
+        'count(*) AS n FROM transitions WHERE agent_name = \'writer\' GROUP BY ALL ORDER BY policy_version, n DESC"',
+        f'  tracerl sql {s} "SELECT attributes[\'tracerl.policy_version\'] AS version, count(*) AS calls FROM spans '
+        'WHERE attributes[\'tracerl.gateway\'] = \'true\' GROUP BY 1 ORDER BY 1"',
+        f'  tracerl sql {s} "SELECT * FROM rollouts ORDER BY started_at DESC LIMIT 10"',
+        f"  tracerl report {s}",
+    ])
