@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from tracerl_testing import BIN, free_port, tracerl
@@ -54,7 +55,10 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     # round 1 trained on exactly policy@1's rollouts, recorded before training
     sel = json.loads((store / "checkpoints" / "round-000001.json").read_text())
     v1 = {r for (r,) in con.execute("SELECT DISTINCT rollout_id FROM transitions WHERE policy_version = 1").fetchall()}
-    assert set(sel["rollout_ids"]) <= v1 and len(sel["rollout_ids"]) == rounds[1]["n_rollouts"]
+    assert set(sel["rollout_ids"]) == v1  # all 8 were complete and rewarded: none left out, none foreign
+    # trained on all of them but the groups whose rewards did not vary (no signal; recorded as used)
+    dataset = json.loads((Path(rounds[1]["checkpoint_path"]) / "tracerl_checkpoint.json").read_text())["dataset"]
+    assert rounds[1]["n_rollouts"] + dataset["n_rollouts_zero_variance"] == len(v1)
 
     # the printed table is the manifest
     table = parse_table(out)
