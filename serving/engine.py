@@ -217,6 +217,17 @@ class ModelEngine:
         self._rng = random.Random(seed)
         self.prefix_cache_resets = 0
 
+
+    def release(self) -> None:
+        """Drop the weights now, on the caller's thread.
+
+        Otherwise the last reference may be dropped by an HTTP handler thread whose keep-alive
+        connection closes only at interpreter exit; freeing tensors on a daemon thread during
+        finalization makes CPython unwind it through torch's C++ frames, and the process aborts
+        ("terminate called without an active exception").
+        """
+        self.model = self.base = None
+        self.adapters = {}
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
         gen = getattr(self.base, "generation_config", None)

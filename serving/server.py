@@ -93,6 +93,7 @@ class EmbeddedServer(Server):
     def stop(self) -> None:
         super().stop()
         self.worker.close()
+        self.engine.release()
 
 
 class EmbeddedHandler(Handler):
