@@ -27,3 +27,36 @@ def tracerl(*args: str, env: dict | None = None, timeout: float = 120, check: bo
     if check and proc.returncode != 0:
         raise AssertionError(f"tracerl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def start_tracerl(*args: str, health: str, timeout: float = 60) -> subprocess.Popen:
+    """Start a long-running `tracerl` command (serve, gateway, collect) and wait for its health URL."""
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen([str(BIN / "tracerl"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"tracerl {args[0]} exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if httpx.get(health, timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"tracerl {args[0]} did not become healthy within {timeout}s")
+
+
+def stop_tracerl(proc: subprocess.Popen) -> None:
+    """SIGTERM, as a user's Ctrl-C or a supervisor would; the command must exit cleanly (0)."""
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, proc.stderr.read()

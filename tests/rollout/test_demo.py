@@ -11,15 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from tracerl_testing import BIN, free_port, tracerl
+from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
 from schemas.views import connect_readonly
@@ -71,30 +68,6 @@ def test_tasks_are_one_per_letter_with_distinct_ids():
     assert [json.loads(line)["letter"] for line in proc.stdout.splitlines()] == ["o", "t"]
 
 
-def start(*args: str, health: str, timeout: float = 60) -> subprocess.Popen:
-    proc = subprocess.Popen([str(BIN / "tracerl"), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"tracerl {args[0]} exited {proc.returncode}: {proc.stderr.read()}")
-        try:
-            if httpx.get(health, timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"tracerl {args[0]} did not become healthy within {timeout}s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.mark.slow
 def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_model_dir):
     store = tmp_path / "store"
@@ -105,10 +78,10 @@ def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
     env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
     with running_collector(store) as c:
-        server = start("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
+        server = start_tracerl("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
                        health=f"http://127.0.0.1:{serve_port}/health")
         try:
-            gw = start("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
+            gw = start_tracerl("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
                        "--otlp", c.grpc_endpoint, health=f"http://127.0.0.1:{gw_port}/health")
             try:
                 proc = tracerl("rollout", "--tasks", str(tasks), "-n", "2", "--concurrency", "2",
@@ -118,9 +91,9 @@ def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_
                                "--", str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(DEMO / "agent.py"),
                                env=env, timeout=120)
             finally:
-                stop(gw)  # flushes the gateway's span batch
+                stop_tracerl(gw)  # flushes the gateway's span batch
         finally:
-            stop(server)
+            stop_tracerl(server)
         c.flush()
     assert "4 rollouts: 4 ok, 0 failed, 0 timeout" in proc.stdout, proc.stdout + proc.stderr
     (records_file,) = (store / "rollouts").glob("driver-*.jsonl")

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from tracerl_testing import BIN, free_port
+from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
 
 from collector_exporter.testing import running_collector
 from schemas.views import connect_readonly
@@ -30,40 +27,15 @@ AGENT = Path(__file__).with_name("agent_openai.py")
 pytestmark = pytest.mark.slow
 
 
-def start(*args: str, health: str, timeout: float = 60) -> subprocess.Popen:
-    proc = subprocess.Popen([str(BIN / "tracerl"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"tracerl {args[0]} exited {proc.returncode}: {proc.stderr.read()}")
-        try:
-            if httpx.get(health, timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"tracerl {args[0]} did not become healthy within {timeout}s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, proc.stderr.read()
-
-
 def test_instrumented_openai_agent_through_gateway_joins_exact_tokens_to_agent_spans(
         tmp_path, tiny_model_dir, tokenizer, reference_model):
     store = tmp_path / "store"
     serve_port, gw_port = free_port(), free_port()
     with running_collector(store) as collector:
-        server = start("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
+        server = start_tracerl("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
                        health=f"http://127.0.0.1:{serve_port}/health")
         try:
-            gw = start("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
+            gw = start_tracerl("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
                        "--otlp", collector.grpc_endpoint, health=f"http://127.0.0.1:{gw_port}/health")
             try:
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
@@ -77,9 +49,9 @@ def test_instrumented_openai_agent_through_gateway_joins_exact_tokens_to_agent_s
                 assert agent.returncode == 0, agent.stderr
                 seen = json.loads(agent.stdout.strip().splitlines()[-1])
             finally:
-                stop(gw)  # flushes the gateway's BatchSpanProcessor
+                stop_tracerl(gw)  # flushes the gateway's BatchSpanProcessor
         finally:
-            stop(server)
+            stop_tracerl(server)
         collector.flush()
 
     con = connect_readonly(str(store))
