@@ -10,6 +10,7 @@ lists of tuples: it is the hot loop of the collector, and this halves its cost p
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -123,8 +124,18 @@ def _lookup(keys: list[str], values: list[str | None], key: str) -> str | None:
         return None
 
 
-def _list_of_struct(rows: list[list[dict]], type_: pa.DataType) -> pa.Array:
-    return pa.array(rows, type=type_)
+def _assemble(schema: pa.Schema, cols: dict[str, list], maps: dict[str, pa.Array], received_at_ns: int) -> pa.Table:
+    """The table from per-column lists, prebuilt map arrays, and one receive time for every row."""
+    n = len(cols[schema.names[0]])
+    arrays = []
+    for f in schema:
+        if f.name in maps:
+            arrays.append(maps[f.name])
+        elif f.name == "received_at":
+            arrays.append(pa.array([received_at_ns] * n, type=pa.int64()).cast(TS))
+        else:
+            arrays.append(pa.array(cols[f.name], type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def trace_request_to_table(
@@ -134,13 +145,11 @@ def trace_request_to_table(
 
     ``seen`` (optional) is the dedupe window keyed by (trace_id, span_id) raw bytes: spans
     already in it are skipped, and new keys are added, so exporter retries never duplicate a
-    span. Spans with invalid ids are expected to have been removed by ``validate``.
+    span. Spans with invalid ids are expected to have been removed by ``receive.drop_invalid_spans``.
     """
     cols: dict[str, list] = {n: [] for n in SPANS_SCHEMA.names if n not in ("attributes", "resource_attributes")}
     attrs, resources = _MapBuilder(), _MapBuilder()
     resource_index: list[int] = []  # per span: which resource_spans it came from
-    events_type = SPANS_SCHEMA.field("events").type
-    links_type = SPANS_SCHEMA.field("links").type
     trace_id, span_id, parent = cols["trace_id"], cols["span_id"], cols["parent_span_id"]
     for r, rs in enumerate(request.resource_spans):
         rkeys, rvals = _kv_lists(rs.resource.attributes)
@@ -196,34 +205,20 @@ def trace_request_to_table(
                 cols["dropped_attributes_count"].append(sp.dropped_attributes_count)
                 cols["dropped_events_count"].append(sp.dropped_events_count)
                 cols["dropped_links_count"].append(sp.dropped_links_count)
-                span_rollout = None
-                if ROLLOUT_ATTR in attrs.keys[start:]:
-                    span_rollout = _lookup(attrs.keys[start:], attrs.values[start:], ROLLOUT_ATTR)
+                try:  # searched in place: no copy of the span's keys on the hot path
+                    span_rollout = attrs.values[attrs.keys.index(ROLLOUT_ATTR, start)]
+                except ValueError:
+                    span_rollout = None
                 cols["rollout_id"].append(span_rollout or resource_rollout or tid_hex)
-    n = len(trace_id)
-    arrays = []
-    for f in SPANS_SCHEMA:
-        if f.name == "attributes":
-            arrays.append(attrs.array())
-        elif f.name == "resource_attributes":
-            arrays.append(resources.array().take(pa.array(resource_index, type=pa.int32())))
-        elif f.name == "received_at":
-            arrays.append(pa.array([received_at_ns] * n, type=pa.int64()).cast(TS))
-        elif f.name == "events":
-            arrays.append(_list_of_struct(cols["events"], events_type))
-        elif f.name == "links":
-            arrays.append(_list_of_struct(cols["links"], links_type))
-        else:
-            arrays.append(pa.array(cols[f.name], type=f.type))
-    return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA)
+    maps = {"attributes": attrs.array(),
+            "resource_attributes": resources.array().take(pa.array(resource_index, type=pa.int32()))}
+    return _assemble(SPANS_SCHEMA, cols, maps, received_at_ns)
 
 
 def logs_request_to_table(request: ExportLogsServiceRequest, received_at_ns: int) -> pa.Table:
     """Rows of LOGS_SCHEMA. GenAI semconv events (``gen_ai.user.message``, ``gen_ai.choice``…)
     arrive as log records; ``event_name`` holds the record's event name, or the legacy
     ``event.name`` attribute when the field is empty."""
-    import hashlib
-
     cols: dict[str, list] = {n: [] for n in LOGS_SCHEMA.names if n not in ("attributes", "resource_attributes")}
     attrs, res_attrs = _MapBuilder(), _MapBuilder()
     for rl in request.resource_logs:
@@ -252,18 +247,8 @@ def logs_request_to_table(request: ExportLogsServiceRequest, received_at_ns: int
                 # Log records carry no id; the serialized record identifies a retry of the same record.
                 cols["log_id"].append(hashlib.blake2b(rec.SerializeToString(deterministic=True), digest_size=16).hexdigest())
                 cols["rollout_id"].append(_lookup(keys, values, ROLLOUT_ATTR) or resource_rollout or tid)
-    n = len(cols["time_ns"])
-    arrays = []
-    for f in LOGS_SCHEMA:
-        if f.name == "attributes":
-            arrays.append(attrs.array())
-        elif f.name == "resource_attributes":
-            arrays.append(res_attrs.array())
-        elif f.name == "received_at":
-            arrays.append(pa.array([received_at_ns] * n, type=pa.int64()).cast(TS))
-        else:
-            arrays.append(pa.array(cols[f.name], type=f.type))
-    return pa.Table.from_arrays(arrays, schema=LOGS_SCHEMA)
+    return _assemble(LOGS_SCHEMA, cols, {"attributes": attrs.array(), "resource_attributes": res_attrs.array()},
+                     received_at_ns)
 
 
 __all__ = ["ATTRS", "any_to_py", "any_to_text", "logs_request_to_table", "trace_request_to_table"]
