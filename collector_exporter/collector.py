@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +90,7 @@ class OverloadGuard:
 
 
 class Collector:
-    def __init__(self, settings: CollectorSettings, on_compacted: Callable[[], None] | None = None):
+    def __init__(self, settings: CollectorSettings):
         self.settings = settings
         self.store = StoreLayout.at(settings.store)
         self.store.root.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,6 @@ import json
 import ssl
 import threading
 import zlib
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf import json_format
@@ -147,4 +146,4 @@ def start_http(
     return server, server.server_address[1]
 
 
-__all__ = ["HTTPStatus", "gunzip_bounded", "start_http"]
+__all__ = ["gunzip_bounded", "start_http"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -66,8 +67,6 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, 
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
-    import os
-
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if hasattr(args, f.name):
