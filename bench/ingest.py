@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 
 def free_port() -> int:
@@ -86,6 +87,7 @@ def run_load(kind: str, clients: int, seconds: float, batch: int) -> dict:
 
 def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
     """Ack path vs. compaction CPU of our collector, and the bare decode, on the same requests."""
+    from _ingest_client import llm_call_attributes
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.sdk.trace import TracerProvider
@@ -101,16 +103,11 @@ def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(mem))
     tracer = tp.get_tracer("bench")
-    prompt = ("You are a helpful assistant. " * 40)[:1024]
     bodies = []
     for _ in range(batches):
         mem.clear()
         for i in range(batch):
-            with tracer.start_as_current_span("chat policy", attributes={
-                "gen_ai.operation.name": "chat", "gen_ai.request.model": "policy@3", "gen_ai.prompt": prompt,
-                "gen_ai.usage.input_tokens": 312 + i, "gen_ai.usage.output_tokens": 40, "gen_ai.system": "openai",
-                "gen_ai.request.temperature": 0.7, "gen_ai.response.id": f"c-{i}", "tracerl.task_id": "t",
-                "gen_ai.response.finish_reasons": ["stop"]}):
+            with tracer.start_as_current_span("chat policy", attributes=llm_call_attributes(i)):
                 pass
         bodies.append(encode_spans(mem.get_finished_spans()).SerializeToString())
     n = batches * batch
