@@ -27,7 +27,8 @@ class TrainSettings:
     model: str | None = setting(None, "base model directory (HF format), served as policy@0; "
                                       "make a tiny one with 'tracerl init-model DIR'", metavar="DIR")
     server: str | None = setting(None, "serving URL to publish each new policy to (vLLM or 'tracerl serve'); "
-                                       "none: checkpoints are written but not announced", metavar="URL")
+                                       "several replicas comma-separated, each gets it; none: checkpoints are "
+                                       "written but not announced", metavar="URL[,URL]")
     min_rollouts: int = setting(8, "train a round once this many complete, rewarded rollouts of the current "
                                    "version exist")
     every: float = setting(0.0, "also train when this many seconds passed since the last round, with any "

@@ -2,7 +2,7 @@
 
 End to end: `tracerl serve` (tiny model) ← `tracerl gateway` ← the unmodified demo agent under
 `opentelemetry-instrument`, launched by `tracerl rollout`, exporting to a real collector. The
-store must hold, per rollout, the spans of both named agents (each with its openai call and the
+store must hold, per rollout, the spans of both named agents (each with its `chat` span and the
 gateway's token span below it) and the rollout's reward.
 """
 
@@ -76,7 +76,8 @@ def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_
                                     capture_output=True, text=True, check=True).stdout)
     serve_port, gw_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-    env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
+    env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai"})
     with running_collector(store) as c:
         server = start_tracerl("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
                        health=f"http://127.0.0.1:{serve_port}/health")
@@ -106,13 +107,13 @@ def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_
         FROM spans WHERE attributes['gen_ai.agent.name'] IS NOT NULL GROUP BY 1, 2 ORDER BY 1""").fetchall()
     assert [(rid, task) for rid, task, _, _ in agents] == sorted((r, recs[r]["task_id"]) for r in recs)
     assert all(names == ["writer", "rewriter"] and traces == 1 for _, _, names, traces in agents)
-    # below each agent span: its openai call, and below that the gateway's span with exact token ids
+    # below each agent span: its GenAI `chat` span, and below that the gateway's span with exact token ids
     calls = con.execute("""
         SELECT a.rollout_id, a.attributes['gen_ai.agent.name'], c.name, g.name, g.attributes['tracerl.response_token_ids']
         FROM spans a JOIN spans c ON c.parent_span_id = a.span_id JOIN spans g ON g.parent_span_id = c.span_id
         WHERE a.attributes['gen_ai.agent.name'] IS NOT NULL""").fetchall()
     assert len(calls) == 8
-    assert {(c, g) for _, _, c, g, _ in calls} == {("openai.chat", "tracerl.gateway policy")}
+    assert {(c, g) for _, _, c, g, _ in calls} == {("chat policy", "tracerl.gateway policy")}
     assert all(json.loads(ids) for *_, ids in calls)
     rewards = dict(con.execute("SELECT rollout_id, value FROM rewards").fetchall())
     assert rewards == {rid: r["reward"] for rid, r in recs.items()}

@@ -12,7 +12,7 @@ import torch
 from schemas.store import StoreLayout
 from trainer.checkpoint import checkpoint_dir
 from trainer.publish import server_publisher
-from trainer.rounds import read_rounds, run_once
+from trainer.rounds import PublishRequest, read_rounds, run_once
 
 
 @pytest.fixture
@@ -82,3 +82,27 @@ def test_serving_logprobs_line_up_with_the_trainers(server, tiny_model_dir, toke
         ours = sequence_logprobs(model, batch)
     served = batch.rollout_logprobs[batch.has_rollout_logprobs]
     torch.testing.assert_close(ours[batch.has_rollout_logprobs], served, rtol=0, atol=2e-4)
+
+
+def test_every_replica_gets_the_new_policy(tmp_path, server, tiny_model_dir, make_rollouts, write_rows,
+                                           train_settings):
+    """``--server A,B``: a LoRA round is loaded on both replicas; publishing again is a no-op."""
+    from serving.server import EmbeddedServer
+    from trainer.publish import server_urls
+
+    assert server_urls(f" {server.url}/, {server.url} ,") == [server.url]
+    second = EmbeddedServer.start(str(tiny_model_dir))
+    try:
+        store = tmp_path / "store"
+        write_rows(store, make_rollouts(0))
+        both = f"{server.url},{second.url}"
+        out = run_once(train_settings(store, lora_rank=4, lr=5e-2, server=both), publisher=server_publisher(both),
+                       log=lambda m: None)
+        assert out.status == "published"
+        for url in (server.url, second.url):
+            assert "policy@1" in [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
+        again = PublishRequest(name="policy@1", version=1, checkpoint_path=checkpoint_dir(
+            StoreLayout.at(store).checkpoints, 1), adapter=True, base_model=tiny_model_dir)
+        server_publisher(both)(again)  # a retried publish: both replicas already serve it, nothing raises
+    finally:
+        second.stop()
