@@ -1,7 +1,8 @@
 """One rollout's spans (+ log events + reward rows) -> its transitions. Pure: no I/O, no clock.
 
 This is the whole method in one function, ``convert_rollout``: assemble and repair the tree,
-find the LLM calls in any dialect, dedupe them by response id, join exact tokens, attribute
+find the LLM calls in any dialect, dedupe them (nested records of one request, then response
+id), join exact tokens, attribute
 agents, collect rewards from every channel, assign credit, and emit one transition per call
 in the order the calls started.
 """
@@ -20,7 +21,7 @@ from span_to_transition.dialects import classify, parse_call, parse_semconv
 from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
 from span_to_transition.rewards import in_band_rewards, rollout_reward
 from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens
-from span_to_transition.tree import SpanTree, build_tree
+from span_to_transition.tree import Key, SpanTree, build_tree
 
 MISSING_REWARD = ("exclude", "fill")
 
@@ -133,6 +134,20 @@ def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
     return None
 
 
+def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
+    """Call spans with another call span below them: one request recorded twice, by a framework
+    (OpenInference's Agents SDK ``generation`` span, a LangChain LLM span) and by the client library
+    under it. The inner record is the request as sent, and the gateway's span hangs below it; the
+    outer one usually has no ``gen_ai.response.id`` to dedupe on, so nesting decides."""
+    keys = set(call_keys)
+    outer: set[Key] = set()
+    for key in call_keys:
+        for span in tree.ancestors(key):
+            if span.key in keys:
+                outer.add(span.key)
+    return outer
+
+
 def _call_quality(call: LLMCall, depth: int) -> tuple:
     return (bool(call.messages), call.response is not None, call.tools is not None, -depth,
             -call.start_time_ns, call.span_id)
@@ -150,7 +165,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if e.span_id:
             logs_by_span.setdefault(e.span_id, []).append(e)
 
-    calls: list[LLMCall] = []
+    parsed: list[tuple[Span, LLMCall]] = []
     gateways: list[Span] = []
     for key, span in tree.spans.items():
         if not span.attributes:  # a skeleton span: structure only
@@ -159,7 +174,14 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
             gateways.append(span)
             continue
         call = parse_call(span, logs_by_span.get(key[1], ()))
-        if call is None:
+        if call is not None:
+            parsed.append((span, call))
+
+    wrapping = wrapping_calls(tree, [span.key for span, _ in parsed]) if len(parsed) > 1 else set()
+    calls: list[LLMCall] = []
+    for span, call in parsed:
+        if not call.response_id and span.key in wrapping:
+            out.duplicate_calls += 1  # a framework's record of the request its client library recorded below
             continue
         if not call.messages or call.response is None:
             out.calls_without_content += 1

@@ -23,7 +23,7 @@ from typing import Any
 
 from tracerl_testing import BIN
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # tests/example_rig.py -> the repository root
 EXAMPLES = ROOT / "examples"
 VENVS = ROOT / ".venv-examples"
 

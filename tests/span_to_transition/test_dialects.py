@@ -161,6 +161,27 @@ def test_two_instrumentations_on_one_call_count_once_by_response_id() -> None:
     assert tr.span_id == outer.span_id  # equally complete: the outer (shallower) record is kept
 
 
+def test_a_framework_llm_span_over_the_client_span_counts_once_as_the_inner_request() -> None:
+    """OpenInference's Agents SDK ``generation`` span (no response id) over OpenLLMetry's ``openai.chat``."""
+    t = TraceBuilder()
+    root = t.span("researcher", None, {"openinference.span.kind": "AGENT", "agent.name": "researcher"})
+    outer = t.span("generation", root, {
+        "openinference.span.kind": "LLM", "llm.model_name": "policy",
+        "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": "q",
+        "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "answer"})
+    inner = t.chat(outer, [user("q")], "answer", response_id="chatcmpl-1")
+    lone = t.span("generation", root, {  # a framework span with no client span below: a call of its own
+        "openinference.span.kind": "LLM", "llm.model_name": "policy",
+        "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": "q2",
+        "llm.output_messages.0.message.role": "assistant", "llm.output_messages.0.message.content": "a2"})
+    t.reward(root, 1.0)
+    out = convert_rollout(RolloutInput("r", t.spans), ConvertConfig())
+    assert out.duplicate_calls == 1 and out.problems == []
+    assert [tr.span_id for tr in out.transitions] == [inner.span_id, lone.span_id]
+    assert all(tr.agent_name == "researcher" for tr in out.transitions)
+    assert outer.span_id not in {tr.span_id for tr in out.transitions}
+
+
 def test_call_without_captured_content_is_reported_with_the_fix() -> None:
     t = TraceBuilder()
     t.span("chat policy", None, {"gen_ai.operation.name": "chat", "gen_ai.request.model": "policy"})
