@@ -68,6 +68,9 @@ class DemoConfig:
     epochs: int = opt(2, "passes over each round's data")
     steps_per_epoch: int = opt(2, "optimizer steps per pass")
     lora_rank: int = opt(0, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA)")
+    threads: int = opt(1, "torch CPU threads of the embedded server and of training (0: torch's default). "
+                          "The agents share the cores: with 2 threads per torch process on 2 busy cores, a "
+                          "training step took 5x longer here, waiting on each other")
     final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
                                  "(measured, not trained on)")
     timeout_s: float = opt(60.0, "seconds an agent run may take")
@@ -322,6 +325,8 @@ def validate(cfg: DemoConfig, n_tasks: int) -> None:
         raise UsageError("--max-tokens must be >= 1 and --temperature > 0 (sampling gives the groups their spread)")
     if cfg.lr <= 0 or cfg.epochs < 1 or cfg.steps_per_epoch < 1:
         raise UsageError("--lr must be > 0, --epochs and --steps-per-epoch >= 1")
+    if cfg.threads < 0:
+        raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     if cfg.server and not cfg.model:
         raise UsageError("--server needs --model: the directory of the model that server serves as 'policy' "
                          "(the trainer starts from it); or leave both out for the embedded tiny model")
@@ -437,7 +442,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     else:
         server_url = f"http://127.0.0.1:{serve_port}"
         server = children.start(Child("serve", [
-            tracerl_bin, "serve", "--model", str(model), "--listen", f"127.0.0.1:{serve_port}"], logs / "serve.log"))
+            tracerl_bin, "serve", "--model", str(model), "--listen", f"127.0.0.1:{serve_port}",
+            "--threads", str(cfg.threads)], logs / "serve.log"))
     otlp = f"http://127.0.0.1:{grpc_port}"
     gateway = children.start(Child("gateway", [
         tracerl_bin, "gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gateway_port}", "--otlp", otlp,
@@ -459,6 +465,11 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     from trainer.config import TrainSettings
     from trainer.publish import server_publisher
     from trainer.rounds import read_rounds, run_once
+
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
 
     tasks = load_tasks(str(tasks_file))
     n = cfg.rollouts_per_round // len(tasks)

@@ -43,6 +43,8 @@ class ServeConfig:
     max_num_seqs: int = opt(8, "most requests batched into one forward pass (vLLM --max-num-seqs)")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
     seed: int = opt(0, "seed of the sampler for requests without a seed")
+    threads: int = opt(0, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
+                          "with agent processes, 1 avoids threads spinning while they wait for a core")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +58,15 @@ def run(args: argparse.Namespace) -> int:
     if not (Path(cfg.model) / "config.json").is_file():
         raise UsageError(f"{cfg.model} has no config.json; pass a HF model directory "
                          f"(e.g. from `tracerl init-model {cfg.model}`)")
+    if cfg.threads < 0:
+        raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     from serving.httpserver import parse_listen
     from serving.server import EmbeddedServer, ServeOptions
+
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
 
     try:
         host, port = parse_listen(cfg.listen, 8000)
