@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 
-from span_to_transition.records import Span
+from span_to_transition.records import Attrs, Span
 from span_to_transition.tree import Key, SpanTree
 
 AGENT_KEYS = frozenset(
@@ -18,9 +18,11 @@ AGENT_KEYS = frozenset(
         "agent.name",  # OpenInference (OpenAI Agents, smolagents), Google ADK
         "agent_name",  # pydantic-ai / logfire
         "crewai.agent.role",  # CrewAI
-        "traceloop.entity.name",  # OpenLLMetry frameworks, only with traceloop.span.kind = agent
+        "traceloop.entity.name",  # OpenLLMetry frameworks: kind = agent, or a LangGraph node (below)
     }
 )
+LANGGRAPH_NODE = "traceloop.association.properties.langgraph_node"  # OpenLLMetry's copy of the run metadata
+LANGGRAPH_INTEGRATION = "traceloop.association.properties.ls_integration"
 
 
 def agent_of_span(span: Span) -> str | None:
@@ -32,12 +34,23 @@ def agent_of_span(span: Span) -> str | None:
                 return a[key]
         if a.get("traceloop.span.kind") == "agent" and a.get("traceloop.entity.name"):
             return a["traceloop.entity.name"]
+        if _is_langgraph_node(a):
+            return a["traceloop.entity.name"]
     if a.get("gen_ai.operation.name") == "invoke_agent" or span.name.startswith("invoke_agent"):
         rest = span.name[len("invoke_agent"):].strip()
         return rest or None
     if a.get("openinference.span.kind", "").upper() == "AGENT":
         return span.name or None
     return None
+
+
+def _is_langgraph_node(a: Attrs) -> bool:
+    """A LangGraph node's own span (OpenLLMetry: a task named like its ``langgraph_node``): the node is the
+    agent of the calls made in it (a writer node, a checker node). Not the inner ``model``/``tools`` nodes
+    of LangChain's ``create_agent``: its graph span (``gen_ai.agent.name``) names that agent."""
+    node = a.get(LANGGRAPH_NODE)
+    return (bool(node) and node == a.get("traceloop.entity.name") and a.get("traceloop.span.kind") == "task"
+            and a.get(LANGGRAPH_INTEGRATION) != "langchain_create_agent")
 
 
 def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None = None) -> str | None:

@@ -63,3 +63,36 @@ def test_bad_regex_names_the_fix() -> None:
 def test_framework_spellings_of_an_agent_span(name: str, attrs: dict, want: str | None) -> None:
     t = TraceBuilder()
     assert agent_of_span(t.span(name, None, attrs)) == want
+
+
+def langgraph_trace() -> TraceBuilder:
+    """What OpenLLMetry's LangChain instrumentation 0.62.4 records (attributes as observed, trimmed): a
+    LangGraph 1.2 ``StateGraph`` with ``writer`` and ``checker`` nodes, then LangChain 1.4's
+    ``create_agent(name="solo")``, whose inner nodes are ``model`` and ``tools``."""
+    t = TraceBuilder()
+    p = "traceloop.association.properties."
+    graph = t.span("invoke_agent LangGraph", None, {"gen_ai.provider.name": "langgraph"}, agent="LangGraph")
+    flow = t.span("LangGraph.workflow", graph, {"traceloop.span.kind": "workflow", "traceloop.entity.name": "LangGraph",
+                                                f"{p}ls_integration": "langgraph"}, agent="LangGraph")
+    for node, rid in (("writer", "w1"), ("checker", "c1")):
+        task = t.span(f"execute_task {node}", flow, {
+            "gen_ai.operation.name": "execute_task", "gen_ai.task.name": node, "traceloop.span.kind": "task",
+            "traceloop.entity.name": node, f"{p}langgraph_node": node, f"{p}ls_integration": "langgraph"})
+        t.chat(task, [user(f"{node} this")], node, response_id=rid, extra={
+            f"{p}langgraph_node": node, f"{p}ls_integration": "langchain_chat_model", "traceloop.entity.path": node})
+    solo = t.span("invoke_agent solo", None, {"gen_ai.provider.name": "langgraph"}, agent="solo")
+    solo_flow = t.span("solo.workflow", solo, {"traceloop.span.kind": "workflow", "traceloop.entity.name": "solo",
+                                               f"{p}lc_agent_name": "solo",
+                                               f"{p}ls_integration": "langchain_create_agent"}, agent="solo")
+    model = t.span("execute_task model", solo_flow, {
+        "gen_ai.operation.name": "execute_task", "traceloop.span.kind": "task", "traceloop.entity.name": "model",
+        f"{p}langgraph_node": "model", f"{p}lc_agent_name": "solo", f"{p}ls_integration": "langchain_create_agent"})
+    t.chat(model, [user("solo this")], "solo", response_id="s1", extra={f"{p}langgraph_node": "model"})
+    t.reward(solo, 1.0)
+    return t
+
+
+def test_a_langgraph_node_is_the_agent_of_its_calls_but_not_create_agents_inner_nodes() -> None:
+    out = convert_rollout(RolloutInput("r", langgraph_trace().spans), ConvertConfig(agents="writer|solo"))
+    assert [(t.agent_name, t.trainable) for t in out.transitions] == [
+        ("writer", True), ("checker", False), ("solo", True)]
