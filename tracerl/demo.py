@@ -44,7 +44,8 @@ BIN = Path(sys.executable).parent
 class DemoConfig:
     """Settings of ``tracerl demo``; every field is a flag."""
 
-    rounds: int = opt(16, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1")
+    rounds: int = opt(60, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
+                           "(the demo stops sooner once every task's samples agree: no signal left)")
     rollouts_per_round: int = opt(16, "rollouts per round: tasks x samples per task (must be a multiple of "
                                       "the number of tasks, one per --letters letter)", metavar="R")
     letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
