@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,3 +222,25 @@ class Stack:
             i = table.schema.get_field_index(name)
             table = table.set_column(i, name, table.column(name).cast(pa.int64()))
         return sorted(table.to_pylist(), key=lambda r: (r["rollout_id"], r["started_at"]))
+
+
+@contextmanager
+def running_stack(store: Path, script: Script) -> Iterator[Stack]:
+    """Collector, gateway and scripted engine on 127.0.0.1 for one ``with`` block; the gateway's spans
+    are flushed to the collector before it stops."""
+    from collector_exporter.testing import running_collector
+    from serving.gateway import Gateway, GatewayConfig, make_tracer_provider
+
+    engine = ScriptedEngine(script)
+    upstream = start_engine(engine)
+    try:
+        with running_collector(store) as collector:
+            provider = make_tracer_provider(collector.grpc_endpoint)
+            gateway = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider).start_background()
+            try:
+                yield Stack(store, collector, gateway, provider, engine)
+            finally:
+                gateway.stop()
+                provider.shutdown()
+    finally:
+        upstream.stop()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import pytest
-from example_rig import EXAMPLES, ScriptedEngine, Stack, example_venv, prompt_text, start_engine, token_ids
+from example_rig import EXAMPLES, example_venv, prompt_text, running_stack, token_ids
 
 pytestmark = pytest.mark.slow
 EXAMPLE = EXAMPLES / "rag_agent"
@@ -85,37 +85,23 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     stack, built once for the module's tests)."""
     import pyarrow as pa
 
-    from collector_exporter.testing import running_collector
     from schemas.parquet import read_table
     from schemas.store import StoreLayout
-    from serving.gateway import Gateway, GatewayConfig, make_tracer_provider
 
     bin_dir = example_venv("rag_agent")
     tmp = tmp_path_factory.mktemp("rag_agent")
-    engine = ScriptedEngine(script)
-    upstream = start_engine(engine)
-    try:
-        with running_collector(tmp / "store") as collector:
-            provider = make_tracer_provider(collector.grpc_endpoint)
-            gateway = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider).start_background()
-            try:
-                stack = Stack(store=tmp / "store", collector=collector, gateway=gateway, provider=provider,
-                              engine=engine)
-                stack.rollout(bin_dir, ["python", str(EXAMPLE / "agent.py")], TASKS,
-                              rollout_args=("--reward", f"{EXAMPLE / 'reward.py'}:score"))
-                rows = stack.transitions()
-            finally:
-                gateway.stop()
-                provider.shutdown()
-            table = read_table(StoreLayout.at(tmp / "store").table("spans"), "spans")
-    finally:
-        upstream.stop()
+    with running_stack(tmp / "store", script) as stack:
+        stack.rollout(bin_dir, ["python", str(EXAMPLE / "agent.py")], TASKS,
+                      rollout_args=("--reward", f"{EXAMPLE / 'reward.py'}:score"))
+        rows = stack.transitions()  # flushes the gateway's and the collector's spans first
+        table = read_table(StoreLayout.at(tmp / "store").table("spans"), "spans")
+        requests = list(stack.engine.requests)
     for name in ("start_time_ns", "end_time_ns", "received_at"):
         table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(pa.int64()))
     spans = [{**s, "attributes": dict(s["attributes"] or [])} for s in table.to_pylist()]
     records = [json.loads(line) for f in sorted((tmp / "store" / "rollouts").glob("driver-*.jsonl"))
                for line in f.read_text().splitlines() if line.strip()]
-    return Run(rows, spans, records, list(engine.requests))
+    return Run(rows, spans, records, requests)
 
 
 def test_rag_agent_researcher_searches_hands_off_and_writer_answers(run: Run) -> None:
