@@ -39,7 +39,6 @@ the span store, replaced each run; query it with `tracerl sql --store bench/out/
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -60,38 +59,12 @@ OUT = HERE / "out" / "agent_overhead"
 sys.path.insert(0, str(ROOT))
 
 from serving.gateway import Gateway, GatewayConfig, make_tracer_provider  # noqa: E402
-from serving.httpserver import Handler, Server  # noqa: E402
+from serving.httpserver import Server  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from _shared import ScriptedUpstream, percentile  # noqa: E402
 
 VARIANTS = ("plain", "instrumented")
-
-
-class ScriptedUpstream(Handler):
-    """A near-zero-latency OpenAI-compatible upstream: a fixed answer in vLLM 0.10.2+ shape, each
-    with its own response id (the span check matches ids), token ids when the gateway asks."""
-
-    ids = itertools.count(1)
-    answer = "A short, fixed answer."
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v1/models":
-            self.send_json(200, {"object": "list", "data": [{"id": "policy", "object": "model"}]})
-        else:
-            self.send_json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound"}})
-
-    def do_POST(self) -> None:
-        req = self.read_json()
-        want_ids = bool(req.get("return_token_ids"))
-        tokens = list(self.answer.encode())
-        resp = {
-            "id": f"chatcmpl-scripted-{next(self.ids)}", "object": "chat.completion", "created": 0,
-            "model": req.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
-                         "logprobs": None, "finish_reason": "length", "stop_reason": None,
-                         "token_ids": tokens if want_ids else None}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": len(tokens), "total_tokens": 5 + len(tokens)},
-            "prompt_token_ids": [1, 2, 3, 4, 5] if want_ids else None,
-        }
-        self.send_json(200, resp)
 
 
 @dataclass
@@ -129,11 +102,6 @@ class Result:
 
     def instrumented_ids(self) -> set[str]:
         return {i for r in self.of("instrumented") for i in r.ids}
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def start_collector(store: Path) -> tuple[subprocess.Popen, str]:

@@ -13,7 +13,6 @@ BatchSpanProcessor (exporting to an in-memory exporter here, so no collector is 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -28,30 +27,15 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from serving.gateway import Gateway, GatewayConfig
-from serving.httpserver import Handler, Server
+from serving.httpserver import Server
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _shared
+from _shared import percentile
 
 
-class ScriptedUpstream(Handler):
-    """Minimal OpenAI-compatible upstream: a fixed chat answer in vLLM 0.10.2+ shape."""
-
-    def do_POST(self) -> None:
-        req = json.loads(self.read_body())
-        resp = {
-            "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": req.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                         "logprobs": {"content": [{"token": "ok", "logprob": -0.5, "bytes": [111, 107],
-                                                   "top_logprobs": []}]} if req.get("logprobs") else None,
-                         "finish_reason": "stop", "stop_reason": None,
-                         "token_ids": [17] if req.get("return_token_ids") else None}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-            "prompt_token_ids": [1, 2, 3, 4, 5] if req.get("return_token_ids") else None,
-        }
-        self.send_json(200, resp)
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+class ScriptedUpstream(_shared.ScriptedUpstream):
+    answer = "ok"
 
 
 def run(calls: int, model_dir: str | None) -> dict[str, float]:

@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+from _shared import percentile  # noqa: E402
 
 
 def free_port() -> int:
@@ -56,11 +57,6 @@ def cpu_seconds_so_far(pid: int) -> float:
 def stored_spans(kind: str, out: Path) -> int:
     root = out / "spans" if kind == "tracerl" else out
     return sum(pq.read_metadata(p).num_rows for p in root.rglob("*.parquet") if not p.name.startswith("."))
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def run_load(kind: str, clients: int, seconds: float, batch: int) -> dict:

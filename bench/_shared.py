@@ -1,0 +1,49 @@
+"""What several bench scripts use: a percentile, and a scripted OpenAI-compatible upstream.
+
+Imported by the scripts with ``bench/`` on ``sys.path`` (they run as plain files, not a package);
+the repository root must be on it too, for ``serving``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from serving.httpserver import Handler
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The q-quantile by rank (no interpolation); NaN for no values."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+class ScriptedUpstream(Handler):
+    """A near-zero-latency OpenAI-compatible upstream: a fixed chat answer in vLLM 0.10.2+ shape, each
+    with its own response id; token ids (one per UTF-8 byte) and per-token logprobs when asked, as the
+    gateway asks. Set ``answer`` on a subclass for another text."""
+
+    ids = itertools.count(1)
+    answer = "A short, fixed answer."
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [{"id": "policy", "object": "model"}]})
+        else:
+            self.send_json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound"}})
+
+    def do_POST(self) -> None:
+        req = self.read_json()
+        want_ids = bool(req.get("return_token_ids"))
+        tokens = list(self.answer.encode())
+        logprobs = {"content": [{"token": chr(t), "logprob": -0.5, "bytes": [t], "top_logprobs": []}
+                                for t in tokens]} if req.get("logprobs") else None
+        resp = {
+            "id": f"chatcmpl-scripted-{next(self.ids)}", "object": "chat.completion", "created": 0,
+            "model": req.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
+                         "logprobs": logprobs, "finish_reason": "length", "stop_reason": None,
+                         "token_ids": tokens if want_ids else None}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": len(tokens), "total_tokens": 5 + len(tokens)},
+            "prompt_token_ids": [1, 2, 3, 4, 5] if want_ids else None,
+        }
+        self.send_json(200, resp)
