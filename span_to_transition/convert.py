@@ -48,8 +48,8 @@ class ConvertConfig:
                                             "reconsidered when a reward row arrives), or filled",
                                  choices=list(MISSING_REWARD))
     fill_reward: float = _field(0.0, "reward given to reward-less rollouts with --missing-reward fill")
-    workers: int = _field(0, "worker processes for large batches (0: one per CPU when there are 4 or more, "
-                             "else in-process; 1: in-process)")
+    workers: int = _field(0, "worker processes for large batches (0: one per CPU, at most 16; 1: "
+                             "in-process)")
 
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""
@@ -141,10 +141,15 @@ def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
     outer one usually has no ``gen_ai.response.id`` to dedupe on, so nesting decides."""
     keys = set(call_keys)
     outer: set[Key] = set()
+    parent = tree.parent
     for key in call_keys:
-        for span in tree.ancestors(key):
-            if span.key in keys:
-                outer.add(span.key)
+        seen = {key}
+        cur = parent.get(key)
+        while cur is not None and cur not in seen:  # (a cycle in corrupt input stops the walk)
+            if cur in keys:
+                outer.add(cur)
+            seen.add(cur)
+            cur = parent.get(cur)
     return outer
 
 

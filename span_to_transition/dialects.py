@@ -151,8 +151,9 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
         role = m.get("role") or "user"
         ps = m["parts"]
         if isinstance(ps, list) and len(ps) == 1 and isinstance(ps[0], dict) and ps[0].get("type") == "text" \
-                and not m.get("name"):  # the common case, without the general loop
-            out.append(message(role, ps[0].get("content") or ""))
+                and not m.get("name"):  # the common case: ``message(role, text)`` without the general loop
+            text = ps[0].get("content") or ""
+            out.append({"role": role, "content": text if text or role != "assistant" else None})
             continue
         texts: list[str] = []
         calls: list[dict[str, Any]] = []
@@ -196,43 +197,38 @@ def _finish_from_attr(attrs: Mapping[str, str]) -> str | None:
     return reasons if isinstance(reasons, str) else None
 
 
-def _usage(attrs: Mapping[str, str], *keys: str) -> int | None:
-    for k in keys:
-        v = as_int(attrs.get(k))
-        if v is not None:
-            return v
-    return None
+def _usage(attrs: Mapping[str, str], key: str, old_key: str) -> int | None:
+    v = as_int(attrs.get(key))
+    return as_int(attrs.get(old_key)) if v is None else v
 
 
 def _common(span: Span, attrs: Mapping[str, str], dialect: str, messages: list[dict[str, Any]],
             response: dict[str, Any] | None, finish: str | None, tools: Any) -> LLMCall:
+    get = attrs.get
     return LLMCall(
-        span_id=span.span_id,
-        trace_id=span.trace_id,
-        dialect=dialect,
-        messages=messages,
-        response=response,
-        tools=normalise_tools(tools),
-        finish_reason=normalise_finish_reason(finish or _finish_from_attr(attrs)),
-        request_model=attrs.get("gen_ai.request.model"),
-        response_model=attrs.get("gen_ai.response.model"),
-        response_id=attrs.get("gen_ai.response.id"),
-        input_tokens=_usage(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
-        output_tokens=_usage(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
-        start_time_ns=span.start_time_ns,
-        end_time_ns=span.end_time_ns,
+        span.span_id, span.trace_id, dialect, messages, response,
+        normalise_tools(tools) if tools else None,
+        normalise_finish_reason(finish or _finish_from_attr(attrs)),
+        get("gen_ai.request.model"), get("gen_ai.response.model"), get("gen_ai.response.id"),
+        _usage(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
+        _usage(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
+        span.start_time_ns, span.end_time_ns,
     )
 
 
 def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: str = "semconv") -> LLMCall:
     attrs = span.attributes if attrs is None else attrs
-    messages = messages_from_parts(load_json(attrs.get("gen_ai.input.messages")))
-    system = _system_message(load_json(attrs.get("gen_ai.system_instructions")))
-    if system is not None and not (messages and messages[0]["role"] == "system"):
-        messages.insert(0, system)
-    raw_out = load_json(attrs.get("gen_ai.output.messages"))
+    get = attrs.get
+    messages = messages_from_parts(load_json(get("gen_ai.input.messages")))
+    instructions = get("gen_ai.system_instructions")
+    if instructions is not None:
+        system = _system_message(load_json(instructions))
+        if system is not None and not (messages and messages[0]["role"] == "system"):
+            messages.insert(0, system)
+    raw_out = load_json(get("gen_ai.output.messages"))
     response, finish = _first_output(messages_from_parts(raw_out), raw_out)
-    return _common(span, attrs, dialect, messages, response, finish, load_json(attrs.get("gen_ai.tool.definitions")))
+    tools = get("gen_ai.tool.definitions")
+    return _common(span, attrs, dialect, messages, response, finish, None if tools is None else load_json(tools))
 
 
 # ---------------------------------------------------------------------------------------------

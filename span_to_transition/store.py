@@ -30,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice, pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -92,7 +93,7 @@ class ConvertStats:
     files_written: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    phase_seconds: dict[str, float] = field(default_factory=dict)  # read, status, select, convert, write
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # read, status, convert (+ write), ledger
 
     def lap(self, phase: str, since: float) -> float:
         now = time.perf_counter()
@@ -495,39 +496,69 @@ def _ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(data).read_all()
+Sink = Callable[[pa.Table], object]
+"""What happens to a converted chunk where it was converted (in the worker): written to the store
+(``WriteTo``), so rows never travel back through a pipe; tests keep the table itself."""
 
 
-def _convert_chunk(args: tuple[bytes, list[LogEvent], dict[str, list[Reward]], ConvertConfig]
-                   ) -> tuple[bytes, list[RolloutOutput]]:
-    data, logs, rewards_by, config = args
-    table, outputs = convert_table(_from_ipc(data), logs, rewards_by, config)
-    return _ipc(table), outputs
+@dataclass
+class Written:
+    files: list[str]
+    rows: int
+    trainable: int
+
+
+@dataclass(frozen=True)
+class WriteTo:
+    """The store's sink: write a chunk's transitions (``write_transitions``) and report what was written."""
+
+    root: str
+
+    def __call__(self, table: pa.Table) -> Written:
+        files = [str(p) for p in write_transitions(StoreLayout.at(self.root), table)]
+        trainable = int(pc.sum(pc.cast(table.column("trainable"), pa.int64())).as_py() or 0) if len(table) else 0
+        return Written(files, len(table), trainable)
+
+
+def _convert_chunk(args: tuple[bytes, list[LogEvent], dict[str, list[Reward]], ConvertConfig, Sink]
+                   ) -> tuple[object, list[RolloutOutput]]:
+    data, logs, rewards_by, config, sink = args
+    table, outputs = convert_table(pa.ipc.open_stream(data).read_all(), logs, rewards_by, config)
+    return sink(table), outputs
+
+
+_INHERITED: dict[str, Any] = {}
+"""The batch a ``fork``ed worker pool reads (copy-on-write): chunks never travel through a pipe."""
+
+
+def _convert_inherited(k: int) -> tuple[object, list[RolloutOutput]]:
+    b = _INHERITED
+    table, outputs = convert_table(b["sel"].filter(pa.array(b["slot"] == k)), b["logs"], b["rewards_by"], b["config"])
+    return b["sink"](table), outputs
 
 
 def _workers(config: ConvertConfig, n_rollouts: int) -> int:
-    """Worker processes for this batch. Auto (0) stays in-process below 4 CPUs: measured on 2 cores,
-    shipping chunks to 2 workers cost more than it saved."""
+    """Worker processes for this batch: auto (0) is one per CPU (at most 16) for large batches."""
     if config.workers == 1 or n_rollouts < PARALLEL_MIN_ROLLOUTS:
         return 1
     if config.workers > 1:
         return config.workers
-    cpus = os.cpu_count() or 1
-    return min(cpus, 16) if cpus >= 4 else 1
+    return max(1, min(os.cpu_count() or 1, 16))
 
 
 def _convert_parallel(sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str, list[Reward]],
-                      config: ConvertConfig, n_rollouts: int) -> Iterable[tuple[pa.Table, list[RolloutOutput]]]:
-    """``convert_table`` over rollout-aligned chunks in worker processes (``--workers``).
+                      config: ConvertConfig, n_rollouts: int, sink: Sink) -> Iterable[tuple[object, list[RolloutOutput]]]:
+    """``convert_table`` + ``sink`` over rollout-aligned chunks, in worker processes for large batches.
 
-    Workers start with ``forkserver``, never ``fork``: the collector calls this from a process
-    that runs gRPC threads. Chunks travel as Arrow IPC; results come back as Arrow IPC.
-    Small batches (the streaming case) stay in-process.
+    A single-threaded caller (``tracerl convert``) forks: workers inherit the batch copy-on-write
+    and only the sink's small result travels back. A caller with threads (``collect --convert``
+    runs beside gRPC threads) must not fork, so its workers start with ``forkserver`` and receive
+    their chunks as Arrow IPC. Small batches (the streaming case) stay in-process.
     """
     n = _workers(config, n_rollouts)
     if n == 1 and n_rollouts <= BATCH_ROLLOUTS:
-        yield convert_table(sel, logs, rewards_by, config)
+        table, outputs = convert_table(sel, logs, rewards_by, config)
+        yield sink(table), outputs
         return
     sel = sel.select(SPAN_COLUMNS)
     # deal whole rollouts round-robin into chunks, vectorised: sequential filters, no sort or gather
@@ -536,7 +567,16 @@ def _convert_parallel(sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str,
     slot = pc.index_in(sel.column("rollout_id"), value_set=rollout_ids).to_numpy(zero_copy_only=False) % n_chunks
     if n == 1:  # in-process, a bounded batch at a time: a small working set is faster than one huge one
         for k in range(n_chunks):
-            yield convert_table(sel.filter(pa.array(slot == k)), logs, rewards_by, config)
+            table, outputs = convert_table(sel.filter(pa.array(slot == k)), logs, rewards_by, config)
+            yield sink(table), outputs
+        return
+    if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+        _INHERITED.update(sel=sel, slot=slot, logs=logs, rewards_by=rewards_by, config=config, sink=sink)
+        try:
+            with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")) as pool:
+                yield from pool.map(_convert_inherited, range(n_chunks))
+        finally:
+            _INHERITED.clear()
         return
     jobs = []
     for k in range(n_chunks):
@@ -548,11 +588,9 @@ def _convert_parallel(sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str,
             lg = [e for e in logs if e.trace_id in chunk_traces]
             rw = {key: v for key, v in rewards_by.items()
                   if key in chunk_rollouts or (key.startswith("trace:") and key[6:] in chunk_traces)}
-        jobs.append((_ipc(chunk), lg, rw, config))
-    ctx = multiprocessing.get_context("forkserver")
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        for data, outputs in pool.map(_convert_chunk, jobs):
-            yield _from_ipc(data), outputs
+        jobs.append((_ipc(chunk), lg, rw, config, sink))
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        yield from pool.map(_convert_chunk, jobs)
 
 
 def convert_store(store: str | os.PathLike[str], config: ConvertConfig, now_ns: int | None = None) -> ConvertStats:
@@ -645,7 +683,6 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
             ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
 
     outputs: list[RolloutOutput] = []
-    converted_tables: list[pa.Table] = []
     if ready:
         sel = spans if len(ready) == len(statuses) else spans.filter(
             pc.is_in(spans.column("rollout_id"), value_set=pa.array(ready)))
@@ -658,11 +695,14 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
         rewards_by: dict[str, list[Reward]] = {}
         for r_id, t_id, rw in reward_rows:
             rewards_by.setdefault(r_id or f"trace:{t_id}", []).append(rw)
-        for table, outs in _convert_parallel(sel, logs, rewards_by, config, len(ready)):
-            converted_tables.append(table)
+        for written, outs in _convert_parallel(sel, logs, rewards_by, config, len(ready), WriteTo(str(layout.root))):
+            assert isinstance(written, Written)
+            stats.files_written += written.files
+            stats.transitions_written += written.rows
+            stats.trainable_transitions += written.trainable
             outputs.extend(outs)
 
-    lap = stats.lap("convert", lap)
+    lap = stats.lap("convert", lap)  # converting and writing the transitions
     watermark = {r: statuses[r].last_received_ns for r in ready}
     for o in outputs:
         stats.duplicate_spans += o.duplicates
@@ -682,11 +722,6 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
         stats.rollouts_converted += 1
         stats.rollouts_filled_reward += int(o.filled_reward)
 
-    rows = pa.concat_tables(converted_tables) if converted_tables else TRANSITIONS_SCHEMA.empty_table()
-    stats.transitions_written = len(rows)
-    stats.trainable_transitions = int(pc.sum(pc.cast(rows.column("trainable"), pa.int64())).as_py() or 0)
-    stats.files_written = [str(p) for p in write_transitions(layout, rows)]
-
     # a span file is done when none of its rollouts is still pending
     done_states = set(ledger.converted) | set(ledger.excluded)
     pending_files = {f for f, r in zip(pairs.column("_file").to_pylist(), pairs.column("rollout_id").to_pylist())
@@ -695,7 +730,7 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
         if i not in pending_files:
             ledger.files_done.add(rel[f])
     ledger.save(layout)
-    stats.lap("write", lap)
+    stats.lap("ledger", lap)
     stats.late_spans_total = sum(len(v) for v in ledger.late.values())
     stats.seconds = time.perf_counter() - t0
     return stats

@@ -8,6 +8,7 @@ and a batch ``tracerl convert`` produce the same transitions.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -26,16 +27,19 @@ def dedupe(spans: Iterable[Span]) -> tuple[list[Span], int]:
     picking the earliest received (ties: the smaller ``repr``) keeps the choice deterministic.
     """
     spans = list(spans)
-    best: dict[Key, Span] = {(s.trace_id, s.span_id): s for s in spans}
-    if len(best) == len(spans):  # the common case: nothing was delivered twice
+    if len(set(map(_KEY, spans))) == len(spans):  # the common case: nothing was delivered twice
         return spans, 0
-    best = {}
+    best: dict[Key, Span] = {}
     for s in spans:
         cur = best.get(s.key)
         if cur is None or (s.received_at_ns, repr(s)) < (cur.received_at_ns, repr(cur)):
             best[s.key] = s
     n = len(spans)
     return list(best.values()), n - len(best)
+
+
+_KEY = operator.attrgetter("trace_id", "span_id")
+_ORDER = operator.attrgetter("start_time_ns", "trace_id", "span_id")
 
 
 @dataclass
@@ -74,8 +78,8 @@ def build_tree(rollout_id: str, spans: Iterable[Span], *, quiet_flag: str = "--q
     """
     unique, n_dup = dedupe(spans)
     # one global sort: children lists, roots and orphans are then built already in order
-    unique.sort(key=lambda s: (s.start_time_ns, s.trace_id, s.span_id))
-    by_key = {(s.trace_id, s.span_id): s for s in unique}
+    unique.sort(key=_ORDER)
+    by_key = dict(zip(map(_KEY, unique), unique))
     parent: dict[Key, Key | None] = {}
     children: dict[Key, list[Key]] = {k: [] for k in by_key}
     roots: list[Key] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import random
+import threading
 
 import pytest
 
@@ -42,7 +44,8 @@ def reference(spans: list[Span], config: ConvertConfig) -> list[tuple]:
 def shell_rows(spans: list[Span], config: ConvertConfig) -> list[tuple]:
     table = spans_table(spans).sort_by([("rollout_id", "ascending")])
     out = []
-    for tt, _ in shell._convert_parallel(table, [], {}, config, len({s.rollout_id for s in spans})):
+    keep = operator.methodcaller("slice")  # the sink: the chunk's table itself (picklable for forkserver)
+    for tt, _ in shell._convert_parallel(table, [], {}, config, len({s.rollout_id for s in spans}), keep):
         out += [(d["transition_id"], d["step"], d["agent_name"], d["trainable"], d["token_source"],
                  d["prompt_token_ids"], d["prompt_messages"], d["response_message"], d["reward"])
                 for d in tt.drop_columns(["started_at", "ended_at"]).to_pylist()]
@@ -76,8 +79,11 @@ def test_materialize_drops_duplicates_and_prunes_irrelevant_spans() -> None:
 
 
 @pytest.mark.slow
-def test_worker_processes_give_the_same_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_worker_processes_give_the_same_rows(monkeypatch: pytest.MonkeyPatch, start: str) -> None:
     monkeypatch.setattr(shell, "PARALLEL_MIN_ROLLOUTS", 1)
+    if start == "forkserver":  # what a caller with threads (collect --convert) gets
+        monkeypatch.setattr(threading, "active_count", lambda: 2)
     spans: list[Span] = []
     for i in range(8):
         t = TraceBuilder(f"{i:032x}")
