@@ -132,6 +132,9 @@ TRANSITIONS_SCHEMA = pa.schema(
         pa.field("ended_at", TS),
         pa.field("input_tokens", pa.int64()),
         pa.field("output_tokens", pa.int64()),
+        # the converter pass that wrote the row: a rollout converted again (a reward that arrived
+        # later, ``tracerl convert --rebuild``) is read from its latest pass only (schemas.views)
+        pa.field("conversion", pa.int64()),
     ]
 )
 

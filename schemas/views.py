@@ -40,6 +40,14 @@ DERIVED_VIEWS: dict[str, str] = {
 }
 
 
+LATEST_ONLY: dict[str, str] = {
+    # span_to_transition: a rollout converted again (a late reward, --rebuild) keeps its older rows in
+    # older files until they are compacted; only its latest conversion is visible
+    "transitions": "QUALIFY conversion IS NOT DISTINCT FROM max(conversion) OVER (PARTITION BY rollout_id)",
+}
+"""Base tables whose rows can be superseded, and the clause that hides the superseded ones."""
+
+
 def _files(layout: StoreLayout, table: str) -> list[str]:
     root = layout.table(table)
     if not root.exists():
@@ -55,7 +63,7 @@ def view_sql(store: str) -> str:
         glob = f"{layout.table(name)}/**/*.parquet"
         out.append(
             f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{glob}', "
-            "hive_partitioning=true, union_by_name=true);"
+            f"hive_partitioning=true, union_by_name=true) {LATEST_ONLY.get(name, '')};"
         )
     out += [f"CREATE OR REPLACE VIEW {name} AS {sql};" for name, sql in DERIVED_VIEWS.items()]
     return "\n".join(out)
@@ -79,7 +87,7 @@ def connect_readonly(store: str) -> duckdb.DuckDBPyConnection:
         else:
             data = full.empty_table()
         con.register(f"_{name}_data", data)
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_data")
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_data {LATEST_ONLY.get(name, '')}")
     for name, sql in DERIVED_VIEWS.items():
         con.execute(f"CREATE VIEW {name} AS {sql}")
     con.execute("SET enable_external_access = false")

@@ -90,6 +90,9 @@ class ConvertStats:
     calls_without_content: int = 0
     late_spans: int = 0  # spans that arrived after their rollout was converted (this pass)
     late_spans_total: int = 0
+    rollouts_reconverted: int = 0  # converted again: a reward arrived after their conversion, or --rebuild
+    files_removed: int = 0  # superseded transitions files deleted by --rebuild
+    settings_changed: str | None = None  # these settings differ from those of the rows already converted
     files_written: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -116,6 +119,11 @@ class ConvertStats:
             lines.append(f"rollouts given the fill reward: {self.rollouts_filled_reward}")
         if self.calls_without_content:
             lines.append(f"LLM calls without message content (not converted): {self.calls_without_content}")
+        if self.rollouts_reconverted:
+            lines.append(f"converted again (a reward arrived after their conversion, or --rebuild): "
+                         f"{self.rollouts_reconverted} rollouts; their earlier rows are superseded")
+        if self.settings_changed:
+            lines.append(f"note: {self.settings_changed}")
         if self.late_spans or self.late_spans_total:
             lines.append(f"late spans (arrived after their rollout was converted; kept in spans, not converted): "
                          f"{self.late_spans} new, {self.late_spans_total} total; raise --quiet-s if this grows")
@@ -136,6 +144,8 @@ class Ledger:
     files_done: set[str] = field(default_factory=set)  # span files (relative) fully converted
     late: dict[str, list[str]] = field(default_factory=dict)  # rollout -> late span ids
     traces: dict[str, str] = field(default_factory=dict)  # trace -> explicit rollout id (tracerl.rollout_id)
+    reward_files: set[str] = field(default_factory=set)  # rewards files (relative) already applied
+    settings: dict[str, object] = field(default_factory=dict)  # the row settings of the converted rows
 
     @staticmethod
     def path(layout: StoreLayout) -> Path:
@@ -147,14 +157,16 @@ class Ledger:
         if not p.exists():
             return cls()
         d = json.loads(p.read_text())
-        return cls(d["converted"], d["excluded"], set(d["files_done"]), d["late"], d.get("traces", {}))
+        return cls(d["converted"], d["excluded"], set(d["files_done"]), d["late"], d.get("traces", {}),
+                   set(d.get("reward_files", [])), d.get("settings", {}))
 
     def save(self, layout: StoreLayout) -> None:
         p = self.path(layout)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.parent / f".{p.name}.{uuid.uuid4().hex}.tmp"
         data = {"converted": self.converted, "excluded": self.excluded, "files_done": sorted(self.files_done),
-                "late": self.late, "traces": self.traces}
+                "late": self.late, "traces": self.traces, "reward_files": sorted(self.reward_files),
+                "settings": self.settings}
         with open(tmp, "w") as f:
             json.dump(data, f, separators=(",", ":"))
             f.flush()
@@ -374,6 +386,9 @@ def transitions_table(rows: list[Transition]) -> pa.Table:
         return TRANSITIONS_SCHEMA.empty_table()
     arrays = []
     for f in TRANSITIONS_SCHEMA:
+        if f.name == "conversion":  # the store's pass number, set where the rows are written (WriteTo)
+            arrays.append(pa.nulls(len(rows), f.type))
+            continue
         values = list(map(operator.attrgetter(f.name), rows))
         if pa.types.is_timestamp(f.type):
             arrays.append(pa.array(values, pa.int64()).cast(f.type))
@@ -510,11 +525,15 @@ class Written:
 
 @dataclass(frozen=True)
 class WriteTo:
-    """The store's sink: write a chunk's transitions (``write_transitions``) and report what was written."""
+    """The store's sink: write a chunk's transitions (``write_transitions``), stamped with this pass's
+    ``conversion`` number, and report what was written."""
 
     root: str
+    conversion: int
 
     def __call__(self, table: pa.Table) -> Written:
+        i = table.schema.get_field_index("conversion")
+        table = table.set_column(i, table.schema.field(i), pa.array(np.full(len(table), self.conversion), pa.int64()))
         files = [str(p) for p in write_transitions(StoreLayout.at(self.root), table)]
         trainable = int(pc.sum(pc.cast(table.column("trainable"), pa.int64())).as_py() or 0) if len(table) else 0
         return Written(files, len(table), trainable)
@@ -593,8 +612,14 @@ def _convert_parallel(sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str,
         yield from pool.map(_convert_chunk, jobs)
 
 
-def convert_store(store: str | os.PathLike[str], config: ConvertConfig, now_ns: int | None = None) -> ConvertStats:
+def convert_store(store: str | os.PathLike[str], config: ConvertConfig, now_ns: int | None = None, *,
+                  rebuild: bool = False) -> ConvertStats:
     """Convert every complete, not yet converted rollout in ``store``; safe to call repeatedly.
+
+    A rollout is converted again when a reward row for it arrives after its conversion, and every
+    rollout is with ``rebuild`` (to apply changed --agents/--credit/--missing-reward settings).
+    New rows carry a higher ``conversion`` number; the ``transitions`` view shows each rollout's
+    latest conversion only, so a crash between writing and cleaning up never shows a row twice.
 
     The collector calls this periodically (``collect --convert``) and ``tracerl convert`` calls it
     once; both give the same transitions because completion and conversion depend only on the
@@ -608,31 +633,88 @@ def convert_store(store: str | os.PathLike[str], config: ConvertConfig, now_ns: 
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return _convert_store_locked(layout, config, now_ns)
+            return _convert_store_locked(layout, config, now_ns, rebuild)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: int | None) -> ConvertStats:
+def row_settings(config: ConvertConfig) -> dict[str, object]:
+    """The settings a converted row depends on (not completion timing or worker count)."""
+    return {"agents": config.agents, "credit": config.credit, "gamma": config.gamma,
+            "missing_reward": config.missing_reward, "fill_reward": config.fill_reward}
+
+
+def _settings_note(old: dict[str, object], new: dict[str, object]) -> str | None:
+    changed = [k for k in new if k in old and old[k] != new[k]]
+    if not changed:
+        return None
+    what = ", ".join(f"--{k.replace('_', '-')} {old[k]!r} -> {new[k]!r}" for k in changed)
+    return (f"rows already converted used other settings ({what}); they are kept as they are and only newly "
+            "complete rollouts use the new ones; run 'tracerl convert --rebuild' with the new settings to rewrite all")
+
+
+def _files_with(files: list[Path], rollouts: set[str], traces: set[str]) -> set[Path]:
+    """The span files holding any span of these rollouts (by rollout id, or by trace for spans that
+    name no rollout, such as the gateway's)."""
+    out = set()
+    for f in files:
+        ids = pq.read_table(f, columns=["rollout_id", "trace_id"])
+        if pc.any(pc.is_in(ids.column("rollout_id"), value_set=pa.array(sorted(rollouts)))).as_py() or \
+                pc.any(pc.is_in(ids.column("trace_id"), value_set=pa.array(sorted(traces)))).as_py():
+            out.add(f)
+    return out
+
+
+def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: int | None,
+                          rebuild: bool = False) -> ConvertStats:
     t0 = time.perf_counter()
     config.validate()
     now_ns = time.time_ns() if now_ns is None else now_ns
     stats = ConvertStats()
     ledger = Ledger.load(layout)
+    old_transition_files = _table_files(layout, "transitions")
+    existing = _read(old_transition_files, TRANSITIONS_SCHEMA, ["rollout_id", "conversion"])
+    conversion = int(pc.max(existing.column("conversion")).as_py() or 0) + 1
+    settings = row_settings(config)
+    if rebuild:  # every rollout again, from every span file; the trace -> rollout pairs stay known
+        ledger = Ledger(traces=ledger.traces)
+    elif not ledger.settings and len(existing) == 0:
+        ledger.settings = settings
+    else:
+        stats.settings_changed = _settings_note(ledger.settings, settings)
+    if rebuild or not ledger.settings:
+        ledger.settings = settings
     converted = dict(ledger.converted)
-    existing = _read(_table_files(layout, "transitions"), TRANSITIONS_SCHEMA, ["rollout_id", "started_at"])
-    for r in pc.unique(existing.column("rollout_id")).to_pylist():
-        converted.setdefault(r, 0)  # transitions exist but the ledger lost it: never convert twice
+    if not rebuild:
+        for r in pc.unique(existing.column("rollout_id")).to_pylist():
+            converted.setdefault(r, 0)  # transitions exist but the ledger lost it: never convert twice
 
     all_files = _table_files(layout, "spans")
     rel = {f: str(f.relative_to(layout.table("spans"))) for f in all_files}
-    reward_rows = rewards_from_table(_read(_table_files(layout, "rewards"), REWARDS_SCHEMA))
+    reward_files = _table_files(layout, "rewards")
+    reward_rel = {str(f.relative_to(layout.table("rewards"))) for f in reward_files}
+    reward_rows = rewards_from_table(_read(reward_files, REWARDS_SCHEMA))
     rewarded = {x for r_id, t_id, _ in reward_rows for x in (r_id, t_id) if x}
     # excluded rollouts whose reward has since arrived are read again from their files
     retry = {r: files for r, files in ledger.excluded.items() if r in rewarded}
-    todo = [f for f in all_files if rel[f] not in ledger.files_done or any(rel[f] in v for v in retry.values())]
+    # converted rollouts with a reward row that arrived after their conversion are converted again
+    new_rewards = [f for f in reward_files if str(f.relative_to(layout.table("rewards"))) not in ledger.reward_files]
+    reconvert = set()
+    for r_id, t_id, _ in (rewards_from_table(_read(new_rewards, REWARDS_SCHEMA)) if not rebuild else []):
+        rid = r_id or ledger.traces.get(t_id or "") or t_id
+        if rid in converted:
+            reconvert.add(rid)
+    extra: set[Path] = set()
+    if reconvert:
+        traces = reconvert | {t for t, r in ledger.traces.items() if r in reconvert}
+        extra = _files_with([f for f in all_files if rel[f] in ledger.files_done], reconvert, traces)
+    todo = [f for f in all_files if rel[f] not in ledger.files_done or f in extra
+            or any(rel[f] in v for v in retry.values())]
     stats.span_files_read = len(todo)
     if not todo:
+        if ledger.reward_files != reward_rel:
+            ledger.reward_files = reward_rel
+            ledger.save(layout)
         stats.late_spans_total = sum(len(v) for v in ledger.late.values())
         stats.seconds = time.perf_counter() - t0
         return stats
@@ -654,7 +736,9 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     ready: list[str] = []
     late_rollouts: list[str] = []
     for r, st in statuses.items():
-        if r in converted:
+        if r in reconvert:
+            ready.append(r)
+        elif r in converted:
             late_rollouts.append(r)
         elif r in ledger.excluded and r not in retry:
             continue
@@ -695,7 +779,7 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
         rewards_by: dict[str, list[Reward]] = {}
         for r_id, t_id, rw in reward_rows:
             rewards_by.setdefault(r_id or f"trace:{t_id}", []).append(rw)
-        for written, outs in _convert_parallel(sel, logs, rewards_by, config, len(ready), WriteTo(str(layout.root))):
+        for written, outs in _convert_parallel(sel, logs, rewards_by, config, len(ready), WriteTo(str(layout.root), conversion)):
             assert isinstance(written, Written)
             stats.files_written += written.files
             stats.transitions_written += written.rows
@@ -716,6 +800,9 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
             continue
         ledger.excluded.pop(o.rollout_id, None)
         ledger.converted[o.rollout_id] = watermark[o.rollout_id]
+        if o.rollout_id in reconvert:
+            stats.rollouts_reconverted += 1
+            ledger.late.pop(o.rollout_id, None)  # its late spans are converted now
         if o.status == "no_calls":
             stats.rollouts_without_calls += 1
             continue
@@ -729,7 +816,15 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     for i, f in enumerate(todo):
         if i not in pending_files:
             ledger.files_done.add(rel[f])
+    ledger.reward_files = reward_rel
     ledger.save(layout)
+    if rebuild:  # every rollout has newer rows now: the older files only hold superseded ones
+        stats.rollouts_reconverted = stats.rollouts_converted
+        written = {Path(f).resolve() for f in stats.files_written}
+        for f in old_transition_files:
+            if f.resolve() not in written:
+                f.unlink(missing_ok=True)
+                stats.files_removed += 1
     stats.lap("ledger", lap)
     stats.late_spans_total = sum(len(v) for v in ledger.late.values())
     stats.seconds = time.perf_counter() - t0

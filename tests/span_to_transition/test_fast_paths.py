@@ -71,9 +71,10 @@ def _transition(rollout: str, step: int, started_at: int) -> Transition:
 def test_transitions_table_round_trips_the_records() -> None:
     rows = [_transition("r1", 0, 5), _transition("r0", 1, -3)]
     table = shell.transitions_table(rows)
-    got = table.drop_columns(["started_at", "ended_at"]).to_pylist()
-    assert got == [{k: getattr(r, k) for k in table.column_names if k not in ("started_at", "ended_at")}
+    got = table.drop_columns(["started_at", "ended_at", "conversion"]).to_pylist()
+    assert got == [{k: getattr(r, k) for k in table.column_names if k not in ("started_at", "ended_at", "conversion")}
                    for r in rows]
+    assert table.column("conversion").null_count == 2  # stamped where the rows are written
     assert pc.cast(table.column("started_at"), pa.int64()).to_pylist() == [5, -3]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 from tracerl_testing import tracerl
 
-from schemas.parquet import read_table, write_table_atomic
+from schemas.parquet import write_table_atomic
 from schemas.store import StoreLayout
 from schemas.tables import REWARDS_SCHEMA
 from schemas.views import connect_readonly
@@ -29,7 +29,10 @@ def put(store: Path, table: str, data: pa.Table, name: str) -> None:
 
 
 def transitions(store: Path) -> list[dict]:
-    table = read_table(StoreLayout.at(store).table("transitions"), "transitions")
+    """The rows the ``transitions`` view shows (each rollout's latest conversion), without the pass number."""
+    con = connect_readonly(str(store))
+    table = con.sql("SELECT * EXCLUDE (conversion, date) FROM transitions").to_arrow_table()
+    con.close()
     for col in ("started_at", "ended_at"):  # ns timestamps: compare as ints (no pandas needed)
         table = table.set_column(table.schema.get_field_index(col), col, table.column(col).cast(pa.int64()))
     rows = table.to_pylist()
@@ -130,10 +133,7 @@ def test_excluded_rollout_is_converted_once_its_side_channel_reward_arrives(stor
     assert "--missing-reward fill" in first.summary()
     assert convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER).rollouts_excluded_no_reward == 0
 
-    reward = pa.Table.from_pylist([{"reward_id": "x1", "rollout_id": None, "trace_id": "e" * 32, "span_id": None,
-                                    "response_id": None, "name": "judge", "value": 0.25, "source": "side_channel",
-                                    "at": None}], schema=REWARDS_SCHEMA)
-    put(store, "rewards", reward, "r1")
+    put(store, "rewards", side_reward("x1", 0.25, trace_id="e" * 32), "r1")
     later = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
     assert later.transitions_written == 1
     [row] = transitions(store)
@@ -202,3 +202,73 @@ def test_convert_loop_converts_in_the_background_and_on_stop(store: Path) -> Non
     put(store, "spans", spans_table(rollout("2" * 32, 2_000)), "b")
     loop.stop()  # the final pass picks up what arrived since
     assert loop.last_error is None and len(transitions(store)) == 2
+
+
+def side_reward(reward_id: str, value: float, *, rollout_id: str | None = None, trace_id: str | None = None) -> pa.Table:
+    return pa.Table.from_pylist([{"reward_id": reward_id, "rollout_id": rollout_id, "trace_id": trace_id,
+                                  "span_id": None, "response_id": None, "name": "judge", "value": value,
+                                  "source": "side_channel", "at": None}], schema=REWARDS_SCHEMA)
+
+
+def raw_rows(store: Path) -> int:
+    return sum(pa.parquet.read_metadata(f).num_rows
+               for f in StoreLayout.at(store).table("transitions").rglob("*.parquet"))
+
+
+def test_a_reward_after_conversion_converts_the_rollout_again(store: Path) -> None:
+    put(store, "spans", spans_table(rollout("a" * 32, 100 * S) + rollout("b" * 32, 100 * S)), "a")
+    first = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert first.transitions_written == 2
+    before = {r["rollout_id"]: r for r in transitions(store)}
+
+    put(store, "rewards", side_reward("j1", 0.5, trace_id="a" * 32), "late")  # the judge answers later
+    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert (again.rollouts_reconverted, again.transitions_written, again.late_spans) == (1, 1, 0)
+    assert "converted again" in again.summary()
+    after = {r["rollout_id"]: r for r in transitions(store)}
+    assert (after["a" * 32]["reward"], after["a" * 32]["reward_source"]) == (1.5, "side_channel,span")
+    assert after["b" * 32] == before["b" * 32]  # untouched
+    assert raw_rows(store) == 3  # the superseded row stays in its file; the view hides it
+    con = connect_readonly(str(store))
+    assert con.execute("SELECT count(*), sum(reward) FROM transitions").fetchone() == (2, 2.5)
+    assert con.execute("SELECT reward FROM rollouts WHERE rollout_id = ?", ["a" * 32]).fetchone() == (1.5,)
+
+    settled = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)  # the reward file is applied once
+    assert (settled.rollouts_reconverted, settled.transitions_written) == (0, 0)
+
+    compacted = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER, rebuild=True)
+    assert (compacted.rollouts_reconverted, compacted.files_removed, raw_rows(store)) == (2, 1, 2)
+    assert {r["rollout_id"]: r["reward"] for r in transitions(store)} == {"a" * 32: 1.5, "b" * 32: 1.0}
+
+
+def test_rebuild_applies_changed_settings_to_converted_rows(store: Path) -> None:
+    t = TraceBuilder("c" * 32, received_at_ns=100 * S)
+    root = t.span("invoke_agent writer", agent="writer")
+    t.chat(root, [user("draft")], "v1", response_id="w1")
+    t.chat(t.span("invoke_agent checker", root, agent="checker"), [user("check")], "ok", response_id="c1")
+    t.reward(root, 1.0)
+    put(store, "spans", spans_table(t.spans), "a")
+    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert [r["trainable"] for r in transitions(store)] == [True, True]
+
+    narrowed = ConvertConfig(quiet_s=0, agents="writer", credit="last_call")
+    kept = convert_store(store, narrowed, now_ns=LATER)  # without --rebuild: says so, changes nothing
+    assert kept.transitions_written == 0
+    assert "--agents None -> 'writer'" in kept.settings_changed and "--credit 'identical' -> 'last_call'" in \
+        kept.settings_changed and "--rebuild" in kept.summary()
+
+    rebuilt = convert_store(store, narrowed, now_ns=LATER, rebuild=True)
+    assert (rebuilt.rollouts_reconverted, rebuilt.transitions_written) == (1, 2)
+    rows = sorted(transitions(store), key=lambda r: r["step"])
+    assert [(r["agent_name"], r["trainable"], r["reward"]) for r in rows] == [("writer", True, 0.0),
+                                                                              ("checker", False, 1.0)]
+    assert raw_rows(store) == 2  # the same rows' file (named by their ids) was replaced in place
+    assert convert_store(store, narrowed, now_ns=LATER).settings_changed is None  # the rows match again
+
+
+def test_cli_rebuild(store: Path) -> None:
+    put(store, "spans", spans_table(rollout("d" * 32, 100 * S)), "a")
+    tracerl("convert", "--store", str(store), "--quiet-s", "0")
+    out = tracerl("convert", "--store", str(store), "--quiet-s", "0", "--rebuild", "--agents", "b").stdout
+    assert "converted 1 rollouts" in out and "converted again" in out
+    assert [r["trainable"] for r in transitions(store)] == [False]

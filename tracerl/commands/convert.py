@@ -5,7 +5,9 @@ complete: its root span ended and no span arrived for --quiet-s seconds, or a sp
 ``tracerl.rollout.end = true``. Calls are read in any GenAI dialect (OTel semconv, semconv log
 events, OpenLLMetry, OpenInference), attributed to their nearest agent, credited with the
 rollout's reward, and joined to the gateway's exact token ids when those exist. Re-running is
-safe: converted rollouts are never written twice, and late spans are counted, not lost.
+safe: converted rollouts are never written twice, and late spans are counted, not lost. A
+reward posted after a rollout was converted converts it again; --rebuild converts everything
+again with the current settings (after changing --agents, --credit or --missing-reward).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ examples:
   tracerl convert --quiet-s 0                       # the agent has finished: convert everything now
   tracerl convert --agents 'writer|rewriter'        # train only these agents' calls
   tracerl convert --credit matched --missing-reward fill --fill-reward 0
+  tracerl convert --rebuild --agents writer         # rewrite every row with new settings
   tracerl sql "SELECT agent_name, policy_version, avg(reward) FROM transitions GROUP BY ALL"
   tracerl sql "SELECT * FROM rollouts WHERE reward = 0"
 """
@@ -36,6 +39,9 @@ examples:
 class ConvertCommandConfig(ConvertConfig):
     store: str = opt(default_store(), "store directory", metavar="DIR", env="TRACERL_STORE")
     json: bool = opt(False, "print the conversion stats as JSON")
+    rebuild: bool = opt(False, "convert every complete rollout again with these settings (rows already "
+                               "converted keep the settings they were converted with otherwise); earlier "
+                               "transitions files are removed once the new rows are written")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if not (Path(cfg.store).expanduser() / "spans").is_dir():
         raise UsageError(f"--store {cfg.store} has no spans/ directory; point --store (or TRACERL_STORE) at the "
                          "directory `tracerl collect --store DIR` writes")
-    stats = convert_store(cfg.store, convert_cfg)
+    stats = convert_store(cfg.store, convert_cfg, rebuild=cfg.rebuild)
     if cfg.json:
         print(json.dumps(dataclasses.asdict(stats), indent=2))
     else:
