@@ -61,15 +61,20 @@ def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None
     """
     walked: list[Key] = []
     found: str | None = None
-    for span in tree.ancestors(key, include_self=True):
-        if memo is not None and span.key in memo:
-            found = memo[span.key]
+    spans, parent = tree.spans, tree.parent
+    cur: Key | None = key
+    while cur is not None:
+        if memo is not None and cur in memo:
+            found = memo[cur]
             break
-        walked.append(span.key)
-        name = agent_of_span(span)
+        if cur in walked:  # a cycle in corrupt input stops the walk
+            break
+        walked.append(cur)
+        name = agent_of_span(spans[cur])
         if name:
             found = name
             break
+        cur = parent.get(cur)
     if memo is not None:
         for k in walked:  # every span walked below the answer has the same nearest agent
             memo[k] = found

@@ -118,15 +118,16 @@ _dumps = _compact_encoder()
 def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
     """``tracerl.task_id`` (span attribute, then resource attribute, roots first); otherwise a stable
     hash of the rollout's first user message, so reruns of the same task group together."""
-    def first(spans: list[Span]) -> Span | None:  # roots first, then by start time and span id
-        return min(spans, key=lambda s: (s.parent_span_id is not None, s.start_time_ns, s.span_id), default=None)
-
-    s = first([s for s in tree.spans.values() if s.attributes.get("tracerl.task_id")])
-    if s is not None:
-        return s.attributes["tracerl.task_id"]
-    s = first([s for s in tree.spans.values() if s.resource_attributes.get("tracerl.task_id")])
-    if s is not None:
-        return s.resource_attributes["tracerl.task_id"]
+    best: tuple | None = None  # roots first, then by start time and span id; span attributes before resource
+    for s in tree.spans.values():
+        for rank, attrs in ((0, s.attributes), (1, s.resource_attributes)):
+            value = attrs.get("tracerl.task_id") if attrs else None
+            if value:
+                order = (rank, s.parent_span_id is not None, s.start_time_ns, s.span_id)
+                if best is None or order < best[0]:
+                    best = (order, value)
+    if best is not None:
+        return best[1]
     for c in calls:
         for m in c.messages:
             if m["role"] == "user" and m.get("content") is not None:

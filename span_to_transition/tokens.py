@@ -46,7 +46,7 @@ def _int_list(text: str | None, what: str, span: Span, problems: list[str]) -> l
     if text is None:
         return None
     value = load_json(text)
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if isinstance(value, list) and all(type(v) is int for v in value):  # (bool is not: a subclass)
         return value
     problems.append(f"span {span.span_id} in trace {span.trace_id}: {what} is not a JSON list of ints "
                     f"({text[:40]!r}); its call is marked retokenized; fix the producer of {what}")
@@ -57,7 +57,7 @@ def _float_list(text: str | None, span: Span, problems: list[str]) -> list[float
     if text is None:
         return None
     value = load_json(text)
-    if isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    if isinstance(value, list) and all(type(v) is float or type(v) is int for v in value):
         return [float(v) for v in value]
     problems.append(f"span {span.span_id} in trace {span.trace_id}: {LOGPROBS} is not a JSON list of numbers; "
                     "logprobs dropped")
