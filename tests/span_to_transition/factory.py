@@ -23,6 +23,8 @@ from span_to_transition.records import Span, SpanEvent
 FIXTURES = Path(__file__).parent / "fixtures"
 DIALECT_FIXTURES = ["openllmetry", "openllmetry-legacy", "openai-v2", "openai-v2-events", "openai-v2-details",
                     "openinference"]
+# The same agent recorded with ``stream=True`` (``record.py --stream``), one per dialect fixture.
+STREAM_FIXTURES = [f"{name}-stream" for name in DIALECT_FIXTURES]
 
 
 def user(text: str) -> dict[str, Any]:

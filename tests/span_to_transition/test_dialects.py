@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -11,7 +12,7 @@ from span_to_transition.dialects import classify, messages_from_parts, parse_cal
 from span_to_transition.records import Span
 from span_to_transition.store import logs_from_table, spans_from_table
 
-from .factory import DIALECT_FIXTURES, TraceBuilder, fixture_tables, user
+from .factory import DIALECT_FIXTURES, STREAM_FIXTURES, TraceBuilder, fixture_tables, user
 
 WEATHER_TOOL = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
@@ -36,6 +37,24 @@ EXPECTED = [
 # Which recordings carry tool definitions at all (the contrib instrumentation does not record them).
 RECORDS_TOOLS = {"openllmetry": True, "openllmetry-legacy": True, "openinference": True, "openai-v2": False,
                  "openai-v2-events": False, "openai-v2-details": False}
+# The LLM-call span attributes a streamed recording has that differ from the non-streamed one (the
+# loopback port in ``gen_ai.openai.api_base`` aside). Usage is recorded alike by all: the agent asks
+# for ``stream_options.include_usage``.
+STREAM_CHANGES = {
+    # is_streaming true; the tool-call output gains an empty text part (content "" accumulated from
+    # the deltas), which reads as content None like the non-streamed reply.
+    "openllmetry": {"gen_ai.is_streaming", "gen_ai.output.messages"},
+    # llm.is_streaming true; gen_ai.usage.reasoning_tokens (0 when not streamed) is not written.
+    "openllmetry-legacy": {"llm.is_streaming", "gen_ai.usage.reasoning_tokens"},
+    # The stream wrapper never fills gen_ai.response.finish_reasons (on the span and on the details
+    # log event alike); the finish reason comes from the output messages / gen_ai.choice event.
+    "openai-v2": {"gen_ai.response.finish_reasons"},
+    "openai-v2-events": {"gen_ai.response.finish_reasons"},
+    "openai-v2-details": {"gen_ai.response.finish_reasons"},
+    # The request with stream/stream_options; output.value is the chunks merged into one
+    # chat.completion.chunk object (no logprobs).
+    "openinference": {"input.value", "llm.invocation_parameters", "output.value"},
+}
 
 
 def convert_fixture(name: str):
@@ -48,7 +67,7 @@ def convert_fixture(name: str):
     return out.transitions
 
 
-@pytest.mark.parametrize("name", DIALECT_FIXTURES)
+@pytest.mark.parametrize("name", DIALECT_FIXTURES + STREAM_FIXTURES)
 def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) -> None:
     transitions = convert_fixture(name)
     assert len(transitions) == 2
@@ -61,7 +80,7 @@ def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) ->
         assert t.model == "policy@3" and t.policy_version == 3
         assert t.token_source == "retokenized" and t.prompt_token_ids is None
         assert t.reward == 1.0 and t.reward_source == "span"
-        if RECORDS_TOOLS[name]:
+        if RECORDS_TOOLS[name.removesuffix("-stream")]:
             assert json.loads(t.tools) == WEATHER_TOOL
         else:
             assert t.tools is None
@@ -75,8 +94,25 @@ def test_all_dialects_agree_row_for_row() -> None:
                  t.agent_name, t.model, t.task_id, t.reward) for t in convert_fixture(name)]
 
     reference = comparable(DIALECT_FIXTURES[0])
-    for name in DIALECT_FIXTURES[1:]:
+    for name in DIALECT_FIXTURES[1:] + STREAM_FIXTURES:
         assert comparable(name) == reference, name
+
+
+def _call_attributes(name: str) -> list[dict[str, str]]:
+    return [s.attributes for s in spans_from_table(fixture_tables(name)[0]) if classify(s.attributes)]
+
+
+@pytest.mark.parametrize("name", DIALECT_FIXTURES)
+def test_a_streamed_recording_converts_field_for_field_like_the_non_streamed_one(name: str) -> None:
+    pairs = zip(_call_attributes(name), _call_attributes(f"{name}-stream"), strict=True)
+    changed = {k for plain, streamed in pairs for k in plain.keys() | streamed.keys()
+               if plain.get(k) != streamed.get(k)}
+    assert changed - {"gen_ai.openai.api_base"} == STREAM_CHANGES[name]
+
+    recording = {"transition_id", "rollout_id", "trace_id", "span_id", "started_at", "ended_at"}
+    plain, streamed = ([{k: v for k, v in asdict(t).items() if k not in recording} for t in convert_fixture(f)]
+                       for f in (name, f"{name}-stream"))
+    assert streamed == plain
 
 
 def _span(attrs: dict[str, str], name: str = "x") -> Span:
