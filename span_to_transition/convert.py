@@ -48,6 +48,9 @@ class ConvertConfig:
                                             "reconsidered when a reward row arrives), or filled",
                                  choices=list(MISSING_REWARD))
     fill_reward: float = _field(0.0, "reward given to reward-less rollouts with --missing-reward fill")
+    follow_links: bool = _field(True, "a trace without tracerl.rollout_id that links to a span of another trace "
+                                      "(AutoGen starts a trace per message, linked to the sender's) joins that "
+                                      "trace's rollout")
     workers: int = _field(0, "worker processes for large batches (0: one per CPU, at most 16; 1: "
                              "in-process)")
 

@@ -77,7 +77,7 @@ def _spans(store) -> list[dict]:
 
 @pytest.mark.parametrize("runtime_tracing", ["on", "off"])
 def test_solver_tool_call_and_verifier_become_three_gateway_joined_transitions_per_rollout(
-        stack_factory, runtime_tracing: str) -> None:
+        stack_factory, runtime_tracing: str, tmp_path) -> None:
     """AutoGen's runtime messaging spans (on by default) split a run over many traces; off
     (AUTOGEN_DISABLE_RUNTIME_TRACING=true) leaves only the GenAI spans. The transitions are the same."""
     bin_dir = example_venv("calculator_agent")
@@ -155,6 +155,39 @@ def test_solver_tool_call_and_verifier_become_three_gateway_joined_transitions_p
         assert sorted(by_id[(s["trace_id"], s["parent_span_id"])]["name"] for s in llm) == [
             "invoke_agent solver", "invoke_agent solver", "invoke_agent verifier"]
         assert any(s["name"].startswith("autogen process") for s in mine) == (runtime_tracing == "on")
+
+    if runtime_tracing == "on":
+        assert _rollouts_by_links(stack.store, tmp_path) == {
+            frozenset(r["span_id"] for r in rows if r["task_id"] == t["id"]) for t in TASKS}
+
+
+def _rollouts_by_links(store, tmp_path) -> set[frozenset[str]]:
+    """The same spans as a hand-run AutoGen agent would leave them (no ``tracerl.rollout_id``: one trace
+    per message), converted afresh: the span links AutoGen records join each run's traces again.
+    Returns the call span ids of each converted rollout."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from schemas.parquet import read_table, write_table_atomic
+    from schemas.store import StoreLayout
+    from schemas.tables import SPANS_SCHEMA
+    from schemas.views import connect_readonly
+    from span_to_transition.convert import ConvertConfig
+    from span_to_transition.store import convert_store
+
+    spans = read_table(StoreLayout.at(store).table("spans"), "spans")
+    res = [[(k, v) for k, v in m if k != "tracerl.rollout_id"] for m in spans.column("resource_attributes").to_pylist()]
+    spans = spans.set_column(spans.schema.get_field_index("resource_attributes"), "resource_attributes",
+                             pa.array(res, spans.schema.field("resource_attributes").type))
+    spans = spans.set_column(spans.schema.get_field_index("rollout_id"), "rollout_id", spans.column("trace_id"))
+    assert pc.any(pc.greater(pc.list_value_length(spans.column("links")), 0)).as_py()
+    hand_run = tmp_path / "hand-run"
+    write_table_atomic(spans.select(SPANS_SCHEMA.names),
+                       StoreLayout.at(hand_run).partition("spans", "2026-11-21") / "all.parquet", "spans")
+    convert_store(hand_run, ConvertConfig(quiet_s=0, missing_reward="fill"))
+    con = connect_readonly(str(hand_run))
+    groups = con.execute("SELECT list(span_id) FROM transitions GROUP BY rollout_id").fetchall()
+    return {frozenset(g) for (g,) in groups}
 
 
 def test_calculator_evaluates_arithmetic_and_refuses_anything_else() -> None:

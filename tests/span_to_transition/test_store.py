@@ -16,7 +16,7 @@ from schemas.store import StoreLayout
 from schemas.tables import REWARDS_SCHEMA
 from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig
-from span_to_transition.store import convert_store
+from span_to_transition.store import convert_store, link_rollouts
 
 from .factory import DIALECT_FIXTURES, TraceBuilder, fixture_tables, spans_table, user
 
@@ -272,3 +272,45 @@ def test_cli_rebuild(store: Path) -> None:
     out = tracerl("convert", "--store", str(store), "--quiet-s", "0", "--rebuild", "--agents", "b").stdout
     assert "converted 1 rollouts" in out and "converted again" in out
     assert [r["trainable"] for r in transitions(store)] == [False]
+
+
+def test_link_rollouts_joins_linked_traces_under_their_origin() -> None:
+    assert link_rollouts([("b", "a"), ("c", "b")], {}) == {"b": "a", "c": "a"}
+    assert link_rollouts([("b", "a"), ("c", "b")], {"c": "run-7"}) == {"a": "run-7", "b": "run-7"}
+    assert link_rollouts([("x", "y"), ("x", "z")], {}) == {"x": "y", "z": "y"}  # two origins: the smaller
+    # a later pass sees only the new trace's link; the earlier pass's pair keeps the rollout id
+    first = link_rollouts([("b", "a")], {})
+    assert link_rollouts([("c", "b")], first) == {"c": "a"}
+
+
+def linked(trace_id: str, to: tuple[str, str] | None, *, call: str | None, reward: bool = False) -> pa.Table:
+    """One AutoGen-style trace: a message-processing root span linked to its sender's span."""
+    t = TraceBuilder(trace_id, received_at_ns=100 * S)
+    root = t.span("autogen process", agent="solver" if call else None)
+    if call:
+        t.chat(root, [user("task q")], call, response_id=f"r-{call}")
+    if reward:
+        t.reward(root, 1.0)
+    table = spans_table(t.spans)
+    links = [[{"trace_id": to[0], "span_id": to[1], "trace_state": None, "attributes": []}]
+             if to and s.span_id == root.span_id else [] for s in t.spans]
+    return table.set_column(table.schema.get_field_index("links"), "links",
+                            pa.array(links, table.schema.field("links").type))
+
+
+def test_traces_joined_by_span_links_convert_as_one_rollout(store: Path) -> None:
+    a, b, c = "a" * 32, "b" * 32, "c" * 32
+    put(store, "spans", linked(a, None, call=None), "a")
+    put(store, "spans", linked(c, (b, "0" * 15 + "1"), call="second", reward=True), "c")  # arrives before b
+    put(store, "spans", linked(b, (a, "0" * 15 + "1"), call="first"), "b")
+    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert (stats.rollouts_converted, stats.transitions_written) == (1, 2)
+    rows = sorted(transitions(store), key=lambda r: r["step"])
+    assert [(r["rollout_id"], r["trace_id"], r["reward"]) for r in rows] == [(a, b, 1.0), (a, c, 1.0)]
+
+    apart = store.parent / "apart"
+    for name, table in (("a", linked(a, None, call=None)), ("c", linked(c, (b, "1"), call="second", reward=True)),
+                        ("b", linked(b, (a, "1"), call="first"))):
+        put(apart, "spans", table, name)
+    split = convert_store(apart, ConvertConfig(quiet_s=0, follow_links=False), now_ns=LATER)
+    assert (split.rollouts_converted, split.rollouts_excluded_no_reward) == (1, 1)  # b alone has no reward
