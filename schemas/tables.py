@@ -154,6 +154,9 @@ ROUNDS_SCHEMA = pa.schema(
         pa.field("timings", pa.string()),  # JSON {phase: seconds}
         pa.field("published_at", TS),
         pa.field("status", pa.string()),  # started|trained|published|failed
+        # JSON: the round's TrainMetrics + DatasetStats + tokens_per_s, nproc (trainer.rounds.metrics_json);
+        # null while started/failed, and in files written before it existed (read_table fills in null)
+        pa.field("metrics", pa.string()),
     ]
 )
 

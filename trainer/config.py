@@ -40,6 +40,9 @@ class TrainSettings:
     served_name: str = setting("policy", "served model name; round k publishes <served-name>@<k+1>", metavar="NAME")
     agents: str | None = setting(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
     backend: str = setting("torch", "training backend", choices=["torch", "openrlhf"])
+    nproc: int = setting(1, "training processes (ranks); >1 launches torchrun (torch backend: gloo/nccl data "
+                            "parallel) or deepspeed-compatible ranks (openrlhf backend) on this machine",
+                         metavar="N")
     estimator: str = setting("grpo", "advantage estimator", choices=["grpo", "rloo", "reinforce_baseline"])
     aggregation: str = setting("rollout", "loss averaging: each rollout, each call or each token counts equally",
                                choices=["rollout", "sequence", "token"])

@@ -123,6 +123,17 @@ class Batch:
         moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
         return Batch(**moved)
 
+    def state(self) -> dict[str, Any]:
+        """Plain tensors and lists for ``torch.save`` (loadable with ``weights_only=True``), without the
+        ``[R, 1, L, L]`` mask: it is L² per row (256 MiB at 16k tokens) and follows from ``sample_spans``."""
+        return {k: v for k, v in self.__dict__.items() if k != "attention_mask"}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Batch:
+        spans = [[tuple(span) for span in row] for row in state["sample_spans"]]
+        mask = block_causal_mask(spans, state["input_ids"].shape[1])
+        return cls(**{**state, "sample_spans": spans, "attention_mask": mask})
+
 
 def load_transitions(
     con: Any, versions: tuple[int, int], *, agents: str | None = None, trainable_only: bool = True,
@@ -288,7 +299,6 @@ def collate(rows: Sequence[Sequence[Sample]], pad_id: int = 0, pad_to: int | Non
     n_rows = len(rows)
     input_ids = torch.full((n_rows, length), pad_id, dtype=torch.long)
     position_ids = torch.zeros((n_rows, length), dtype=torch.long)
-    segment = torch.full((n_rows, length), -1, dtype=torch.long)
     adv = torch.zeros((n_rows, length))
     weights = torch.zeros((n_rows, length))
     rlp = torch.zeros((n_rows, length))
@@ -296,12 +306,11 @@ def collate(rows: Sequence[Sequence[Sample]], pad_id: int = 0, pad_to: int | Non
     spans: list[list[tuple[int, int]]] = []
     for i, row in enumerate(rows):
         pos, row_spans = 0, []
-        for j, s in enumerate(row):
+        for s in row:
             p, n = len(s.prompt_ids), len(s.response_ids)
             end = pos + p + n
             input_ids[i, pos:end] = torch.tensor(s.prompt_ids + s.response_ids)
             position_ids[i, pos:end] = torch.arange(p + n)
-            segment[i, pos:end] = j
             resp = slice(pos + p, end)
             adv[i, resp] = s.advantage
             weights[i, resp] = s.weight
@@ -311,16 +320,24 @@ def collate(rows: Sequence[Sequence[Sample]], pad_id: int = 0, pad_to: int | Non
             row_spans.append((pos, end))
             pos = end
         spans.append(row_spans)
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
-    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
-    eye = torch.eye(length, dtype=torch.bool)  # padding attends to itself only (no all-masked rows)
-    mask = (same & causal) | eye
     return Batch(
-        input_ids=input_ids, position_ids=position_ids, attention_mask=mask[:, None],
+        input_ids=input_ids, position_ids=position_ids, attention_mask=block_causal_mask(spans, length),
         advantages=adv[:, 1:], weights=weights[:, 1:], rollout_logprobs=rlp[:, 1:],
         has_rollout_logprobs=has_rlp[:, 1:], n_samples=sum(len(r) for r in rows),
         n_tokens=sum(s.length for r in rows for s in r), sample_spans=spans,
     )
+
+
+def block_causal_mask(sample_spans: Sequence[Sequence[tuple[int, int]]], length: int) -> torch.Tensor:
+    """``[R, 1, L, L]`` bool: causal attention inside each ``(start, end)`` span of a row, none across."""
+    segment = torch.full((len(sample_spans), length), -1, dtype=torch.long)
+    for i, spans in enumerate(sample_spans):
+        for j, (start, end) in enumerate(spans):
+            segment[i, start:end] = j
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
+    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
+    eye = torch.eye(length, dtype=torch.bool)  # padding attends to itself only (no all-masked rows)
+    return ((same & causal) | eye)[:, None]
 
 
 def make_batches(samples: Sequence[Sample], pack_tokens: int, pad_id: int = 0) -> list[Batch]:

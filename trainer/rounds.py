@@ -13,8 +13,8 @@ One call of ``run_once`` does at most one round, under an exclusive lock (cron-s
 2. otherwise count complete, rewarded, unused rollouts of version k; below ``--min-rollouts``
    (and ``--every`` not due) it writes nothing and returns ``waiting``: a rerun is a no-op;
 3. record the selection (``checkpoints/round-<k>.json``: which rollouts and calls) and a
-   ``started`` row in ``rounds``, train, write the checkpoint atomically, mark ``trained``,
-   publish, mark ``published``.
+   ``started`` row in ``rounds``, train (here, or in ``--nproc`` ranks: ``trainer/launcher.py``),
+   write the checkpoint atomically, mark ``trained``, publish, mark ``published``.
 
 The selection file is what makes reruns safe: a rollout listed in an earlier round's selection
 is never trained on again, and a resumed round trains on exactly the rollouts it started with.
@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from trainer.checkpoint import (
     write_json_atomic,
 )
 from trainer.config import TrainSettings
-from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions, make_batches
+from trainer.dataset import Batch, DatasetConfig, DatasetStats, build_samples, load_transitions, make_batches
 
 DONE = ("trained", "published")
 
@@ -152,6 +153,8 @@ def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetric
                   f"incomplete={stats.n_rollouts_incomplete}"]
     if m is not None:
         parts += [f"tokens={m.tokens}", f"steps={m.optimizer_steps}", f"grad_norm={m.grad_norm:.3f}"]
+        if m.seconds > 0:
+            parts.append(f"tokens/s={m.tokens / m.seconds:.0f}")
     timings = json.loads(row["timings"] or "{}")
     parts.append(f"time={sum(timings.values()):.1f}s")
     return " ".join(parts)
@@ -165,6 +168,8 @@ def run_once(
     log: Callable[[str], None] = print,
 ) -> RoundOutcome:
     """Do the next step of the round protocol (module docstring); safe to call from cron."""
+    if settings.nproc < 1:
+        raise TrainError(f"--nproc must be >= 1, got {settings.nproc}")
     if not settings.model:
         raise TrainError("no base model: pass --model DIR (make a tiny one with 'tracerl init-model DIR')")
     base_model = Path(settings.model).expanduser().resolve()
@@ -237,7 +242,7 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
         "round": k, "policy_version": k, "base_model": str(base_model), "checkpoint_path": None,
         "adapter": None, "n_rollouts": len({s.rollout_id for s in samples}), "n_transitions": len(samples),
         "mean_reward": stats.mean_reward, "loss": None, "kl": None, "clip_fraction": None,
-        "timings": json.dumps(timings), "published_at": None, "status": "started",
+        "timings": json.dumps(timings), "published_at": None, "status": "started", "metrics": None,
     }
     write_round(layout, row)
     final = checkpoint_dir(layout.checkpoints, k + 1)
@@ -249,40 +254,77 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
             metrics = TrainMetrics(**{f.name: man["metrics"].get(f.name, 0) for f in dataclasses.fields(TrainMetrics)
                                       if f.name != "extra"})
             adapter = bool(man["adapter"])
+            nproc = int(man["settings"].get("nproc", 1))
         else:
-            from trainer.backends import load_backend
-
-            t = time.perf_counter()
-            backend = load_backend(settings.backend, settings, base_model, parent)
-            timings["model_load"] = time.perf_counter() - t
+            nproc = settings.nproc
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             batches = make_batches(samples, settings.pack_tokens, pad_id)
+            ranks = f" in {nproc} ranks" if nproc > 1 else ""
             log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
-                f"{len(batches)} packed micro-batches" + (" (resumed)" if resuming else ""))
-            metrics = backend.train(batches, on_step)
-            timings["train"] = metrics.seconds
-            t = time.perf_counter()
-            adapter = bool(backend.adapter)
-            manifest = {
-                "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
-                "version": k + 1,
-                "base_model": str(base_model), "parent": str(parent) if parent else None, "adapter": adapter,
-                "backend": settings.backend, "settings": dataclasses.asdict(settings), "git_sha": git_sha(),
-                "selection": selection, "dataset": dataclasses.asdict(stats),
-                "metrics": dataclasses.asdict(metrics), "created_at": _now().isoformat(),
-            }
-            write_checkpoint(final, backend.save, manifest)
-            timings["save"] = time.perf_counter() - t
+                f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))
+            with contextlib.ExitStack() as stack:
+                metrics, adapter, save = _train(settings, base_model, parent, batches, final, on_step,
+                                                timings, stack)
+                t = time.perf_counter()
+                manifest = {
+                    "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
+                    "version": k + 1, "base_model": str(base_model),
+                    "parent": str(parent) if parent else None, "adapter": adapter,
+                    "backend": settings.backend, "settings": dataclasses.asdict(settings),
+                    "git_sha": git_sha(), "selection": selection, "dataset": dataclasses.asdict(stats),
+                    "metrics": dataclasses.asdict(metrics), "created_at": _now().isoformat(),
+                }
+                write_checkpoint(final, save, manifest)
+                timings["save"] = time.perf_counter() - t
     except BaseException:
         write_round(layout, {**row, "status": "failed", "timings": json.dumps(timings)})
         raise
     row.update(checkpoint_path=str(final), adapter=adapter, loss=metrics.loss, kl=metrics.kl,
-               clip_fraction=metrics.clip_fraction, timings=json.dumps(timings), status="trained")
+               clip_fraction=metrics.clip_fraction, timings=json.dumps(timings), status="trained",
+               metrics=metrics_json(metrics, stats, nproc))
     write_round(layout, row)
     if publisher is not None:
         row = _publish(layout, row, base_model, publisher, log, settings.served_name)
     log(metrics_line(row, stats, metrics))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
+
+
+def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
+           on_step: StepCallback | None, timings: dict[str, float],
+           stack: contextlib.ExitStack) -> tuple[TrainMetrics, bool, Callable[[Path], None]]:
+    """Train here, or in ``--nproc`` ranks (trainer/launcher.py); returns metrics, adapter flag and the
+    ``save`` for ``write_checkpoint``. ``stack`` keeps the ranks' work dir until the checkpoint is written."""
+    if settings.nproc > 1:
+        from trainer.launcher import RankError, train_ranks, work_dir
+
+        try:
+            work = stack.enter_context(work_dir(final))
+            run = train_ranks(settings, base_model, parent, batches, work, on_step)
+        except RankError as e:
+            raise TrainError(str(e)) from e
+        timings["model_load"] = run.load_seconds
+        timings["train"] = run.metrics.seconds
+        return run.metrics, run.adapter, run.save
+    from trainer.backends import load_backend
+
+    t = time.perf_counter()
+    backend = load_backend(settings.backend, settings, base_model, parent)
+    timings["model_load"] = time.perf_counter() - t
+    metrics = backend.train(batches, on_step)
+    timings["train"] = metrics.seconds
+    return metrics, bool(backend.adapter), backend.save
+
+
+def metrics_json(m: TrainMetrics, stats: DatasetStats, nproc: int) -> str:
+    """The ``rounds.metrics`` column: every TrainMetrics and DatasetStats field in one flat JSON object
+    (no names collide), plus tokens/s, so SQL can reach what the fixed columns leave out
+    (``json_extract(metrics, '$.n_retokenized')``). Non-finite floats become null: valid JSON."""
+    def clean(v: Any) -> Any:
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    out = {**dataclasses.asdict(stats), **dataclasses.asdict(m), "nproc": nproc,
+           "tokens_per_s": m.tokens / m.seconds if m.seconds > 0 else None}
+    return json.dumps({k: clean(v) for k, v in out.items()}, sort_keys=True)
 
 
 def _usable_rollouts(rows: pa.Table, exclude: set[str]) -> set[str]:

@@ -1,7 +1,8 @@
 """Training backends behind one interface (``trainer.backends.base.Backend``).
 
-``torch`` (default) runs in this process on CPU or one GPU. ``openrlhf`` uses OpenRLHF's Actor and
-DeepSpeed across GPUs; it is imported only when selected, so the default install never needs it.
+``torch`` (default) runs in this process on CPU or one GPU, or data parallel in ``--nproc`` ranks.
+``openrlhf`` uses OpenRLHF's Actor and DeepSpeed across GPUs (``--nproc`` ranks); it is imported
+only when selected, so the default install never needs it. Ranks: ``trainer/launcher.py``.
 """
 
 from __future__ import annotations

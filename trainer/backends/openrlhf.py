@@ -9,14 +9,29 @@ advantages so OpenRLHF's token-level ``PolicyLoss`` computes exactly our weighte
 loss is positively homogeneous in the advantage, so ``PolicyLoss(A * w * N)`` with a token mean
 over N tokens equals ``sum(w * loss(A))`` (checked on CPU in tests/trainer/test_openrlhf_backend.py).
 
+Ranks: ``tracerl train --backend openrlhf --nproc N`` starts N ranks with torchrun
+(``trainer/launcher.py``); each calls ``OpenRLHFBackend.load`` under torchrun's ``RANK``/``LOCAL_RANK``/
+``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, which ``DeepspeedStrategy.setup_distributed`` and
+``deepspeed.init_distributed`` read. Each rank trains every ``world``-th micro-batch. DeepSpeed's ZeRO
+reduction *averages* gradients over data-parallel ranks (``average_tensor`` in
+deepspeed/runtime/zero/stage_1_and_2.py divides by the world size) while our weights sum to 1 over
+the whole round, so each rank's loss is multiplied by ``world``; ranks with fewer micro-batches run a
+zero-weighted extra one, so every rank makes the same number of backward calls (each one joins
+ZeRO's gradient reduction). ``train_batch_size`` is ``world`` (micro-batch 1, accumulation 1), which
+DeepSpeed's batch-size check requires.
+
 Status: batch building, the loss mapping and the training loop are tested on CPU with OpenRLHF's
 real ``Actor`` and ``PolicyLoss`` (the loop with ``FakeDeepspeedStrategy``, since DeepSpeed's
-strategy needs CUDA). ``OpenRLHFBackend.load`` (DeepSpeed engine setup) has not run here, and a
-multi-rank launcher (rank 0 owns the selection and the manifest) is not written yet.
+strategy needs CUDA). Under ``--nproc 2`` on CPU the launcher and worker are tested up to this
+module's ``load``, which stops with its "needs CUDA GPUs" error in every rank
+(tests/trainer/test_multirank.py). What has not run anywhere: ``OpenRLHFBackend.load`` (DeepSpeed
+engine setup), the multi-rank step above (scaling, padding, ZeRO-2 reduction with several backward
+calls per optimizer step) and ``save`` under DeepSpeed; nothing here has run on a GPU.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from collections.abc import Sequence
@@ -137,7 +152,9 @@ class OpenRLHFBackend:
                                tensor_parallel_size=1, ring_attn_size=1),
             train=SimpleNamespace(dynamic_batch_enable=False),
         )
-        strategy = DeepspeedStrategy(seed=settings.seed, max_norm=settings.max_grad_norm, zero_stage=2, args=args)
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # DeepSpeed checks batch == micro * accum * world
+        strategy = DeepspeedStrategy(seed=settings.seed, max_norm=settings.max_grad_norm, zero_stage=2,
+                                     args=args, micro_train_batch_size=1, train_batch_size=world)
         strategy.setup_distributed()
         actor = models.Actor(str(parent or base_model), attn_implementation="flash_attention_2",
                              param_dtype=args.ds.param_dtype, lora_rank=settings.lora_rank,
@@ -151,14 +168,22 @@ class OpenRLHFBackend:
 
     def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
         """One optimizer step per epoch over all micro-batches (as the torch backend with one step per
-        epoch); with several epochs the old logprobs are computed once, before any update."""
+        epoch); with several epochs the old logprobs are computed once, before any update. Under N
+        ranks, this rank's share and the loss scaling are as in the module docstring."""
         import time
 
+        from trainer.distributed import rank_world, reduce_metrics
+
         t0 = time.perf_counter()
+        rank, world = rank_world()
         pad = self.tokenizer.pad_token_id or 0
         dev = next(self.actor.parameters()).device
-        obs = [openrlhf_batch(b, pad) for b in batches]
-        n_tok = sum(b.n_tokens for b in batches)
+        mine = batches[rank::world]
+        n_calls = -(-len(batches) // world)  # ceil: every rank makes this many backward calls
+        # (batch, loss scale): ours scaled by world against ZeRO's mean; padding calls count zero
+        work = [(b, float(world)) for b in mine] + [(batches[0], 0.0)] * (n_calls - len(mine))
+        obs = [openrlhf_batch(b, pad) for b, _ in work]
+        n_tok = sum(b.n_tokens for b in mine)
 
         def forward(ob: OpenRLHFBatch) -> torch.Tensor:
             return self.actor(ob.sequences.to(dev), action_mask=ob.action_mask.to(dev),
@@ -170,7 +195,7 @@ class OpenRLHFBackend:
                 old = [forward(ob).detach() for ob in obs]
         m = TrainMetrics()
         for _epoch in range(self.settings.epochs):
-            for i, ob in enumerate(obs):
+            for i, (ob, (_, scale)) in enumerate(zip(obs, work, strict=True)):
                 act = ob.action_mask.to(dev)
                 logp = forward(ob)
                 old_lp = old[i] if old is not None else logp.detach()
@@ -178,18 +203,22 @@ class OpenRLHFBackend:
                 # weights folded into A: PolicyLoss's token mean over this micro-batch = our weighted sum
                 loss, clip, ppo_kl, _, _ = self.loss_fn(logp, old_lp, ob.weighted_advantages().to(dev),
                                                         action_mask=act.float(), rollout_log_probs=rollout)
-                self.strategy.backward(loss, self.actor, None)
+                self.strategy.backward(loss * scale if scale != 1.0 else loss, self.actor, None)
+                if scale == 0.0:
+                    continue
                 m.loss += float(loss) / self.settings.epochs
-                m.clip_fraction += float(clip) / (len(obs) * self.settings.epochs)
-                m.ppo_kl += float(ppo_kl) / (len(obs) * self.settings.epochs)
+                m.clip_fraction += float(clip) / (len(batches) * self.settings.epochs)
+                m.ppo_kl += float(ppo_kl) / (len(batches) * self.settings.epochs)
                 m.micro_batches += 1
             self.strategy.optimizer_step(None, self.actor, None)
             m.optimizer_steps += 1
             m.tokens += n_tok
             if on_step is not None:
                 on_step(m.optimizer_steps, m)
-        m.policy_loss = m.loss
         m.seconds = time.perf_counter() - t0
+        if world > 1:
+            m, _ = reduce_metrics(m, 0.0, dev)
+        m.policy_loss = m.loss
         return m
 
     def save(self, out_dir: Path) -> None:

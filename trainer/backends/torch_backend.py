@@ -1,4 +1,4 @@
-"""The default backend: plain torch in this process, CPU or one GPU, full fine-tune or LoRA.
+"""The default backend: plain torch, CPU or GPU, full fine-tune or LoRA; one process, or one per rank.
 
 One round = ``epochs`` passes, each split into ``steps_per_epoch`` optimizer steps over the
 round's packed micro-batches (gradient accumulation inside a step). With a single step per round
@@ -6,6 +6,10 @@ the data is exactly on-policy, so the "old" logprobs are the current ones, detac
 forward pass is spent; with more steps they are computed once up front, before any update, and
 PPO's clipping does its job. KL to the base model (``kl_coef > 0``) uses the base weights: the
 LoRA model with its adapter switched off, or a frozen copy for full fine-tuning.
+
+Under ``tracerl train --nproc N`` (``trainer/launcher.py``) each rank runs this same loop on its
+share of every step's micro-batches and the gradients are summed across ranks before clipping
+(``trainer.distributed``), so N ranks take the same step as one process.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.config import TrainSettings
 from trainer.dataset import Batch, sequence_logprobs
+from trainer.distributed import all_reduce_grads, broadcast_trainable, rank_world, reduce_metrics, step_plan
 from trainer.loss import LossConfig, policy_loss
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -56,6 +61,7 @@ class TorchBackend:
         self.device = device
         self.ref_model = ref_model
         self.adapter = hasattr(model, "peft_config")
+        self.rank, self.world = rank_world()
         self.loss_config = loss_config(settings)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -89,6 +95,8 @@ class TorchBackend:
                 ref = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(device).eval()
                 ref.requires_grad_(False)
         model.to(device).train()
+        if rank_world()[1] > 1:
+            broadcast_trainable(model)
         backend = cls(model, tokenizer, settings, device, ref)
         if parent is not None and (parent / OPTIMIZER_FILE).exists():
             backend.load_optimizer(parent / OPTIMIZER_FILE)
@@ -121,25 +129,29 @@ class TorchBackend:
             return sequence_logprobs(self.model, batch)
 
     def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
+        """Every rank gets all of the round's ``batches`` and trains its share of each step (one rank:
+        all of them); see ``trainer.distributed`` for why the ranks' gradients are summed."""
         s = self.settings
         t0 = time.perf_counter()
-        batches = [b.to(self.device) for b in batches]
-        n_steps = max(1, min(s.steps_per_epoch, len(batches)))
-        chunks = [batches[i::n_steps] for i in range(n_steps)]  # interleaved: similar sizes per step
+        plan = step_plan(len(batches), s.steps_per_epoch, self.rank, self.world)
+        # each step's weight total over all ranks: every rank's loss terms are shares of the same sum
+        step_weight = [float(sum(batches[i].weights.sum().item() for i in idx))
+                       for idx in step_plan(len(batches), s.steps_per_epoch)]
+        local = {i: batches[i].to(self.device) for step in plan for i in step}
+        n_steps = len(plan)
         off_policy = s.epochs * n_steps > 1
-        old = [self._logprobs_no_grad(b) for b in batches] if off_policy else None
-        ref = [self._ref_logprobs(b) for b in batches] if s.kl_coef > 0 else None
-        index = {id(b): i for i, b in enumerate(batches)}
+        old = {i: self._logprobs_no_grad(b) for i, b in local.items()} if off_policy else None
+        ref = {i: self._ref_logprobs(b) for i, b in local.items()} if s.kl_coef > 0 else None
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         m = TrainMetrics()
         resp_tokens = 0.0
-        progress = _progress(s.progress, s.epochs * len(batches), "train")
+        progress = _progress(s.progress, s.epochs * len(local), "train")
         for _epoch in range(s.epochs):
-            for chunk in chunks:
-                total_w = float(sum(b.weights.sum().item() for b in chunk))
+            for step, total_w in zip(plan, step_weight, strict=True):
                 if total_w <= 0:
                     continue
-                for b in chunk:
-                    i = index[id(b)]
+                for i in step:
+                    b = local[i]
                     with self._autocast():
                         lp = sequence_logprobs(self.model, b)
                     old_lp = old[i] if old is not None else lp.detach()
@@ -160,7 +172,8 @@ class TorchBackend:
                     m.micro_batches += 1
                     m.tokens += b.n_tokens
                     progress.update(1)
-                params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                if self.world > 1:
+                    all_reduce_grads(params)
                 if s.max_grad_norm > 0:
                     norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
                 else:
@@ -172,16 +185,21 @@ class TorchBackend:
                 if on_step is not None:
                     on_step(m.optimizer_steps, m)
         progress.close()
+        m.seconds = time.perf_counter() - t0
+        if self.world > 1:
+            m, resp_tokens = reduce_metrics(m, resp_tokens, self.device)
         if resp_tokens:
             m.clip_fraction /= resp_tokens
             m.ppo_kl /= resp_tokens
             m.is_filtered_fraction /= resp_tokens
-        m.seconds = time.perf_counter() - t0
         if not math.isfinite(m.loss):
             raise FloatingPointError(f"training loss is {m.loss}; lower --lr or check the rewards for NaN/inf")
         return m
 
     def save(self, out_dir: Path) -> None:
+        """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes."""
+        if self.rank != 0:
+            return
         out_dir.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out_dir)
         self.tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,230 @@
+"""``--nproc N``: the round's training in N torchrun ranks (gloo on CPU), checked against one process.
+
+The ranks are real processes started by ``python -m torch.distributed.run``; nothing is faked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from schemas.store import StoreLayout
+from trainer.checkpoint import checkpoint_dir, read_manifest
+from trainer.dataset import Batch, Sample, assign_weights, make_batches
+from trainer.distributed import step_plan
+from trainer.rounds import TrainError, read_rounds, run_once, selection_path
+
+REPO = Path(__file__).resolve().parents[2]
+# small enough for 2 CPU cores: several micro-batches, two optimizer steps, KL to the base
+FAST = {"pack_tokens": 64, "max_prompt_tokens": 48, "max_response_tokens": 16, "steps_per_epoch": 2,
+        "kl_coef": 0.05}
+
+
+@pytest.mark.parametrize("n_batches,steps,world", [(7, 2, 2), (5, 1, 2), (3, 3, 2), (10, 3, 4), (1, 1, 3)])
+def test_step_plan_shards_each_step_across_ranks_without_overlap(n_batches, steps, world):
+    single = step_plan(n_batches, steps)
+    shards = [step_plan(n_batches, steps, r, world) for r in range(world)]
+    assert all(len(s) == len(single) for s in shards)  # every rank takes part in every optimizer step
+    for j, indices in enumerate(single):
+        got = [i for s in shards for i in s[j]]
+        assert sorted(got) == indices and len(got) == len(set(got))  # the same step, each batch once
+        sizes = [len(s[j]) for s in shards]
+        assert max(sizes) - min(sizes) <= 1  # balanced; a rank may get none when batches < ranks
+    assert single == [list(range(j, n_batches, len(single))) for j in range(len(single))]
+
+
+def test_batch_state_round_trip_rebuilds_the_packing_mask():
+    samples = [Sample(f"t{i}", f"r{i}", list(range(3, 8 + i)), list(range(9, 12 + i)), None, advantage=1.0)
+               for i in range(4)]
+    assign_weights(samples, "rollout")
+    for b in make_batches(samples, pack_tokens=32):
+        state = b.state()
+        assert "attention_mask" not in state
+        back = Batch.from_state(state)
+        assert back.attention_mask.equal(b.attention_mask) and back.sample_spans == b.sample_spans
+        assert all(getattr(back, k).equal(v) for k, v in state.items() if isinstance(v, torch.Tensor))
+
+
+def test_two_ranks_train_the_same_round_as_one_process(tmp_path, write_rows, make_rollouts, train_settings,
+                                                       capsys):
+    rows = make_rollouts(0)
+    stores = {n: tmp_path / f"store{n}" for n in (1, 2)}
+    for store in stores.values():
+        write_rows(store, rows)
+    steps: list[int] = []
+    logs: list[str] = []
+    one = run_once(train_settings(stores[1], **FAST), log=lambda m: None)
+    two = run_once(train_settings(stores[2], nproc=2, progress=True, **FAST),
+                   on_step=lambda i, m: steps.append(i), log=logs.append)
+    assert one.status == two.status == "trained"
+    assert any("in 2 ranks" in m for m in logs) and steps == [1, 2]  # rank 0's steps reached on_step
+
+    ckpt = {n: checkpoint_dir(StoreLayout.at(s).checkpoints, 1) for n, s in stores.items()}
+    from safetensors.torch import load_file
+
+    w1, w2 = (load_file(str(ckpt[n] / "model.safetensors")) for n in (1, 2))
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=name)
+    base = load_file(str(train_settings(stores[1]).model) + "/model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert (w1[name] - base[name]).abs().max() > 1e-4  # the step moved the weights: equality is not vacuous
+    o1, o2 = (torch.load(ckpt[n] / "optimizer.pt", weights_only=True)["state"] for n in (1, 2))
+    for i in o1:  # Adam moments too: the next round starts from the same optimizer either way
+        torch.testing.assert_close(o2[i]["exp_avg"], o1[i]["exp_avg"], rtol=1e-4, atol=1e-7)
+
+    m1, m2 = (read_manifest(ckpt[n]) for n in (1, 2))
+    for key in ("rollout_ids", "transition_ids"):
+        assert m1["selection"][key] == m2["selection"][key]
+    assert m2["settings"]["nproc"] == 2 and m2["dataset"] == m1["dataset"]
+    for key in ("micro_batches", "tokens", "optimizer_steps"):
+        assert m2["metrics"][key] == m1["metrics"][key]
+    for key in ("loss", "kl", "clip_fraction", "ppo_kl", "grad_norm"):
+        assert m2["metrics"][key] == pytest.approx(m1["metrics"][key], rel=1e-4, abs=1e-7), key
+    assert not list(StoreLayout.at(stores[2]).checkpoints.glob(".policy-*"))  # the work dir is gone
+
+    row = read_rounds(StoreLayout.at(stores[2]))[0]
+    metrics = json.loads(row["metrics"])
+    assert metrics["nproc"] == 2 and metrics["tokens"] == m1["metrics"]["tokens"] > 0
+    assert metrics["tokens_per_s"] > 0 and metrics["n_retokenized"] == 0 and metrics["n_samples"] == len(rows)
+
+    # rank 0's progress bar reached our stderr; rank 1 (with a different count) stayed quiet
+    n = m1["metrics"]["micro_batches"]
+    local = [sum(len(s) for s in step_plan(n, FAST["steps_per_epoch"], r, 2)) for r in (0, 1)]
+    err = capsys.readouterr().err
+    assert f"/{local[0]} [" in err
+    if local[1] != local[0]:
+        assert f"/{local[1]} [" not in err
+
+
+def test_a_failing_rank_is_a_train_error_naming_its_error(tmp_path, write_rows, make_rollouts, train_settings,
+                                                          capsys):
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    # the openrlhf backend needs CUDA: on this CPU machine each rank's OpenRLHFBackend.load raises
+    with pytest.raises(TrainError) as info:
+        run_once(train_settings(store, nproc=2, backend="openrlhf", **FAST), log=lambda m: None)
+    msg = str(info.value)
+    assert msg.startswith("training in 2 ranks failed (torchrun exit status 1)")
+    assert re.search(r"^rank [01]: RuntimeError: --backend openrlhf needs CUDA GPUs", msg, re.M), msg
+    assert "openrlhf.py\", line" in msg and ", in load" in msg  # the traceback tail says where
+    err = capsys.readouterr().err  # rank 0's output (if it got that far before torchrun stopped it), not rank 1's
+    assert err.count("RuntimeError: --backend openrlhf needs CUDA GPUs") <= 1
+
+    layout = StoreLayout.at(store)
+    assert read_rounds(layout)[0]["status"] == "failed" and read_rounds(layout)[0]["metrics"] is None
+    assert selection_path(layout, 0).exists() and not checkpoint_dir(layout.checkpoints, 1).exists()
+    assert not list(layout.checkpoints.glob(".policy-*"))  # the work dir is removed on failure too
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            out.append(args)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_started_with_die_with_parent_ends_when_its_parent_is_killed(tmp_path):
+    """The mechanism that stops torchrun (and torchrun's ranks) when ``tracerl train`` is killed -9."""
+    script = textwrap.dedent("""
+        import os, signal, subprocess
+        from trainer.launcher import die_with_parent
+        child = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        print(child.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    pid = int(proc.stdout)
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(pid)  # without it, ``sleep 60`` would outlive its parent
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc to find leftover ranks")
+def test_kill_during_a_multirank_round_stops_the_ranks_and_the_rerun_resumes(
+        tmp_path, tiny_model_dir, write_rows, make_rollouts, train_settings):
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    killed = {**FAST, "epochs": 20}  # 40 optimizer steps: seconds of work left when step 1 kills the parent
+    script = textwrap.dedent(f"""
+        import os, signal
+        from trainer.config import TrainSettings
+        from trainer.rounds import run_once
+        s = TrainSettings(store={str(store)!r}, model={str(tiny_model_dir)!r}, min_rollouts=8, lr=1e-3,
+                          progress=False, nproc=2, **{killed!r})
+        def die(step, metrics):
+            print("killing after optimizer step", step, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        run_once(s, on_step=die)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    assert "killing after optimizer step 1" in proc.stdout
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(str(store)) and time.monotonic() < deadline:  # torchrun got SIGTERM from the
+        time.sleep(0.2)                                                       # kernel and stops its ranks
+    assert not _processes_mentioning(str(store))
+    layout = StoreLayout.at(store)
+    # had the ranks outlived the parent, they would have finished: rank 0 writes result.json last
+    assert not list(layout.checkpoints.glob(".policy-*/result.json"))
+    assert read_rounds(layout)[0]["status"] == "started"
+    assert not checkpoint_dir(layout.checkpoints, 1).exists()
+    selection = selection_path(layout, 0).read_text()
+
+    logs: list[str] = []
+    out = run_once(train_settings(store, nproc=2, **FAST), log=logs.append)
+    assert out.status == "trained" and any("(resumed)" in m for m in logs)
+    assert selection_path(layout, 0).read_text() == selection  # the same rollouts, not a new pick
+    assert read_manifest(checkpoint_dir(layout.checkpoints, 1))["metrics"]["optimizer_steps"] == 2
+    assert not list(layout.checkpoints.glob(".policy-*"))  # the killed run's work dir is cleaned up
+
+
+def test_nproc_below_one_is_refused(tmp_path, train_settings):
+    with pytest.raises(TrainError, match="--nproc must be >= 1"):
+        run_once(train_settings(tmp_path / "store", nproc=0), log=lambda m: None)
+
+
+def test_rounds_files_written_before_the_metrics_column_still_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from schemas.tables import ROUNDS_SCHEMA
+    from trainer.report import format_table, round_rows
+
+    store = tmp_path / "store"
+    old_schema = pa.schema([f for f in ROUNDS_SCHEMA if f.name != "metrics"])
+    row = {"round": 0, "policy_version": 0, "n_rollouts": 4, "n_transitions": 5, "mean_reward": 0.5,
+           "loss": 0.1, "kl": 0.0, "clip_fraction": 0.0, "timings": json.dumps({"train": 1.0}),
+           "status": "trained"}
+    path = StoreLayout.at(store).partition("rounds", "2026-01-01") / "round-000000.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([row], schema=old_schema), path)
+    got = read_rounds(StoreLayout.at(store))[0]
+    assert got["metrics"] is None and got["loss"] == 0.1
+    assert "trained" in format_table(round_rows(str(store)))
