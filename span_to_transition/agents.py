@@ -61,20 +61,15 @@ def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None
     """
     walked: list[Key] = []
     found: str | None = None
-    spans, parent = tree.spans, tree.parent
-    cur: Key | None = key
-    while cur is not None:
-        if memo is not None and cur in memo:
-            found = memo[cur]
+    for k in tree.path_up(key, include_self=True):
+        if memo is not None and k in memo:
+            found = memo[k]
             break
-        if cur in walked:  # a cycle in corrupt input stops the walk
-            break
-        walked.append(cur)
-        name = agent_of_span(spans[cur])
+        walked.append(k)
+        name = agent_of_span(tree.spans[k])
         if name:
             found = name
             break
-        cur = parent.get(cur)
     if memo is not None:
         for k in walked:  # every span walked below the answer has the same nearest agent
             memo[k] = found

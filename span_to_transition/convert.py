@@ -145,15 +145,10 @@ def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
     outer one usually has no ``gen_ai.response.id`` to dedupe on, so nesting decides."""
     keys = set(call_keys)
     outer: set[Key] = set()
-    parent = tree.parent
     for key in call_keys:
-        seen = {key}
-        cur = parent.get(key)
-        while cur is not None and cur not in seen:  # (a cycle in corrupt input stops the walk)
-            if cur in keys:
-                outer.add(cur)
-            seen.add(cur)
-            cur = parent.get(cur)
+        for k in tree.path_up(key):
+            if k in keys and k != key:  # (a span on a corrupt parent cycle is not its own outer record)
+                outer.add(k)
     return outer
 
 

@@ -56,14 +56,20 @@ class SpanTree:
     duplicates: int = 0
     problems: list[str] = field(default_factory=list)
 
+    def path_up(self, key: Key, *, include_self: bool = False) -> list[Key]:
+        """The keys from ``key`` up to its root (a cycle in corrupt input stops the walk). A list, not a
+        generator: the per-call rules (agents, nested calls) walk it for every call."""
+        parent = self.parent
+        out: list[Key] = []
+        cur: Key | None = key if include_self else parent.get(key)
+        while cur is not None and cur not in out:  # (span trees are shallow: a list beats a set here)
+            out.append(cur)
+            cur = parent.get(cur)
+        return out
+
     def ancestors(self, key: Key, *, include_self: bool = False) -> Iterator[Span]:
         """Walk up from ``key`` to its root (a cycle in corrupt input stops the walk)."""
-        seen: set[Key] = set()
-        cur: Key | None = key if include_self else self.parent.get(key)
-        while cur is not None and cur not in seen:
-            seen.add(cur)
-            yield self.spans[cur]
-            cur = self.parent.get(cur)
+        return (self.spans[k] for k in self.path_up(key, include_self=include_self))
 
     def depth(self, key: Key) -> int:
         return sum(1 for _ in self.ancestors(key))
