@@ -415,6 +415,15 @@ def _read(files: list[Path], schema: pa.Schema, columns: list[str] | None = None
     return dataset.to_table(columns=columns, filter=filter)
 
 
+def _read_numbered(files: list[Path], schema: pa.Schema) -> pa.Table:
+    """Every row of ``files``, with ``_file``: the index in ``files`` of the file it came from."""
+    parts = [schema.empty_table().append_column("_file", pa.array([], pa.int32()))]
+    for i, f in enumerate(files):
+        t = pq.read_table(f, schema=schema)
+        parts.append(t.append_column("_file", pa.array(np.full(len(t), i, dtype=np.int32))))
+    return pa.concat_tables(parts)
+
+
 def _statuses(table: pa.Table) -> dict[str, RolloutStatus]:
     """Per-rollout completion inputs, computed with Arrow group-bys (no per-span Python)."""
     marker = pc.fill_null(pc.equal(pc.map_lookup(table.column("attributes"), END_MARKER, "first"), "true"), False)
@@ -713,10 +722,11 @@ def _files_with(files: list[Path], rollouts: set[str], traces: set[str]) -> set[
     """The span files holding any span of these rollouts (by rollout id, or by trace for spans that
     name no rollout, such as the gateway's)."""
     out = set()
+    rollout_set, trace_set = pa.array(sorted(rollouts), pa.string()), pa.array(sorted(traces), pa.string())
     for f in files:
         ids = pq.read_table(f, columns=["rollout_id", "trace_id"])
-        if pc.any(pc.is_in(ids.column("rollout_id"), value_set=pa.array(sorted(rollouts)))).as_py() or \
-                pc.any(pc.is_in(ids.column("trace_id"), value_set=pa.array(sorted(traces)))).as_py():
+        if pc.any(pc.is_in(ids.column("rollout_id"), value_set=rollout_set)).as_py() or \
+                pc.any(pc.is_in(ids.column("trace_id"), value_set=trace_set)).as_py():
             out.add(f)
     return out
 
@@ -734,11 +744,8 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     settings = row_settings(config)
     if rebuild:  # every rollout again, from every span file; the trace -> rollout pairs stay known
         ledger = Ledger(traces=ledger.traces)
-    elif not ledger.settings and len(existing) == 0:
-        ledger.settings = settings
-    else:
-        stats.settings_changed = _settings_note(ledger.settings, settings)
-    if rebuild or not ledger.settings:
+    stats.settings_changed = _settings_note(ledger.settings, settings)
+    if not ledger.settings:  # a new store, a rebuild, or a ledger from before settings were recorded
         ledger.settings = settings
     converted = dict(ledger.converted)
     if not rebuild:
@@ -748,18 +755,21 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     all_files = _table_files(layout, "spans")
     rel = {f: str(f.relative_to(layout.table("spans"))) for f in all_files}
     reward_files = _table_files(layout, "rewards")
-    reward_rel = {str(f.relative_to(layout.table("rewards"))) for f in reward_files}
-    reward_rows = rewards_from_table(_read(reward_files, REWARDS_SCHEMA))
+    reward_rel = [str(f.relative_to(layout.table("rewards"))) for f in reward_files]
+    new_reward_file = [r not in ledger.reward_files for r in reward_rel]
+    reward_table = _read_numbered(reward_files, REWARDS_SCHEMA)
+    reward_rows = rewards_from_table(reward_table)
     rewarded = {x for r_id, t_id, _ in reward_rows for x in (r_id, t_id) if x}
     # excluded rollouts whose reward has since arrived are read again from their files
     retry = {r: files for r, files in ledger.excluded.items() if r in rewarded}
     # converted rollouts with a reward row that arrived after their conversion are converted again
-    new_rewards = [f for f in reward_files if str(f.relative_to(layout.table("rewards"))) not in ledger.reward_files]
     reconvert = set()
-    for r_id, t_id, _ in (rewards_from_table(_read(new_rewards, REWARDS_SCHEMA)) if not rebuild else []):
-        rid = r_id or ledger.traces.get(t_id or "") or t_id
-        if rid in converted:
-            reconvert.add(rid)
+    if any(new_reward_file) and not rebuild:
+        is_new = pc.is_in(reward_table.column("_file"), value_set=pa.array(np.flatnonzero(new_reward_file), pa.int32()))
+        for (r_id, t_id, _), new in zip(reward_rows, is_new.to_pylist()):
+            rid = r_id or ledger.traces.get(t_id or "") or t_id
+            if new and rid in converted:
+                reconvert.add(rid)
     extra: set[Path] = set()
     if reconvert:
         traces = reconvert | {t for t, r in ledger.traces.items() if r in reconvert}
@@ -768,18 +778,14 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
             or any(rel[f] in v for v in retry.values())]
     stats.span_files_read = len(todo)
     if not todo:
-        if ledger.reward_files != reward_rel:
-            ledger.reward_files = reward_rel
+        if any(new_reward_file):
+            ledger.reward_files = set(reward_rel)
             ledger.save(layout)
         stats.late_spans_total = sum(len(v) for v in ledger.late.values())
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    parts = []
-    for i, f in enumerate(todo):
-        t = pq.read_table(f, schema=SPANS_SCHEMA)
-        parts.append(t.append_column("_file", pa.array(np.full(len(t), i, dtype=np.int32))))
-    spans = pa.concat_tables(parts)
+    spans = _read_numbered(todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
     spans = spans.set_column(spans.schema.get_field_index("rollout_id"), "rollout_id",
                              pc.coalesce(spans.column("rollout_id"), spans.column("trace_id")))
@@ -872,7 +878,7 @@ def _convert_store_locked(layout: StoreLayout, config: ConvertConfig, now_ns: in
     for i, f in enumerate(todo):
         if i not in pending_files:
             ledger.files_done.add(rel[f])
-    ledger.reward_files = reward_rel
+    ledger.reward_files = set(reward_rel)
     ledger.save(layout)
     if rebuild:  # every rollout has newer rows now: the older files only hold superseded ones
         stats.rollouts_reconverted = stats.rollouts_converted
