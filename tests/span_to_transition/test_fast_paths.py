@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.store import StoreLayout
-from span_to_transition import store as shell
 from span_to_transition.agents import attribute_agent
+from span_to_transition.columnar import transitions_table
 from span_to_transition.convert import _dumps
 from span_to_transition.records import Span, Transition, load_json
 from span_to_transition.tree import build_tree
+from span_to_transition.workers import write_transitions
 
 from .test_agents import writer_checker_rewriter
 
@@ -70,7 +71,7 @@ def _transition(rollout: str, step: int, started_at: int) -> Transition:
 
 def test_transitions_table_round_trips_the_records() -> None:
     rows = [_transition("r1", 0, 5), _transition("r0", 1, -3)]
-    table = shell.transitions_table(rows)
+    table = transitions_table(rows)
     got = table.drop_columns(["started_at", "ended_at", "conversion"]).to_pylist()
     assert got == [{k: getattr(r, k) for k in table.column_names if k not in ("started_at", "ended_at", "conversion")}
                    for r in rows]
@@ -83,7 +84,7 @@ def test_transitions_are_partitioned_by_utc_date_in_rollout_and_step_order(tmp_p
     times = [0, day - 1, day, -1, 1_763_700_000 * 10**9, 1_763_700_000 * 10**9 + 7]
     rows = [_transition(f"r{i % 3}", i, t) for i, t in enumerate(times)][::-1]
     layout = StoreLayout.at(tmp_path)
-    files = shell.write_transitions(layout, shell.transitions_table(rows))
+    files = write_transitions(layout, transitions_table(rows))
     # the reference: the UTC date as Arrow's strftime prints it
     ordered = sorted(rows, key=lambda r: (r.rollout_id, r.step))
     dates = pc.strftime(pa.array([r.started_at for r in ordered], pa.int64()).cast(pa.timestamp("ns", tz="UTC")),

@@ -8,9 +8,11 @@ import threading
 
 import pytest
 
-from span_to_transition import store as shell
+from span_to_transition import workers
+from span_to_transition.columnar import materialize
 from span_to_transition.convert import ConvertConfig, RolloutInput, convert_rollout
 from span_to_transition.records import Span
+from span_to_transition.workers import convert_parallel
 
 from .factory import TraceBuilder, spans_table, user
 from .test_agents import writer_checker_rewriter
@@ -45,7 +47,7 @@ def shell_rows(spans: list[Span], config: ConvertConfig) -> list[tuple]:
     table = spans_table(spans).sort_by([("rollout_id", "ascending")])
     out = []
     keep = operator.methodcaller("slice")  # the sink: the chunk's table itself (picklable for forkserver)
-    for tt, _ in shell._convert_parallel(table, [], {}, config, len({s.rollout_id for s in spans}), keep):
+    for tt, _ in convert_parallel(table, [], {}, config, len({s.rollout_id for s in spans}), keep):
         out += [(d["transition_id"], d["step"], d["agent_name"], d["trainable"], d["token_source"],
                  d["prompt_token_ids"], d["prompt_messages"], d["response_message"], d["reward"])
                 for d in tt.drop_columns(["started_at", "ended_at"]).to_pylist()]
@@ -69,7 +71,7 @@ def test_pruned_vectorised_shell_equals_the_pure_reference() -> None:
 
 def test_materialize_drops_duplicates_and_prunes_irrelevant_spans() -> None:
     spans = gateway_behind_a_client_span().spans
-    records, dropped = shell.materialize(spans_table(spans + spans[:2]))
+    records, dropped = materialize(spans_table(spans + spans[:2]))
     assert dropped == 2
     names = {r.name for r in records}
     assert "POST" not in names and "inner" not in names  # pruned
@@ -81,7 +83,7 @@ def test_materialize_drops_duplicates_and_prunes_irrelevant_spans() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("start", ["fork", "forkserver"])
 def test_worker_processes_give_the_same_rows(monkeypatch: pytest.MonkeyPatch, start: str) -> None:
-    monkeypatch.setattr(shell, "PARALLEL_MIN_ROLLOUTS", 1)
+    monkeypatch.setattr(workers, "PARALLEL_MIN_ROLLOUTS", 1)
     if start == "forkserver":  # what a caller with threads (collect --convert) gets
         monkeypatch.setattr(threading, "active_count", lambda: 2)
     spans: list[Span] = []

@@ -16,7 +16,8 @@ from schemas.store import StoreLayout
 from schemas.tables import REWARDS_SCHEMA
 from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig
-from span_to_transition.store import convert_store, link_rollouts
+from span_to_transition.identity import link_rollouts
+from span_to_transition.store import convert_store
 
 from .factory import DIALECT_FIXTURES, TraceBuilder, fixture_tables, spans_table, user
 

@@ -1,0 +1,369 @@
+"""Arrow tables of the store -> the records the pure converter reads, and transitions -> an Arrow table.
+
+Heavy lifting is vectorised: deduplication, parent resolution and deciding which rows need their
+attributes at all happen on Arrow columns before any Python object exists. Python objects are
+built only for spans that matter (calls, agents, rewards, gateways, task ids); every other span
+becomes a skeleton (ids, parent, name, times) that still links the tree, or is pruned.
+"""
+
+from __future__ import annotations
+
+import operator
+from itertools import islice
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.tables import TRANSITIONS_SCHEMA
+from span_to_transition.agents import AGENT_KEYS
+from span_to_transition.dialects import CALL_KEYS, CALL_OPERATIONS
+from span_to_transition.records import LogEvent, Reward, Span, SpanEvent, Transition
+from span_to_transition.tokens import GATEWAY_FLAG
+from span_to_transition.tree import END_MARKER
+
+RELEVANT_OPERATIONS = sorted(CALL_OPERATIONS | {"invoke_agent"})
+RELEVANT_KEYS = sorted(
+    (CALL_KEYS - {"gen_ai.operation.name", "llm.request.type"})
+    | AGENT_KEYS
+    | {
+        "tracerl.reward",
+        "tracerl.task_id",
+        "traceloop.span.kind",
+        GATEWAY_FLAG,
+        END_MARKER,
+        "reward",
+        "agentlightning.reward.primary",
+        "agentlightning.reward.0.value",
+    }
+)
+"""A span with any of these attribute keys is materialised with its attributes (see module docstring)."""
+
+SPAN_COLUMNS = [
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "rollout_id",
+    "start_time_ns",
+    "end_time_ns",
+    "received_at",
+    "attributes",
+    "resource_attributes",
+    "events",
+]
+"""The span columns conversion reads; batches are cut from these alone (a filter of every column costs 2x)."""
+
+RELEVANT_NAME_PREFIXES = ("invoke_agent", "agentlightning.reward")
+_EMPTY: dict[str, str] = {}  # shared by attribute-less spans; records are never mutated
+
+
+def _maps_to_dicts(arr: pa.Array) -> list[dict[str, str]]:
+    """A map<string,string> array to dicts, through flat key/value lists (much faster than to_pylist)."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if len(arr) == 0:
+        return []
+    offsets = arr.offsets.to_numpy(zero_copy_only=False)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    # keys repeat (a few dozen distinct names): decode each name once and share the str objects
+    encoded = pc.dictionary_encode(arr.keys[start:stop])
+    names = np.array(encoded.dictionary.to_pylist(), dtype=object)
+    keys = names[encoded.indices.to_numpy(zero_copy_only=False)].tolist()
+    pairs = zip(keys, arr.items[start:stop].to_pylist())
+    counts = np.diff(offsets).tolist()  # a null map has no entries, so it becomes {}
+    return [dict(islice(pairs, c)) for c in counts]
+
+
+def _ns(col: pa.ChunkedArray | pa.Array) -> list[int]:
+    return pc.cast(col, pa.int64()).to_pylist()
+
+
+def relevant_mask(table: pa.Table) -> pa.Array:
+    """Rows that need their attributes: any relevant key, a relevant name, events, or flattened content."""
+    attrs = table.column("attributes").combine_chunks()
+    n = len(table)
+    if n == 0:
+        return pa.array([], pa.bool_())
+    keys, items = attrs.keys, attrs.items
+    hit = pc.or_(
+        pc.is_in(keys, value_set=pa.array(RELEVANT_KEYS)),
+        pc.or_(pc.starts_with(keys, "agentlightning.reward."), pc.starts_with(keys, "llm.input_messages.")),
+    )
+    # gen_ai.operation.name / llm.request.type matter only for calls and agents (not tool spans)
+    by_value = pc.or_(
+        pc.and_(
+            pc.equal(keys, "gen_ai.operation.name"), pc.is_in(items, value_set=pa.array(RELEVANT_OPERATIONS))
+        ),
+        pc.and_(
+            pc.equal(keys, "llm.request.type"), pc.is_in(items, value_set=pa.array(["chat", "completion"]))
+        ),
+    )
+    hit = pc.or_(hit, pc.fill_null(by_value, False)).to_numpy(zero_copy_only=False)
+    lengths = np.diff(attrs.offsets.to_numpy(zero_copy_only=False))
+    row_of_key = np.repeat(np.arange(n), lengths)
+    rows = np.zeros(n, dtype=bool)
+    rows[row_of_key[hit]] = True
+    rows &= attrs.is_valid().to_numpy(zero_copy_only=False)
+    mask = pa.array(rows)
+    names = table.column("name")
+    for prefix in RELEVANT_NAME_PREFIXES:
+        mask = pc.or_(mask, pc.fill_null(pc.starts_with(names, prefix), False))
+    has_events = pc.fill_null(pc.greater(pc.list_value_length(table.column("events")), 0), False)
+    out = pc.or_(mask, has_events)
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+def spans_from_table(table: pa.Table, *, all_attributes: bool = False) -> list[Span]:
+    """Rows of SPANS_SCHEMA to ``Span`` records; irrelevant rows get no attributes unless asked."""
+    n = len(table)
+    if n == 0:
+        return []
+    cols = {
+        name: table.column(name) for name in ("trace_id", "span_id", "parent_span_id", "name", "rollout_id")
+    }
+    py = {k: v.to_pylist() for k, v in cols.items()}
+    start, end = _ns(table.column("start_time_ns")), _ns(table.column("end_time_ns"))
+    received = _ns(table.column("received_at"))
+    mask = pa.array([True] * n) if all_attributes else relevant_mask(table)
+    idx = pc.indices_nonzero(mask)
+    rel = idx.to_pylist()
+    attrs = _maps_to_dicts(pc.take(table.column("attributes"), idx))
+    res_all = pc.take(table.column("resource_attributes"), idx)
+    task = pc.map_lookup(res_all, "tracerl.task_id", "first").to_pylist()
+    events = pc.take(table.column("events"), idx).to_pylist()
+    a_of: dict[int, tuple[dict[str, str], dict[str, str], tuple[SpanEvent, ...]]] = {}
+    for j, i in enumerate(rel):
+        ev = tuple(
+            SpanEvent(e["name"], e["time_ns"] or 0, dict(e["attributes"] or [])) for e in events[j] or []
+        )
+        a_of[i] = (attrs[j], {"tracerl.task_id": task[j]} if task[j] else {}, ev)
+    empty: tuple[dict[str, str], dict[str, str], tuple[SpanEvent, ...]] = ({}, {}, ())
+    out = []
+    tid, sid, par, nm, rid = py["trace_id"], py["span_id"], py["parent_span_id"], py["name"], py["rollout_id"]
+    for i in range(n):
+        a, r, ev = a_of.get(i, empty)
+        out.append(
+            Span(
+                tid[i],
+                sid[i],
+                par[i] or None,
+                nm[i] or "",
+                start[i] or 0,
+                end[i] or 0,
+                a,
+                r,
+                ev,
+                received[i] or 0,
+                rid[i] or tid[i],
+            )
+        )
+    return out
+
+
+def materialize(table: pa.Table) -> tuple[list[Span], int]:
+    """Spans of complete rollouts as records, grouped by rollout: (records, duplicates dropped).
+
+    Vectorised before any Python object exists: duplicates are dropped (earliest received kept),
+    parents are resolved with a hash join, and spans that matter to no rule (tool internals,
+    HTTP clients, ...) are pruned: every kept span is re-parented to its nearest kept ancestor
+    (numpy pointer jumping). Kept: spans with relevant attributes, roots, and orphans (whose
+    parent is missing, so the pure tree code still reports them). Agent attribution, gateway
+    joins and rewards only ever look at kept spans, so the result equals the unpruned tree's.
+    """
+    n0 = len(table)
+    if n0 == 0:
+        return [], 0
+    # sort and dedupe on the id columns only; the wide columns are gathered once, at the end
+    ids = table.select(["rollout_id", "trace_id", "span_id", "received_at"])
+    order = pc.sort_indices(
+        ids,
+        sort_keys=[
+            ("rollout_id", "ascending"),
+            ("trace_id", "ascending"),
+            ("span_id", "ascending"),
+            ("received_at", "ascending"),
+        ],
+    )
+    ids = ids.take(order)
+    tid_a, sid_a = ids.column("trace_id"), ids.column("span_id")
+    if n0 > 1:
+        same = pc.and_(
+            pc.equal(tid_a.slice(1), tid_a.slice(0, n0 - 1)), pc.equal(sid_a.slice(1), sid_a.slice(0, n0 - 1))
+        )
+        first = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
+        order = pc.filter(order, pa.array(first))
+    table = table.select(SPAN_COLUMNS)
+    narrow = table.select(["trace_id", "span_id", "parent_span_id"]).take(order)
+    order_np = order.to_numpy(zero_copy_only=False)
+    m = len(narrow)
+    rows = pa.array(np.arange(m))
+    left = pa.table(
+        {
+            "trace_id": narrow.column("trace_id"),
+            "parent_span_id": narrow.column("parent_span_id"),
+            "row": rows,
+        }
+    )
+    right = pa.table(
+        {"trace_id": narrow.column("trace_id"), "span_id": narrow.column("span_id"), "prow": rows}
+    )
+    joined = left.join(
+        right,
+        keys=["trace_id", "parent_span_id"],
+        right_keys=["trace_id", "span_id"],
+        join_type="left outer",
+        use_threads=False,
+    )
+    parent = np.full(m, -1, dtype=np.int64)
+    parent[joined.column("row").to_numpy()] = pc.fill_null(joined.column("prow"), -1).to_numpy()
+    has_parent_id = pc.is_valid(narrow.column("parent_span_id")).to_numpy(zero_copy_only=False)
+    orphan = has_parent_id & (parent < 0)
+    relevant = relevant_mask(table).to_numpy(zero_copy_only=False)[order_np]
+    keep = relevant | ~has_parent_id | orphan
+    anc = parent.copy()
+    for _ in range(m):  # pointer jumping through pruned spans; bounded by the tree depth
+        hop = (anc >= 0) & ~keep[np.maximum(anc, 0)]
+        if not hop.any():
+            break
+        anc[hop] = parent[anc[hop]]
+
+    kept_idx = np.nonzero(keep)[0]
+    rel_in_kept = relevant[kept_idx]
+    kept = table.select(
+        [
+            "trace_id",
+            "span_id",
+            "parent_span_id",
+            "name",
+            "rollout_id",
+            "start_time_ns",
+            "end_time_ns",
+            "received_at",
+        ]
+    ).take(pc.take(order, pa.array(kept_idx)))
+    py = {
+        k: kept.column(k).to_pylist() for k in ("trace_id", "span_id", "parent_span_id", "name", "rollout_id")
+    }
+    anc_kept = anc[kept_idx]
+    new_parent = pc.take(narrow.column("span_id"), pa.array(np.maximum(anc_kept, 0))).to_pylist()
+    start, end = _ns(kept.column("start_time_ns")), _ns(kept.column("end_time_ns"))
+    received = _ns(kept.column("received_at"))
+    rel_rows = pc.take(order, pa.array(kept_idx[rel_in_kept]))  # rows of ``table`` that get attributes
+    # gather the wide map columns in ascending row order with a row mask (the rows are unique, so a
+    # filter selects exactly them, 10x faster than a gather), then put the Python objects back in
+    # rollout order
+    rel_np = rel_rows.to_numpy(zero_copy_only=False)
+    asc = np.argsort(rel_np, kind="stable")
+    back = np.empty_like(asc)
+    back[asc] = np.arange(len(asc))
+    row_mask = np.zeros(len(table), dtype=bool)
+    row_mask[rel_np] = True
+    row_mask_a = pa.array(row_mask)
+    attrs_asc = _maps_to_dicts(pc.filter(table.column("attributes"), row_mask_a))
+    attrs = [attrs_asc[k] for k in back.tolist()]
+    task = pc.take(
+        pc.map_lookup(pc.filter(table.column("resource_attributes"), row_mask_a), "tracerl.task_id", "first"),
+        pa.array(back),
+    ).to_pylist()
+    n_events = pc.take(pc.fill_null(pc.list_value_length(table.column("events")), 0), rel_rows)
+    events_rows = pc.indices_nonzero(pc.greater(n_events, 0))
+    events_py = pc.take(table.column("events"), pc.take(rel_rows, events_rows)).to_pylist()
+    events_of = dict(zip(events_rows.to_pylist(), events_py))
+    has_anc = (anc_kept >= 0).tolist()
+    is_orphan = orphan[kept_idx].tolist()
+    is_rel = rel_in_kept.tolist()
+    tid, sid, par, nm, rid = py["trace_id"], py["span_id"], py["parent_span_id"], py["name"], py["rollout_id"]
+    out = []
+    j = 0
+    for i in range(len(kept_idx)):
+        if is_rel[i]:
+            a = attrs[j]
+            r = {"tracerl.task_id": task[j]} if task[j] else _EMPTY
+            ev = events_of.get(j)
+            evs = (
+                tuple(SpanEvent(e["name"], e["time_ns"] or 0, dict(e["attributes"] or [])) for e in ev)
+                if ev
+                else ()
+            )
+            j += 1
+        else:
+            a, r, evs = _EMPTY, _EMPTY, ()
+        p = new_parent[i] if has_anc[i] else (par[i] if is_orphan[i] else None)
+        out.append(
+            Span(
+                tid[i],
+                sid[i],
+                p,
+                nm[i] or "",
+                start[i] or 0,
+                end[i] or 0,
+                a,
+                r,
+                evs,
+                received[i] or 0,
+                rid[i] or tid[i],
+            )
+        )
+    return out, n0 - m
+
+
+def logs_from_table(table: pa.Table) -> list[LogEvent]:
+    if len(table) == 0:
+        return []
+    attrs = _maps_to_dicts(table.column("attributes"))
+    cols = {k: table.column(k).to_pylist() for k in ("trace_id", "span_id", "event_name", "body")}
+    times = _ns(table.column("time_ns"))
+    observed = _ns(table.column("observed_time_ns"))
+    return [
+        LogEvent(
+            cols["trace_id"][i],
+            cols["span_id"][i],
+            times[i] or observed[i] or 0,
+            cols["event_name"][i] or attrs[i].get("event.name", ""),
+            cols["body"][i],
+            attrs[i],
+        )
+        for i in range(len(table))
+    ]
+
+
+def rewards_from_table(table: pa.Table) -> list[tuple[str | None, str | None, Reward]]:
+    """(rollout_id, trace_id, Reward) for each rewards row. A row that targets no call carries no
+    time (``at_ns=None``): its time is when it was posted, not where in the rollout it belongs."""
+    out = []
+    for row in table.select(
+        ["reward_id", "rollout_id", "trace_id", "span_id", "response_id", "name", "value", "source"]
+    ).to_pylist():
+        out.append(
+            (
+                row["rollout_id"],
+                row["trace_id"],
+                Reward(
+                    float(row["value"]),
+                    row["source"] or "side_channel",
+                    row["name"],
+                    row["span_id"],
+                    row["response_id"],
+                    None,
+                    row["reward_id"],
+                ),
+            )
+        )
+    return out
+
+
+def transitions_table(rows: list[Transition]) -> pa.Table:
+    """Transition records to a TRANSITIONS_SCHEMA table, built column by column (no per-row tuples)."""
+    if not rows:
+        return TRANSITIONS_SCHEMA.empty_table()
+    arrays = []
+    for f in TRANSITIONS_SCHEMA:
+        if f.name == "conversion":  # the store's pass number, set where the rows are written (WriteTo)
+            arrays.append(pa.nulls(len(rows), f.type))
+            continue
+        values = list(map(operator.attrgetter(f.name), rows))
+        if pa.types.is_timestamp(f.type):
+            arrays.append(pa.array(values, pa.int64()).cast(f.type))
+        else:
+            arrays.append(pa.array(values, f.type))
+    return pa.Table.from_arrays(arrays, schema=TRANSITIONS_SCHEMA)

@@ -1,0 +1,97 @@
+"""Which rollout each span belongs to: ``tracerl.rollout_id`` spread over its whole trace, and
+traces joined by span links (AutoGen starts a trace per message, linked to the sender's)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def unify_rollouts(
+    spans: pa.Table, known: dict[str, str], *, follow_links: bool = True
+) -> tuple[pa.Table, dict[str, str]]:
+    """A trace belongs wholly to the rollout any of its spans names (``tracerl.rollout_id``).
+
+    The collector derives ``rollout_id`` per span (span attribute, resource attribute, else trace
+    id), so spans from a process that does not set the id (the serving gateway, a downstream
+    service) would form a rollout of their own, keyed by the trace id. They join the rollout
+    their trace belongs to. With ``follow_links``, a trace that names no rollout and links to a
+    span of another trace joins that trace's rollout (``link_rollouts``). ``known`` holds the
+    trace -> rollout pairs of earlier passes, so late spans still find their rollout. Returns the
+    relabelled table and the updated pairs.
+    """
+    rid, tid = spans.column("rollout_id"), spans.column("trace_id")
+    explicit = pc.not_equal(rid, tid)
+    pairs = (
+        spans.filter(explicit)
+        .select(["trace_id", "rollout_id"])
+        .group_by("trace_id")
+        .aggregate([("rollout_id", "min")])
+    )
+    mapping = dict(known)
+    mapping.update(zip(pairs.column("trace_id").to_pylist(), pairs.column("rollout_id_min").to_pylist()))
+    if follow_links:
+        mapping.update(link_rollouts(_link_edges(spans, explicit), mapping))
+    if not mapping:
+        return spans, mapping
+    keys, values = pa.array(list(mapping), pa.string()), pa.array(list(mapping.values()), pa.string())
+    mapped = pc.take(values, pc.index_in(tid, value_set=keys))
+    relabelled = pc.if_else(explicit, rid, pc.coalesce(mapped, rid))
+    return spans.set_column(spans.schema.get_field_index("rollout_id"), "rollout_id", relabelled), mapping
+
+
+def _link_edges(spans: pa.Table, explicit: pa.ChunkedArray) -> list[tuple[str, str]]:
+    """(trace, linked trace) for every span link from a trace that names no rollout to another trace."""
+    links = spans.column("links").combine_chunks()
+    if pc.sum(pc.list_value_length(links)).as_py() in (None, 0):
+        return []
+    parents = pc.list_parent_indices(links)
+    src = pc.take(spans.column("trace_id"), parents)
+    dst = pc.struct_field(pc.list_flatten(links), "trace_id")
+    keep = pc.and_(pc.invert(pc.take(explicit, parents)), pc.not_equal(src, dst))
+    edges = (
+        pa.table({"src": src, "dst": dst})
+        .filter(pc.fill_null(keep, False))
+        .group_by(["src", "dst"])
+        .aggregate([])
+    )
+    return list(zip(edges.column("src").to_pylist(), edges.column("dst").to_pylist()))
+
+
+def link_rollouts(edges: Iterable[tuple[str, str]], known: dict[str, str]) -> dict[str, str]:
+    """trace -> rollout for traces joined by span links (AutoGen starts a trace per message and links
+    it to the sender's span), for the traces ``known`` has no rollout for yet.
+
+    Traces connected by links form one rollout: the one a member already belongs to (``known``: an
+    explicit ``tracerl.rollout_id`` or an earlier pass; the smallest if several), else the trace id
+    of the origin, the trace that links to no other (the smallest if several). Link targets count
+    even before their spans arrive, so the origin, and with it the rollout id, never changes as
+    the component grows.
+    """
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        root = x
+        while parent.setdefault(root, root) != root:
+            root = parent[root]
+        while parent[x] != root:  # path compression
+            parent[x], x = root, parent[x]
+        return root
+
+    linking = set()
+    for a, b in edges:
+        linking.add(a)
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    members: dict[str, list[str]] = {}
+    for t in list(parent):
+        members.setdefault(find(t), []).append(t)
+    out = {}
+    for group in members.values():
+        named = [known[t] for t in group if t in known]
+        rollout = min(named) if named else min((t for t in group if t not in linking), default=min(group))
+        out.update({t: rollout for t in group if t not in known and t != rollout})
+    return out

@@ -1,0 +1,95 @@
+"""The converter's state, kept next to the table it describes: ``transitions/_state.json``.
+
+Not a Parquet file, so table globs never read it. It records which rollouts are converted (with
+the received-at watermark of their last span) or excluded, the span files that are fully
+converted, late spans, the trace -> rollout pairs learnt so far, the rewards files already
+applied, and the settings the converted rows were made with. Written atomically (temp file +
+fsync + rename), so a crash leaves the old state or the new one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.store import StoreLayout
+from span_to_transition.convert import ConvertConfig
+
+
+@dataclass
+class Ledger:
+    """What earlier passes did, so a pass converts each complete rollout once (see the module docstring)."""
+
+    converted: dict[str, int] = field(default_factory=dict)  # rollout -> received-at watermark (ns)
+    excluded: dict[str, list[str]] = field(default_factory=dict)  # rollout -> span files holding it
+    files_done: set[str] = field(default_factory=set)  # span files (relative) fully converted
+    late: dict[str, list[str]] = field(default_factory=dict)  # rollout -> late span ids
+    traces: dict[str, str] = field(default_factory=dict)  # trace -> explicit rollout id (tracerl.rollout_id)
+    reward_files: set[str] = field(default_factory=set)  # rewards files (relative) already applied
+    settings: dict[str, object] = field(default_factory=dict)  # the row settings of the converted rows
+
+    @staticmethod
+    def path(layout: StoreLayout) -> Path:
+        return layout.table("transitions") / "_state.json"
+
+    @classmethod
+    def load(cls, layout: StoreLayout) -> Ledger:
+        p = cls.path(layout)
+        if not p.exists():
+            return cls()
+        d = json.loads(p.read_text())
+        return cls(
+            d["converted"],
+            d["excluded"],
+            set(d["files_done"]),
+            d["late"],
+            d.get("traces", {}),
+            set(d.get("reward_files", [])),
+            d.get("settings", {}),
+        )
+
+    def save(self, layout: StoreLayout) -> None:
+        p = self.path(layout)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.parent / f".{p.name}.{uuid.uuid4().hex}.tmp"
+        data = {
+            "converted": self.converted,
+            "excluded": self.excluded,
+            "files_done": sorted(self.files_done),
+            "late": self.late,
+            "traces": self.traces,
+            "reward_files": sorted(self.reward_files),
+            "settings": self.settings,
+        }
+        with open(tmp, "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+
+
+def row_settings(config: ConvertConfig) -> dict[str, object]:
+    """The settings a converted row depends on (not completion timing or worker count)."""
+    return {
+        "agents": config.agents,
+        "credit": config.credit,
+        "gamma": config.gamma,
+        "missing_reward": config.missing_reward,
+        "fill_reward": config.fill_reward,
+        "follow_links": config.follow_links,
+    }
+
+
+def settings_note(old: dict[str, object], new: dict[str, object]) -> str | None:
+    """A note for the summary when the rows already converted were made with other settings."""
+    changed = [k for k in new if k in old and old[k] != new[k]]
+    if not changed:
+        return None
+    what = ", ".join(f"--{k.replace('_', '-')} {old[k]!r} -> {new[k]!r}" for k in changed)
+    return (
+        f"rows already converted used other settings ({what}); they are kept as they are and only newly "
+        "complete rollouts use the new ones; run 'tracerl convert --rebuild' with the new settings to rewrite all"
+    )

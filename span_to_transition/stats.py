@@ -1,0 +1,78 @@
+"""What one conversion pass did: counts, problems and phase timings, and the summary ``tracerl convert`` prints."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+MAX_PROBLEMS = 50
+"""Problem messages kept per pass (the summary prints the first ten)."""
+
+
+@dataclass
+class ConvertStats:
+    """What one conversion pass did; printed by ``tracerl convert`` and logged by ``collect --convert``."""
+
+    span_files_read: int = 0
+    spans_read: int = 0
+    rollouts_seen: int = 0
+    rollouts_pending: int = 0
+    rollouts_converted: int = 0
+    rollouts_excluded_no_reward: int = 0
+    rollouts_filled_reward: int = 0
+    rollouts_without_calls: int = 0
+    transitions_written: int = 0
+    trainable_transitions: int = 0
+    duplicate_spans: int = 0
+    duplicate_calls: int = 0
+    orphan_spans: int = 0
+    calls_without_content: int = 0
+    late_spans: int = 0  # spans that arrived after their rollout was converted (this pass)
+    late_spans_total: int = 0
+    rollouts_reconverted: int = 0  # converted again: a reward arrived after their conversion, or --rebuild
+    files_removed: int = 0  # superseded transitions files deleted by --rebuild
+    settings_changed: str | None = None  # these settings differ from those of the rows already converted
+    files_written: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # read, status, convert (+ write), ledger
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phase_seconds[phase] = round(self.phase_seconds.get(phase, 0.0) + now - since, 4)
+        return now
+
+    def summary(self) -> str:
+        lines = [
+            f"converted {self.rollouts_converted} rollouts -> {self.transitions_written} transitions "
+            f"({self.trainable_transitions} trainable) from {self.spans_read} spans in {self.span_files_read} "
+            f"files, {self.seconds:.2f}s",
+            f"pending (not complete yet): {self.rollouts_pending}; without LLM calls: {self.rollouts_without_calls}; "
+            f"duplicate spans dropped: {self.duplicate_spans}; duplicate calls (same response id): "
+            f"{self.duplicate_calls}; orphan spans repaired: {self.orphan_spans}",
+        ]
+        if self.rollouts_excluded_no_reward:
+            lines.append(
+                f"excluded (no reward on any channel): {self.rollouts_excluded_no_reward}; they are "
+                "reconsidered when a reward row arrives, or pass --missing-reward fill --fill-reward V"
+            )
+        if self.rollouts_filled_reward:
+            lines.append(f"rollouts given the fill reward: {self.rollouts_filled_reward}")
+        if self.calls_without_content:
+            lines.append(f"LLM calls without message content (not converted): {self.calls_without_content}")
+        if self.rollouts_reconverted:
+            lines.append(
+                f"converted again (a reward arrived after their conversion, or --rebuild): "
+                f"{self.rollouts_reconverted} rollouts; their earlier rows are superseded"
+            )
+        if self.settings_changed:
+            lines.append(f"note: {self.settings_changed}")
+        if self.late_spans or self.late_spans_total:
+            lines.append(
+                f"late spans (arrived after their rollout was converted; kept in spans, not converted): "
+                f"{self.late_spans} new, {self.late_spans_total} total; raise --quiet-s if this grows"
+            )
+        lines += [f"  problem: {p}" for p in self.problems[:10]]
+        if len(self.problems) > 10:
+            lines.append(f"  ... and {len(self.problems) - 10} more problems")
+        return "\n".join(lines)
