@@ -25,6 +25,11 @@ from span_to_transition.tree import Key, SpanTree, build_tree
 
 MISSING_REWARD = ("exclude", "fill")
 
+# Why a rollout yields no transitions (``RolloutOutput.reason``); ``tracerl doctor`` says what to do about each.
+NO_CALLS_NONE = "no span is an LLM call in a dialect this converter reads"
+NO_CALLS_WITHOUT_CONTENT = "its LLM call spans carry no message content (content capture is off)"
+NO_REWARD = "no reward on any channel (tracerl.reward / agentlightning.reward spans, gen_ai.evaluation.result events, rewards rows)"
+
 
 def _field(default: Any, help: str, **extra: Any) -> Any:
     """A dataclass field carrying its CLI help (read by ``tracerl.options.add_options``)."""
@@ -75,12 +80,14 @@ class RolloutInput:
     spans: list[Span]
     logs: list[LogEvent] = field(default_factory=list)
     rewards: list[Reward] = field(default_factory=list)  # side-channel / offline rows of this rollout
+    timed_out: bool = False  # complete only because --max-wait-s passed without its root span
 
 
 @dataclass
 class RolloutOutput:
     rollout_id: str
     status: str  # converted|excluded_no_reward|no_calls
+    reason: str | None = None  # why it is excluded_no_reward or no_calls, in words (summed in the stats)
     transitions: list[Transition] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     duplicates: int = 0
@@ -160,7 +167,7 @@ def _call_quality(call: LLMCall, depth: int) -> tuple:
 def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     """The transitions of one complete rollout (see the module docstring for the steps)."""
     selector = compile_agents(config.agents)
-    tree = build_tree(inp.rollout_id, inp.spans)
+    tree = build_tree(inp.rollout_id, inp.spans, quiet_flag="--max-wait-s" if inp.timed_out else "--quiet-s")
     out = RolloutOutput(inp.rollout_id, "no_calls", duplicates=tree.duplicates, orphans=len(tree.orphans))
     out.problems.extend(tree.problems)
 
@@ -237,6 +244,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
 
     unique.sort(key=lambda c: (c.start_time_ns, c.end_time_ns, c.span_id))
     if not unique:
+        out.reason = NO_CALLS_WITHOUT_CONTENT if out.calls_without_content else NO_CALLS_NONE
         return out
 
     rewards = in_band_rewards(tree.spans.values(), inp.logs) + list(inp.rewards)
@@ -252,7 +260,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     value, source = total.value, total.source
     if value is None:
         if config.missing_reward == "exclude":
-            out.status = "excluded_no_reward"
+            out.status, out.reason = "excluded_no_reward", NO_REWARD
             return out
         value, source, out.filled_reward = config.fill_reward, "fill", True
         deduped = []

@@ -9,6 +9,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+def assign_rollouts(
+    spans: pa.Table, known: dict[str, str], follow_links: bool = True
+) -> tuple[pa.Table, dict[str, str]]:
+    """Every span's rollout: its ``rollout_id`` (the trace id where the collector derived none), then
+    unified per trace and across links (``unify_rollouts``). Returns the relabelled table and pairs."""
+    spans = spans.set_column(
+        spans.schema.get_field_index("rollout_id"),
+        "rollout_id",
+        pc.coalesce(spans.column("rollout_id"), spans.column("trace_id")),
+    )
+    return unify_rollouts(spans, known, follow_links=follow_links)
+
+
 def unify_rollouts(
     spans: pa.Table, known: dict[str, str], *, follow_links: bool = True
 ) -> tuple[pa.Table, dict[str, str]]:

@@ -32,6 +32,9 @@ class ConvertStats:
     rollouts_reconverted: int = 0  # converted again: a reward arrived after their conversion, or --rebuild
     files_removed: int = 0  # superseded transitions files deleted by --rebuild
     settings_changed: str | None = None  # these settings differ from those of the rows already converted
+    pending_waits: dict[str, int] = field(default_factory=dict)  # waiting_quiet / waiting_root -> rollouts
+    without_calls_reasons: dict[str, int] = field(default_factory=dict)  # reason -> rollouts without calls
+    excluded_reasons: dict[str, int] = field(default_factory=dict)  # reason -> rollouts excluded
     files_written: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -47,13 +50,13 @@ class ConvertStats:
             f"converted {self.rollouts_converted} rollouts -> {self.transitions_written} transitions "
             f"({self.trainable_transitions} trainable) from {self.spans_read} spans in {self.span_files_read} "
             f"files, {self.seconds:.2f}s",
-            f"pending (not complete yet): {self.rollouts_pending}; without LLM calls: {self.rollouts_without_calls}; "
-            f"duplicate spans dropped: {self.duplicate_spans}; duplicate calls (same response id): "
+            f"pending (not complete yet): {self.rollouts_pending}{_waits(self.pending_waits)}; without LLM calls: "
+            f"{self.rollouts_without_calls}{_why(self.without_calls_reasons)}; duplicate spans dropped: {self.duplicate_spans}; duplicate calls (same response id): "
             f"{self.duplicate_calls}; orphan spans repaired: {self.orphan_spans}",
         ]
         if self.rollouts_excluded_no_reward:
             lines.append(
-                f"excluded (no reward on any channel): {self.rollouts_excluded_no_reward}; they are "
+                f"excluded: {self.rollouts_excluded_no_reward}{_why(self.excluded_reasons)}; they are "
                 "reconsidered when a reward row arrives, or pass --missing-reward fill --fill-reward V"
             )
         if self.rollouts_filled_reward:
@@ -75,4 +78,29 @@ class ConvertStats:
         lines += [f"  problem: {p}" for p in self.problems[:10]]
         if len(self.problems) > 10:
             lines.append(f"  ... and {len(self.problems) - 10} more problems")
+        if not self.rollouts_converted and (
+            self.rollouts_pending or self.rollouts_without_calls or self.rollouts_excluded_no_reward
+        ):
+            lines.append(
+                "nothing converted: run 'tracerl doctor' (with the same --store) for what it saw, what it means "
+                "and the fix"
+            )
         return "\n".join(lines)
+
+
+WAITS = {
+    "waiting_quiet": "waiting --quiet-s (root span ended, not quiet long enough)",
+    "waiting_root": "waiting --max-wait-s (no root span yet; converted with repair once quiet that long)",
+}
+"""The two waits of ``tree.decide_completion``, named by the flag that ends them."""
+
+
+def _waits(waits: dict[str, int]) -> str:
+    return _why({WAITS.get(k, k): n for k, n in waits.items()})
+
+
+def _why(reasons: dict[str, int]) -> str:
+    """`` (2: reason a, 1: reason b)``: the reasons behind a count, most frequent first."""
+    if not reasons:
+        return ""
+    return " (" + "; ".join(f"{n}: {r}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])) + ")"

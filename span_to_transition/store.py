@@ -35,7 +35,7 @@ from schemas.store import StoreLayout
 from schemas.tables import LOGS_SCHEMA, REWARDS_SCHEMA, SPANS_SCHEMA, TRANSITIONS_SCHEMA
 from span_to_transition.columnar import _ns, logs_from_table, rewards_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig, RolloutOutput
-from span_to_transition.identity import link_rollouts, unify_rollouts
+from span_to_transition.identity import assign_rollouts, link_rollouts
 from span_to_transition.ledger import Ledger, row_settings, settings_note
 from span_to_transition.records import Reward
 from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
@@ -89,11 +89,11 @@ def _convert_store_locked(
     config.validate()
     now_ns = time.time_ns() if now_ns is None else now_ns
     stats = ConvertStats()
-    old_transition_files = _table_files(layout, "transitions")
+    old_transition_files = table_files(layout, "transitions")
     ledger, converted, conversion = _open_ledger(layout, old_transition_files, config, rebuild, stats)
     rewards = _read_rewards(layout, ledger, converted, rebuild)
 
-    span_files = _table_files(layout, "spans")
+    span_files = table_files(layout, "spans")
     rel = {f: str(f.relative_to(layout.table("spans"))) for f in span_files}
     todo = _files_to_read(span_files, rel, ledger, rewards)
     stats.span_files_read = len(todo)
@@ -105,16 +105,11 @@ def _convert_store_locked(
 
     spans = _read_numbered(todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
-    spans = spans.set_column(
-        spans.schema.get_field_index("rollout_id"),
-        "rollout_id",
-        pc.coalesce(spans.column("rollout_id"), spans.column("trace_id")),
-    )
-    spans, ledger.traces = unify_rollouts(spans, ledger.traces, follow_links=config.follow_links)
+    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links)
     stats.spans_read = len(spans)
-    statuses = _statuses(spans)
+    statuses = rollout_statuses(spans)
     stats.rollouts_seen = len(statuses)
-    ready, late_rollouts = _triage(statuses, converted, ledger, rewards, config, now_ns, stats)
+    ready, timed_out, late_rollouts = _triage(statuses, converted, ledger, rewards, config, now_ns, stats)
     _count_late_spans(spans, late_rollouts, converted, ledger, stats)
     lap = stats.lap("status", lap)
 
@@ -126,7 +121,9 @@ def _convert_store_locked(
         if r in ledger.excluded and r not in ready:
             ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
 
-    outputs = _convert_ready(layout, spans, ready, len(statuses), rewards.rows, config, conversion, stats)
+    outputs = _convert_ready(
+        layout, spans, ready, timed_out, len(statuses), rewards.rows, config, conversion, stats
+    )
     lap = stats.lap("convert", lap)  # converting and writing the transitions
     watermark = {r: statuses[r].last_received_ns for r in ready}
     _record(outputs, watermark, files_of, rewards.reconvert, ledger, stats)
@@ -194,7 +191,7 @@ class _Rewards:
 
 
 def _read_rewards(layout: StoreLayout, ledger: Ledger, converted: dict[str, int], rebuild: bool) -> _Rewards:
-    reward_files = _table_files(layout, "rewards")
+    reward_files = table_files(layout, "rewards")
     reward_rel = [str(f.relative_to(layout.table("rewards"))) for f in reward_files]
     new_reward_file = [r not in ledger.reward_files for r in reward_rel]
     reward_table = _read_numbered(reward_files, REWARDS_SCHEMA)
@@ -252,11 +249,13 @@ def _triage(
     config: ConvertConfig,
     now_ns: int,
     stats: ConvertStats,
-) -> tuple[list[str], list[str]]:
-    """(ready, late): rollouts to convert now, and converted ones whose spans were read again.
-    Excluded rollouts without a new reward are skipped; the rest are pending (counted)."""
+) -> tuple[list[str], frozenset[str], list[str]]:
+    """(ready, timed out, late): rollouts to convert now, those of them complete only because
+    --max-wait-s passed without their root span, and converted ones whose spans were read again.
+    Excluded rollouts without a new reward are skipped; the rest are pending (counted by wait)."""
     quiet_ns, wait_ns = int(config.quiet_s * 1e9), int(config.max_wait_s * 1e9)
     ready: list[str] = []
+    timed_out: set[str] = set()
     late: list[str] = []
     for r, st in statuses.items():
         if r in rewards.reconvert:
@@ -265,11 +264,14 @@ def _triage(
             late.append(r)
         elif r in ledger.excluded and r not in rewards.retry:
             continue
-        elif decide_completion(st, now_ns, quiet_ns, wait_ns).complete:
+        elif (done := decide_completion(st, now_ns, quiet_ns, wait_ns)).complete:
             ready.append(r)
+            if done.reason == "timeout_without_root":
+                timed_out.add(r)
         else:
             stats.rollouts_pending += 1
-    return ready, late
+            stats.pending_waits[done.reason] = stats.pending_waits.get(done.reason, 0) + 1
+    return ready, frozenset(timed_out), late
 
 
 def _count_late_spans(
@@ -293,6 +295,7 @@ def _convert_ready(
     layout: StoreLayout,
     spans: pa.Table,
     ready: list[str],
+    timed_out: frozenset[str],
     n_rollouts: int,
     reward_rows: list[tuple[str | None, str | None, Reward]],
     config: ConvertConfig,
@@ -313,7 +316,7 @@ def _convert_ready(
     trace_ids = pc.unique(sel.column("trace_id"))
     logs = logs_from_table(
         _read(
-            _table_files(layout, "logs"),
+            table_files(layout, "logs"),
             LOGS_SCHEMA,
             filter=(ds.field("trace_id").isin(trace_ids)) & pc.starts_with(ds.field("event_name"), "gen_ai."),
         )
@@ -322,7 +325,7 @@ def _convert_ready(
     for r_id, t_id, rw in reward_rows:
         rewards_by.setdefault(r_id or f"trace:{t_id}", []).append(rw)
     for written, outs in convert_parallel(
-        sel, logs, rewards_by, config, len(ready), WriteTo(str(layout.root), conversion)
+        sel, logs, rewards_by, config, len(ready), WriteTo(str(layout.root), conversion), timed_out
     ):
         assert isinstance(written, Written)
         stats.files_written += written.files
@@ -348,6 +351,11 @@ def _record(
         stats.calls_without_content += o.calls_without_content
         stats.duplicate_calls += o.duplicate_calls
         stats.problems.extend(o.problems[: MAX_PROBLEMS - len(stats.problems)])
+        if o.reason:
+            reasons = (
+                stats.excluded_reasons if o.status == "excluded_no_reward" else stats.without_calls_reasons
+            )
+            reasons[o.reason] = reasons.get(o.reason, 0) + 1
         if o.status == "excluded_no_reward":
             stats.rollouts_excluded_no_reward += 1
             ledger.excluded[o.rollout_id] = sorted(
@@ -376,7 +384,8 @@ def _finish(stats: ConvertStats, ledger: Ledger, t0: float) -> ConvertStats:
 # Reading the store
 
 
-def _table_files(layout: StoreLayout, table: str) -> list[Path]:
+def table_files(layout: StoreLayout, table: str) -> list[Path]:
+    """The Parquet files of one table (files being written, named ``.*``, are not yet part of it)."""
     root = layout.table(table)
     if not root.exists():
         return []
@@ -404,7 +413,7 @@ def _read_numbered(files: list[Path], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def _statuses(table: pa.Table) -> dict[str, RolloutStatus]:
+def rollout_statuses(table: pa.Table) -> dict[str, RolloutStatus]:
     """Per-rollout completion inputs, computed with Arrow group-bys (no per-span Python)."""
     marker = pc.fill_null(
         pc.equal(pc.map_lookup(table.column("attributes"), END_MARKER, "first"), "true"), False

@@ -33,23 +33,32 @@ BATCH_ROLLOUTS = 10_000
 
 
 def convert_table(
-    sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str, list[Reward]], config: ConvertConfig
+    sel: pa.Table,
+    logs: list[LogEvent],
+    rewards_by: dict[str, list[Reward]],
+    config: ConvertConfig,
+    timed_out: frozenset[str] = frozenset(),
 ) -> tuple[pa.Table, list[RolloutOutput]]:
     """Convert the spans of complete rollouts (``sel``, any row order) into a transitions table.
 
+    ``timed_out``: the rollouts complete only because --max-wait-s passed without their root span.
     The returned outputs carry statuses and counts; their transitions are already in the table.
     """
     gc_was_enabled = gc.isenabled()
     gc.disable()  # millions of short-lived acyclic records: the cycle collector only costs time here
     try:
-        return _convert_table(sel, logs, rewards_by, config)
+        return _convert_table(sel, logs, rewards_by, config, timed_out)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _convert_table(
-    sel: pa.Table, logs: list[LogEvent], rewards_by: dict[str, list[Reward]], config: ConvertConfig
+    sel: pa.Table,
+    logs: list[LogEvent],
+    rewards_by: dict[str, list[Reward]],
+    config: ConvertConfig,
+    timed_out: frozenset[str],
 ) -> tuple[pa.Table, list[RolloutOutput]]:
     records, duplicates = materialize(sel)
     logs_by_trace: dict[str, list[LogEvent]] = {}
@@ -68,7 +77,7 @@ def _convert_table(
         for t_id in traces:
             rws += rewards_by.get(f"trace:{t_id}", [])
         lg = [e for t_id in traces for e in logs_by_trace.get(t_id, [])]
-        out = convert_rollout(RolloutInput(rid, group, lg, rws), config)
+        out = convert_rollout(RolloutInput(rid, group, lg, rws, rid in timed_out), config)
         rows.extend(out.transitions)
         out.transitions = []
         outputs.append(out)
@@ -118,10 +127,10 @@ class WriteTo:
 
 
 def _convert_chunk(
-    args: tuple[bytes, list[LogEvent], dict[str, list[Reward]], ConvertConfig, Sink],
+    args: tuple[bytes, list[LogEvent], dict[str, list[Reward]], ConvertConfig, frozenset[str], Sink],
 ) -> tuple[object, list[RolloutOutput]]:
-    data, logs, rewards_by, config, sink = args
-    table, outputs = convert_table(pa.ipc.open_stream(data).read_all(), logs, rewards_by, config)
+    data, logs, rewards_by, config, timed_out, sink = args
+    table, outputs = convert_table(pa.ipc.open_stream(data).read_all(), logs, rewards_by, config, timed_out)
     return sink(table), outputs
 
 
@@ -132,7 +141,7 @@ _INHERITED: dict[str, Any] = {}
 def _convert_inherited(k: int) -> tuple[object, list[RolloutOutput]]:
     b = _INHERITED
     table, outputs = convert_table(
-        b["sel"].filter(pa.array(b["slot"] == k)), b["logs"], b["rewards_by"], b["config"]
+        b["sel"].filter(pa.array(b["slot"] == k)), b["logs"], b["rewards_by"], b["config"], b["timed_out"]
     )
     return b["sink"](table), outputs
 
@@ -153,6 +162,7 @@ def convert_parallel(
     config: ConvertConfig,
     n_rollouts: int,
     sink: Sink,
+    timed_out: frozenset[str] = frozenset(),
 ) -> Iterable[tuple[object, list[RolloutOutput]]]:
     """``convert_table`` + ``sink`` over rollout-aligned chunks, in worker processes for large batches.
 
@@ -163,7 +173,7 @@ def convert_parallel(
     """
     n = _workers(config, n_rollouts)
     if n == 1 and n_rollouts <= BATCH_ROLLOUTS:
-        table, outputs = convert_table(sel, logs, rewards_by, config)
+        table, outputs = convert_table(sel, logs, rewards_by, config, timed_out)
         yield sink(table), outputs
         return
     sel = sel.select(SPAN_COLUMNS)
@@ -175,11 +185,21 @@ def convert_parallel(
     )
     if n == 1:  # in-process, a bounded batch at a time: a small working set is faster than one huge one
         for k in range(n_chunks):
-            table, outputs = convert_table(sel.filter(pa.array(slot == k)), logs, rewards_by, config)
+            table, outputs = convert_table(
+                sel.filter(pa.array(slot == k)), logs, rewards_by, config, timed_out
+            )
             yield sink(table), outputs
         return
     if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
-        _INHERITED.update(sel=sel, slot=slot, logs=logs, rewards_by=rewards_by, config=config, sink=sink)
+        _INHERITED.update(
+            sel=sel,
+            slot=slot,
+            logs=logs,
+            rewards_by=rewards_by,
+            config=config,
+            timed_out=timed_out,
+            sink=sink,
+        )
         try:
             with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")) as pool:
                 yield from pool.map(_convert_inherited, range(n_chunks))
@@ -199,7 +219,7 @@ def convert_parallel(
                 for key, v in rewards_by.items()
                 if key in chunk_rollouts or (key.startswith("trace:") and key[6:] in chunk_traces)
             }
-        jobs.append((_ipc(chunk), lg, rw, config, sink))
+        jobs.append((_ipc(chunk), lg, rw, config, timed_out, sink))
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("forkserver")) as pool:
         yield from pool.map(_convert_chunk, jobs)
 
