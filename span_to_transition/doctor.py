@@ -1,0 +1,392 @@
+"""Why a store yields no (or few) transitions, and the fix: the logic of ``tracerl doctor``.
+
+``survey.gather`` reads the store (read-only) into ``StoreFacts``; ``diagnose`` is pure: facts in,
+``Finding`` s out, each saying what was seen, what it means and the exact fix. Samples are judged with the converter's own code (``classify``,
+``parse_call``, ``in_band_rewards``), so the doctor agrees with ``tracerl convert`` about what it
+reads; the spellings it only *recognises* (dialects and reward conventions the converter may not
+read yet) are data below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from span_to_transition.dialects import CALL_OPERATIONS, classify, parse_call
+from span_to_transition.records import Span
+from span_to_transition.rewards import in_band_rewards
+from span_to_transition.survey import REWARD_SPELLINGS, Pending, SpanGroup, StoreFacts
+from span_to_transition.tokens import GATEWAY_FLAG
+
+# ---------------------------------------------------------------------------------------------
+# What the doctor recognises (data)
+
+LLM_SIGNAL_KEYS = frozenset(
+    {
+        "gen_ai.system",
+        "gen_ai.provider.name",
+        "gen_ai.request.model",
+        "gen_ai.response.model",
+        "llm.model_name",
+        "llm.request.model",
+        "ai.model.id",
+        "ai.prompt.messages",
+        "ai.response.text",
+        "ai.response.toolCalls",
+        "prompt_token_ids",
+        "response_token_ids",
+        "gen_ai.prompt",
+        "gen_ai.completion",
+    }
+)
+"""Attribute keys that mark a span as an LLM call in some instrumentation (semconv, OpenInference,
+the Vercel AI SDK, Agent Lightning, AgentOps), whether or not the converter reads that dialect."""
+LLM_SIGNAL_PREFIXES = (
+    "llm.hosted_vllm.",
+    "gen_ai.prompt.",
+    "gen_ai.completion.",
+    "llm.input_messages.",
+    "llm.output_messages.",
+    "ai.prompt.",
+    "ai.response.",
+)
+LLM_SIGNAL_NAMES = (
+    "openai.chat.completion",
+    "litellm_request",
+    "raw_gen_ai_request",
+    "ai.generateText.doGenerate",
+    "ai.streamText.doStream",
+    "ai.generateObject.doGenerate",
+    "ai.streamObject.doStream",
+)
+"""Span names of LLM calls: AgentOps, LiteLLM (Agent Lightning's proxy) and the Vercel AI SDK."""
+
+TOKEN_ID_KEYS = ("tracerl.prompt_token_ids", "prompt_token_ids", "llm.hosted_vllm.prompt_token_ids")
+"""Token ids on a call span: tracerl's gateway/span convention, Agent Lightning, LiteLLM's hosted_vllm."""
+
+
+CONTRIB_CAPTURE = (
+    "export OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental "
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY in the agent's environment "
+    "(older contrib versions: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true plus "
+    "OTEL_LOGS_EXPORTER=otlp, which sends the messages as log records)"
+)
+INSTRUMENTATIONS: list[tuple[str, str, str]] = [
+    ("opentelemetry.util.genai", "OpenTelemetry contrib GenAI (opentelemetry-util-genai)", CONTRIB_CAPTURE),
+    ("opentelemetry.instrumentation.openai_v2", "OpenTelemetry contrib openai-v2", CONTRIB_CAPTURE),
+    ("opentelemetry.instrumentation.google_genai", "OpenTelemetry contrib google-genai", CONTRIB_CAPTURE),
+    ("opentelemetry.instrumentation.vertexai", "OpenTelemetry contrib vertexai", CONTRIB_CAPTURE),
+    (
+        "opentelemetry.instrumentation.",
+        "OpenLLMetry (traceloop)",
+        "export TRACELOOP_TRACE_CONTENT=true in the agent's environment (Traceloop.init(trace_content=True))",
+    ),
+    (
+        "openinference.instrumentation",
+        "OpenInference",
+        "unset OPENINFERENCE_HIDE_INPUTS, OPENINFERENCE_HIDE_OUTPUTS, OPENINFERENCE_HIDE_INPUT_MESSAGES and "
+        "OPENINFERENCE_HIDE_OUTPUT_MESSAGES (or set them to false), or pass TraceConfig(hide_inputs=False, "
+        "hide_outputs=False) to the instrumentor",
+    ),
+    (
+        "ai",
+        "the Vercel AI SDK",
+        "pass experimental_telemetry: { isEnabled: true, recordInputs: true, recordOutputs: true } to "
+        "generateText / streamText",
+    ),
+    (
+        "litellm",
+        "LiteLLM",
+        "set litellm.turn_off_message_logging = False (proxy: litellm_settings: "
+        "turn_off_message_logging: false)",
+    ),
+]
+"""Instrumentation scope (prefix; the first match wins) -> its name and how to turn content capture on."""
+ANY_CAPTURE = (
+    "turn on message content capture in the instrumentation that recorded the calls: contrib: "
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY with OTEL_SEMCONV_STABILITY_OPT_IN="
+    "gen_ai_latest_experimental; OpenLLMetry: TRACELOOP_TRACE_CONTENT=true; OpenInference: "
+    "OPENINFERENCE_HIDE_INPUTS / OPENINFERENCE_HIDE_OUTPUTS unset"
+)
+
+GATEWAY_FIX = (
+    "start the gateway in front of the model server (tracerl gateway --upstream URL --otlp "
+    "http://127.0.0.1:4317) and point the agent at it: OPENAI_BASE_URL=http://127.0.0.1:8100/v1"
+)
+INSTRUMENT_FIX = (
+    "instrument the agent's LLM client, e.g. pip install opentelemetry-instrumentation-openai-v2 "
+    "and run the agent under opentelemetry-instrument with OTEL_EXPORTER_OTLP_ENDPOINT="
+    "http://127.0.0.1:4317; or send its calls through the gateway, whose spans are calls "
+    f"themselves ({GATEWAY_FIX.split(' and ', 1)[1]})"
+)
+
+
+def instrumentation(scope: str | None) -> tuple[str, str]:
+    """(name, content-capture fix) of the instrumentation that wrote spans with this scope."""
+    for prefix, name, fix in INSTRUMENTATIONS:
+        if scope and (scope == prefix or scope.startswith(prefix if prefix.endswith(".") else prefix + ".")):
+            return name, fix
+    return (f"scope {scope!r}" if scope else "an unnamed instrumentation scope"), ANY_CAPTURE
+
+
+@dataclass(frozen=True)
+class Finding:
+    problem: str
+    saw: str
+    means: str
+    fix: str
+
+    def text(self) -> str:
+        return f"problem: {self.problem}\n  saw:   {self.saw}\n  means: {self.means}\n  fix:   {self.fix}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The diagnosis (pure)
+
+
+def _is_signal(span: Span) -> bool:
+    a = span.attributes
+    op = a.get("gen_ai.operation.name")
+    if op is not None and op not in CALL_OPERATIONS:  # an agent, tool or embeddings span, not a call
+        return False
+    return (
+        span.name.startswith(LLM_SIGNAL_NAMES)
+        or any(k in LLM_SIGNAL_KEYS for k in a)
+        or any(k.startswith(LLM_SIGNAL_PREFIXES) for k in a)
+    )
+
+
+def _scopes_text(scopes: Mapping[str, int], limit: int = 8) -> str:
+    top = sorted(scopes.items(), key=lambda kv: -kv[1])[:limit]
+    return ", ".join(f"{s or '(no scope)'} ({n})" for s, n in top) or "none"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def diagnose(f: StoreFacts) -> list[Finding]:
+    """The problems in a store, most fundamental first; empty when it is healthy."""
+    if f.spans == 0:
+        backlog = (
+            (
+                f" ({f.wal_backlog_bytes:,} bytes wait in the write-ahead log: the collector compacts them "
+                "into spans/ when it runs)"
+            )
+            if f.wal_backlog_bytes
+            else ""
+        )
+        return [
+            Finding(
+                "no spans",
+                f"spans/ is empty{backlog}",
+                "no agent has exported traces to this store's collector yet",
+                "run `tracerl collect --store DIR` and start the agent with OTEL_EXPORTER_OTLP_ENDPOINT="
+                "http://127.0.0.1:4317 (OTLP/gRPC; http://127.0.0.1:4318 for OTLP/HTTP); "
+                "check --store points at the collector's directory",
+            )
+        ]
+    out: list[Finding] = []
+    calls: list[tuple[SpanGroup, str]] = []  # (group, dialect)
+    unread: list[SpanGroup] = []
+    for g in f.groups:
+        if g.sample.attributes.get(GATEWAY_FLAG) == "true":
+            continue
+        dialect = classify(g.sample.attributes)
+        if dialect is not None:
+            calls.append((g, dialect))
+        elif _is_signal(g.sample):
+            unread.append(g)
+    n_calls = sum(g.count for g, _ in calls)
+
+    if not calls and not unread and not f.gateway_spans:
+        out.append(
+            Finding(
+                "no LLM spans",
+                f"{_plural(f.spans, 'span')} from these instrumentation scopes: {_scopes_text(f.scopes)}; none "
+                "records an LLM call in any dialect",
+                "the agent's LLM client is not instrumented (only its framework or tools are), so there is nothing "
+                "to train on",
+                INSTRUMENT_FIX,
+            )
+        )
+    for g in unread:
+        keys = ", ".join(sorted(g.sample.attributes)[:40])
+        out.append(
+            Finding(
+                f"LLM calls in a dialect this converter does not read ({instrumentation(g.scope)[0]})",
+                f"{_plural(g.count, 'span')} like {g.sample.name!r} (scope {g.scope or '(none)'}) look like LLM calls; "
+                f"a sample's attribute keys: {keys}",
+                "the converter recognises none of its message spellings, so these calls yield no transitions",
+                "route the agent's calls through the gateway, whose spans are read whatever the agent uses ("
+                f"{GATEWAY_FIX.split(' and ', 1)[1]}); or report these attribute keys so the dialect can be added",
+            )
+        )
+
+    empty: dict[str | None, int] = {}
+    no_prompt: dict[str | None, int] = {}
+    for g, _ in calls:
+        call = parse_call(g.sample, g.sample_logs)
+        if call is None:
+            continue
+        if not call.messages and call.response is None:
+            empty[g.scope] = empty.get(g.scope, 0) + g.count
+        elif not call.messages:
+            no_prompt[g.scope] = no_prompt.get(g.scope, 0) + g.count
+    for scope, n in empty.items():
+        name, fix = instrumentation(scope)
+        out.append(
+            Finding(
+                f"content capture is off ({name})",
+                f"{_plural(n, 'LLM call span')} from scope {scope or '(none)'} carry model and usage but no prompt or "
+                "response messages, on the span or in gen_ai.* log records",
+                "without messages there is nothing to train on; these calls are not converted",
+                fix,
+            )
+        )
+    for scope, n in no_prompt.items():
+        name, fix = instrumentation(scope)
+        out.append(
+            Finding(
+                f"LLM calls without prompt messages ({name})",
+                f"{_plural(n, 'LLM call span')} from scope {scope or '(none)'} record a response (or token ids) but "
+                "no input messages",
+                "the prompt of each call is unknown, so it cannot become a transition",
+                f"record the inputs too: {fix}",
+            )
+        )
+
+    if n_calls or f.gateway_spans:
+        out += _reward_findings(f)
+        out += _token_findings(f, n_calls)
+    if f.pending:
+        out.append(_pending_finding(f))
+    return out
+
+
+def _reward_findings(f: StoreFacts) -> list[Finding]:
+    out: list[Finding] = []
+    unread = [k for k, s in f.reward_samples.items() if not in_band_rewards([s])]
+    for k in unread:
+        out.append(
+            Finding(
+                f"rewards in a spelling this converter does not read ({k})",
+                f"{_plural(f.rewards.get(k, 0), 'span')} carry {REWARD_SPELLINGS[k]}",
+                "the rollouts they reward count as unrewarded",
+                "also emit the reward as a span attribute tracerl.reward=VALUE (plain OpenTelemetry API), or POST "
+                '{"rollout_id": ..., "value": ...} to the collector\'s /v1/rewards',
+            )
+        )
+    seen = ", ".join(f"{k}: {f.rewards.get(k, 0)}" for k in REWARD_SPELLINGS)
+    if not any(f.rewards.values()):
+        blocking = f.missing_reward == "exclude"
+        out.append(
+            Finding(
+                "no rewards",
+                f"no reward on any channel ({seen})",
+                "every rollout is excluded as unrewarded (convert --missing-reward exclude, the default)"
+                if blocking
+                else "every rollout gets the fill reward, so there is no signal to learn from",
+                "emit the reward from the agent (a span with attribute tracerl.reward=VALUE, e.g. "
+                'span.set_attribute(\'tracerl.reward\', 1.0)), or POST {"rollout_id": ..., "value": ...} to the '
+                "collector's /v1/rewards after judging the run; to train anyway: tracerl convert --missing-reward fill "
+                "--fill-reward 0",
+            )
+        )
+    elif f.excluded:
+        out.append(
+            Finding(
+                "rollouts excluded for want of a reward",
+                f"{_plural(len(f.excluded), 'rollout')} converted with no reward (e.g. {', '.join(f.excluded[:3])}); "
+                f"rewards seen elsewhere: {seen}",
+                "these rollouts' calls are not in transitions/ until a reward arrives for them",
+                'POST {"rollout_id": ..., "value": ...} to /v1/rewards (they are converted on the next pass), or '
+                "emit tracerl.reward in every run; or convert --missing-reward fill --fill-reward 0",
+            )
+        )
+    return out
+
+
+def _token_findings(f: StoreFacts, n_calls: int) -> list[Finding]:
+    retokenized = f.token_sources.get("retokenized", 0)
+    exact = f.token_sources.get("gateway", 0) + f.token_sources.get("span", 0)
+    if f.gateway_spans and f.gateway_roots and (retokenized or not f.transitions):
+        return [
+            Finding(
+                "gateway spans are not under the agent's call spans (traceparent not propagated)",
+                f"{_plural(f.gateway_roots, 'gateway span')} of {f.gateway_spans} start a trace of their own"
+                + (
+                    f"; {retokenized} of {f.transitions} transitions have no exact token ids"
+                    if retokenized
+                    else ""
+                ),
+                "the gateway saw the calls but its spans join an agent call only by gen_ai.response.id; calls whose "
+                "id differs fall back to retokenization (token ids may not match what the model sampled)",
+                "let the agent's HTTP client send the W3C traceparent header to the gateway: instrument the OpenAI "
+                "client (opentelemetry-instrumentation-openai-v2 or OpenLLMetry) or its HTTP library "
+                "(opentelemetry-instrumentation-httpx), under the same tracer provider that exports to the collector",
+            )
+        ]
+    if not f.gateway_spans and n_calls and not exact and not _has_span_ids(f):
+        return [
+            Finding(
+                "no token ids",
+                f"{_plural(n_calls, 'LLM call span')}, no gateway span (tracerl.gateway=true) and no token ids on "
+                "the call spans"
+                + (f"; all {f.transitions} transitions are retokenized" if f.transitions else ""),
+                "the gateway is not in the path, so training re-renders messages with the chat template instead of "
+                "the exact tokens the model sampled (and has no sampling logprobs)",
+                GATEWAY_FIX,
+            )
+        ]
+    return []
+
+
+def _has_span_ids(f: StoreFacts) -> bool:
+    return any(k in g.sample.attributes for g in f.groups for k in TOKEN_ID_KEYS)
+
+
+def _pending_finding(f: StoreFacts) -> Finding:
+    by: dict[str, list[Pending]] = {}
+    for p in f.pending:
+        by.setdefault(p.wait, []).append(p)
+    saw, fix = [], []
+    quiet, root = by.get("waiting_quiet", []), by.get("waiting_root", [])
+    if quiet:
+        saw.append(
+            f"{_plural(len(quiet), 'rollout')} wait --quiet-s {f.quiet_s:g} (root span ended; "
+            f"complete within {max(p.seconds_left for p in quiet):.0f}s; e.g. {quiet[0].rollout_id})"
+        )
+        fix.append("if the agent has finished, convert now with tracerl convert --quiet-s 0")
+    if root:
+        saw.append(
+            f"{_plural(len(root), 'rollout')} wait --max-wait-s {f.max_wait_s:g} (no root span yet; "
+            f"converted with a repaired tree within {max(p.seconds_left for p in root):.0f}s; "
+            f"e.g. {root[0].rollout_id})"
+        )
+        fix.append(
+            "make the agent end its top-level span and flush before it exits (tracer_provider.shutdown()), "
+            "or set tracerl.rollout.end=true on its last span; to convert sooner, lower --max-wait-s"
+        )
+    return Finding(
+        "rollouts pending",
+        "; ".join(saw),
+        "they are not complete yet, so they have no transitions",
+        "; ".join(fix),
+    )
+
+
+def report(findings: list[Finding], store: str) -> str:
+    """What ``tracerl doctor`` prints."""
+    if not findings:
+        return (
+            f"{store}: healthy (spans with LLM calls, content, rewards and exact token ids; nothing pending)"
+        )
+    head = f"{store}: {_plural(len(findings), 'problem')}"
+    return "\n\n".join([head, *(x.text() for x in findings)])
+
+
+def as_json(findings: list[Finding]) -> str:
+    return json.dumps([dataclasses.asdict(x) for x in findings], indent=2)

@@ -1,0 +1,204 @@
+"""What a store holds, for ``tracerl doctor``: read-only queries whose results ``doctor.diagnose`` judges.
+
+Spans are grouped by instrumentation scope and attribute-key shape (indexes collapsed), with one
+sample span (and its ``gen_ai.*`` log records) per group; reward channels are counted with a sample
+each; gateway spans, the token sources of the transitions and the rollouts still pending (by the
+pass's own completion rules) complete the picture. Nothing is written: DuckDB views with external
+access off, Arrow reads, and the converter's ledger read as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow.dataset as ds
+
+from schemas.store import StoreLayout
+from schemas.tables import SPANS_SCHEMA
+from schemas.views import connect_readonly
+from span_to_transition.columnar import logs_from_table, spans_from_table
+from span_to_transition.identity import assign_rollouts
+from span_to_transition.ledger import Ledger
+from span_to_transition.records import LogEvent, Span
+from span_to_transition.store import rollout_statuses, table_files
+from span_to_transition.tree import decide_completion
+
+REWARD_SPELLINGS: dict[str, str] = {
+    "tracerl.reward": "a span attribute tracerl.reward",
+    "agentlightning.reward": "Agent Lightning reward spans (agentlightning.reward, agentlightning.reward.*)",
+    "agentops.task.output": "AgentOps reward payloads (agentops.task.output / agentops.entity.output "
+    '{"type": "reward", ...})',
+    "gen_ai.evaluation.result": "gen_ai.evaluation.result events (span events or log records)",
+    "rewards table": "rows in rewards/ (POST /v1/rewards on the collector, or an offline rewards file)",
+}
+"""Every reward channel the survey counts (DESIGN.md "Rewards", plus Agent Lightning's and AgentOps')."""
+
+# ---------------------------------------------------------------------------------------------
+# Facts (query results)
+
+
+@dataclass
+class SpanGroup:
+    """Spans sharing an instrumentation scope and an attribute-key shape (indexes collapsed), with one sample."""
+
+    scope: str | None
+    count: int
+    sample: Span
+    sample_logs: list[LogEvent] = field(default_factory=list)  # gen_ai.* log records joined to the sample
+
+
+@dataclass(frozen=True)
+class Pending:
+    rollout_id: str
+    wait: str  # waiting_quiet | waiting_root (tree.decide_completion)
+    seconds_left: float
+
+
+@dataclass
+class StoreFacts:
+    """Everything ``diagnose`` needs, read from one store."""
+
+    spans: int = 0
+    wal_backlog_bytes: int = 0
+    scopes: dict[str, int] = field(default_factory=dict)  # instrumentation scope -> spans
+    groups: list[SpanGroup] = field(default_factory=list)
+    rewards: dict[str, int] = field(default_factory=dict)  # REWARD_SPELLINGS key -> count
+    reward_samples: dict[str, Span] = field(default_factory=dict)  # spelling -> one span carrying it
+    gateway_spans: int = 0
+    gateway_roots: int = 0  # gateway spans with no parent: the agent did not propagate traceparent
+    transitions: int = 0
+    token_sources: dict[str, int] = field(default_factory=dict)
+    pending: list[Pending] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
+    quiet_s: float = 30.0
+    max_wait_s: float = 600.0
+    missing_reward: str = "exclude"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the store (read-only)
+
+
+_GROUPS_SQL = r"""
+SELECT scope_name, count(*) AS n,
+       arg_min(span_id, span_id) AS sample_span, arg_min(trace_id, span_id) AS sample_trace
+FROM spans
+GROUP BY scope_name,
+         list_sort(list_distinct(list_transform(map_keys(attributes),
+                                                lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
+         attributes['gen_ai.operation.name'], attributes['openinference.span.kind'], attributes['llm.request.type'],
+         attributes['tracerl.gateway'], starts_with(name, 'agentlightning.reward')
+ORDER BY n DESC
+LIMIT 200
+"""
+
+_REWARDS_SQL = {
+    "tracerl.reward": "map_contains(attributes, 'tracerl.reward')",
+    "agentlightning.reward": "starts_with(name, 'agentlightning.reward') OR len(list_filter(map_keys(attributes), "
+    "lambda k: starts_with(k, 'agentlightning.reward'))) > 0",
+    "agentops.task.output": "(coalesce(attributes['agentops.task.output'], attributes['agentops.entity.output']) "
+    "LIKE '%reward%')",
+    "gen_ai.evaluation.result": "len(list_filter(events, lambda e: e.name = 'gen_ai.evaluation.result')) > 0",
+}
+
+
+def _spans(con: duckdb.DuckDBPyConnection, where: str, params: list[str]) -> list[Span]:
+    """The first span matching ``where``, as the record the converter reads (every attribute kept)."""
+    table = con.sql(f"SELECT * FROM spans WHERE {where} LIMIT 1", params=params).to_arrow_table()
+    return spans_from_table(table, all_attributes=True)
+
+
+def gather(
+    store: str | os.PathLike[str],
+    quiet_s: float | None = None,
+    max_wait_s: float | None = None,
+    now_ns: int | None = None,
+    wal_backlog_bytes: int = 0,
+) -> StoreFacts:
+    """The facts ``diagnose`` reads, from ``store`` (never written to). Completion settings default to
+    those the ledger recorded (the last convert), else convert's defaults."""
+    layout = StoreLayout.at(store)
+    ledger = Ledger.load(layout)
+    settings = ledger.settings
+    f = StoreFacts(
+        wal_backlog_bytes=wal_backlog_bytes, missing_reward=str(settings.get("missing_reward", "exclude"))
+    )
+    if quiet_s is not None:
+        f.quiet_s = quiet_s
+    if max_wait_s is not None:
+        f.max_wait_s = max_wait_s
+    con = connect_readonly(str(store))
+    try:
+        f.spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
+        if f.spans == 0:
+            return f
+        f.scopes = dict(
+            con.execute("SELECT coalesce(scope_name, ''), count(*) FROM spans GROUP BY 1").fetchall()
+        )
+        for scope, n, span_id, trace_id in con.execute(_GROUPS_SQL).fetchall():
+            sample = _spans(con, "trace_id = ? AND span_id = ?", [trace_id, span_id])[0]
+            logs = logs_from_table(
+                con.sql(
+                    "SELECT * FROM logs WHERE span_id = ? AND event_name LIKE 'gen_ai.%'", params=[span_id]
+                ).to_arrow_table()
+            )
+            f.groups.append(SpanGroup(scope, n, sample, logs))
+        for key, where in _REWARDS_SQL.items():
+            f.rewards[key] = con.execute(f"SELECT count(*) FROM spans WHERE {where}").fetchall()[0][0]
+            if f.rewards[key]:
+                f.reward_samples[key] = _spans(con, where, [])[0]
+        f.rewards["gen_ai.evaluation.result"] += con.execute(
+            "SELECT count(*) FROM logs WHERE event_name = 'gen_ai.evaluation.result'"
+        ).fetchall()[0][0]
+        f.rewards["rewards table"] = con.execute("SELECT count(*) FROM rewards").fetchall()[0][0]
+        f.gateway_spans, f.gateway_roots = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE parent_span_id IS NULL) FROM spans "
+            "WHERE attributes['tracerl.gateway'] = 'true'"
+        ).fetchall()[0]
+        f.token_sources = dict(
+            con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
+        )
+        f.transitions = sum(f.token_sources.values())
+    finally:
+        con.close()
+    f.excluded = sorted(ledger.excluded)
+    f.pending = _pending(
+        layout,
+        ledger,
+        f.quiet_s,
+        f.max_wait_s,
+        time.time_ns() if now_ns is None else now_ns,
+        bool(settings.get("follow_links", True)),
+    )
+    return f
+
+
+def _pending(
+    layout: StoreLayout, ledger: Ledger, quiet_s: float, max_wait_s: float, now_ns: int, follow_links: bool
+) -> list[Pending]:
+    """Rollouts the next convert pass would leave pending, with the wait each is on (the pass's own rules)."""
+    files = [
+        f
+        for f in table_files(layout, "spans")
+        if str(f.relative_to(layout.table("spans"))) not in ledger.files_done
+    ]
+    if not files:
+        return []
+    spans = ds.dataset([str(p) for p in files], schema=SPANS_SCHEMA, format="parquet").to_table(
+        columns=["trace_id", "span_id", "parent_span_id", "rollout_id", "received_at", "attributes", "links"]
+    )
+    statuses = rollout_statuses(assign_rollouts(spans, dict(ledger.traces), follow_links)[0])
+    quiet_ns, wait_ns = int(quiet_s * 1e9), int(max_wait_s * 1e9)
+    out = []
+    for r, st in sorted(statuses.items()):
+        if r in ledger.converted or r in ledger.excluded:
+            continue
+        done = decide_completion(st, now_ns, quiet_ns, wait_ns)
+        if not done.complete:
+            idle = now_ns - st.last_received_ns
+            left = (quiet_ns if done.reason == "waiting_quiet" else wait_ns) - idle
+            out.append(Pending(r, done.reason, max(left, 0) / 1e9))
+    return out

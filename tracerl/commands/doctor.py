@@ -1,0 +1,65 @@
+"""Why a store yields no (or few) transitions, and the fix.
+
+Reads spans, logs, rewards, transitions and the converter's state (read-only) and reports, per
+problem, what it saw, what it means and the exact fix: no spans, no LLM spans (and which
+instrumentation scopes it did see), content capture off (the setting for that instrumentation),
+calls without prompt messages, LLM calls in a dialect the converter does not read (with a sample
+span's attribute keys), no rewards (and which reward spellings exist), no token ids (gateway not
+in the path, traceparent not propagated), and rollouts still pending (on --quiet-s or --max-wait-s).
+Exit status: 0 healthy, 1 problems found, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from schemas.store import StoreLayout, default_store
+from tracerl.options import UsageError, add_options, from_args, opt
+
+EPILOG = """\
+examples:
+  tracerl doctor                                   # the store in ./tracerl-store (or $TRACERL_STORE)
+  tracerl doctor --store /data/tracerl --json      # one JSON list of {problem, saw, means, fix}
+  tracerl doctor --quiet-s 5                       # judge pending rollouts with the settings you convert with
+"""
+
+
+@dataclass
+class DoctorConfig:
+    store: str = opt(default_store(), "store directory", metavar="DIR", env="TRACERL_STORE")
+    quiet_s: float | None = opt(None, "the --quiet-s you convert with (default: the last convert's, else 30)")
+    max_wait_s: float | None = opt(
+        None, "the --max-wait-s you convert with (default: the last convert's, else 600)"
+    )
+    json: bool = opt(False, "print the findings as JSON")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, DoctorConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from span_to_transition.doctor import as_json, diagnose, report
+    from span_to_transition.survey import gather
+    from tracerl.commands.status import collect_status
+
+    cfg = from_args(DoctorConfig, args)
+    layout = StoreLayout.at(cfg.store)
+    if not layout.root.is_dir():
+        raise UsageError(
+            f"--store {cfg.store} is not a directory; point --store (or TRACERL_STORE) at the "
+            "directory `tracerl collect --store DIR` writes"
+        )
+    for flag, value in (("--quiet-s", cfg.quiet_s), ("--max-wait-s", cfg.max_wait_s)):
+        if value is not None and value < 0:
+            raise UsageError(f"{flag} {value} must be >= 0")
+    facts = gather(
+        cfg.store,
+        cfg.quiet_s,
+        cfg.max_wait_s,
+        wal_backlog_bytes=collect_status(cfg.store)["wal"]["backlog_bytes"],
+    )
+    findings = diagnose(facts)
+    print(as_json(findings) if cfg.json else report(findings, str(layout.root)))
+    return 1 if findings else 0
