@@ -39,7 +39,7 @@ RELEVANT_KEYS = sorted(
 )
 """A span with any of these attribute keys is materialised with its attributes (see module docstring)."""
 
-SPAN_COLUMNS = [
+SKELETON_COLUMNS = [
     "trace_id",
     "span_id",
     "parent_span_id",
@@ -48,10 +48,9 @@ SPAN_COLUMNS = [
     "start_time_ns",
     "end_time_ns",
     "received_at",
-    "attributes",
-    "resource_attributes",
-    "events",
 ]
+"""What every span keeps, even one pruned to a skeleton: ids, parent, name, times."""
+SPAN_COLUMNS = [*SKELETON_COLUMNS, "attributes", "resource_attributes", "events"]
 """The span columns conversion reads; batches are cut from these alone (a filter of every column costs 2x)."""
 
 RELEVANT_NAME_PREFIXES = ("invoke_agent", "agentlightning.reward")
@@ -229,18 +228,7 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
 
     kept_idx = np.nonzero(keep)[0]
     rel_in_kept = relevant[kept_idx]
-    kept = table.select(
-        [
-            "trace_id",
-            "span_id",
-            "parent_span_id",
-            "name",
-            "rollout_id",
-            "start_time_ns",
-            "end_time_ns",
-            "received_at",
-        ]
-    ).take(pc.take(order, pa.array(kept_idx)))
+    kept = table.select(SKELETON_COLUMNS).take(pc.take(order, pa.array(kept_idx)))
     py = {
         k: kept.column(k).to_pylist() for k in ("trace_id", "span_id", "parent_span_id", "name", "rollout_id")
     }

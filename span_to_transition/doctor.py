@@ -18,7 +18,7 @@ from span_to_transition.dialects import CALL_OPERATIONS, classify, parse_call
 from span_to_transition.records import Span
 from span_to_transition.rewards import in_band_rewards
 from span_to_transition.survey import REWARD_SPELLINGS, Pending, SpanGroup, StoreFacts
-from span_to_transition.tokens import GATEWAY_FLAG
+from span_to_transition.tokens import is_gateway
 
 # ---------------------------------------------------------------------------------------------
 # What the doctor recognises (data)
@@ -111,15 +111,16 @@ ANY_CAPTURE = (
     "OPENINFERENCE_HIDE_INPUTS / OPENINFERENCE_HIDE_OUTPUTS unset"
 )
 
+POINT_AT_GATEWAY = "point the agent at the gateway: OPENAI_BASE_URL=http://127.0.0.1:8100/v1"
 GATEWAY_FIX = (
     "start the gateway in front of the model server (tracerl gateway --upstream URL --otlp "
-    "http://127.0.0.1:4317) and point the agent at it: OPENAI_BASE_URL=http://127.0.0.1:8100/v1"
+    f"http://127.0.0.1:4317) and {POINT_AT_GATEWAY}"
 )
 INSTRUMENT_FIX = (
     "instrument the agent's LLM client, e.g. pip install opentelemetry-instrumentation-openai-v2 "
     "and run the agent under opentelemetry-instrument with OTEL_EXPORTER_OTLP_ENDPOINT="
     "http://127.0.0.1:4317; or send its calls through the gateway, whose spans are calls "
-    f"themselves ({GATEWAY_FIX.split(' and ', 1)[1]})"
+    f"themselves ({POINT_AT_GATEWAY})"
 )
 
 
@@ -189,17 +190,16 @@ def diagnose(f: StoreFacts) -> list[Finding]:
             )
         ]
     out: list[Finding] = []
-    calls: list[tuple[SpanGroup, str]] = []  # (group, dialect)
+    calls: list[SpanGroup] = []
     unread: list[SpanGroup] = []
     for g in f.groups:
-        if g.sample.attributes.get(GATEWAY_FLAG) == "true":
+        if is_gateway(g.sample):
             continue
-        dialect = classify(g.sample.attributes)
-        if dialect is not None:
-            calls.append((g, dialect))
+        if classify(g.sample.attributes) is not None:
+            calls.append(g)
         elif _is_signal(g.sample):
             unread.append(g)
-    n_calls = sum(g.count for g, _ in calls)
+    n_calls = sum(g.count for g in calls)
 
     if not calls and not unread and not f.gateway_spans:
         out.append(
@@ -221,42 +221,17 @@ def diagnose(f: StoreFacts) -> list[Finding]:
                 f"a sample's attribute keys: {keys}",
                 "the converter recognises none of its message spellings, so these calls yield no transitions",
                 "route the agent's calls through the gateway, whose spans are read whatever the agent uses ("
-                f"{GATEWAY_FIX.split(' and ', 1)[1]}); or report these attribute keys so the dialect can be added",
+                f"{POINT_AT_GATEWAY}); or report these attribute keys so the dialect can be added",
             )
         )
 
-    empty: dict[str | None, int] = {}
-    no_prompt: dict[str | None, int] = {}
-    for g, _ in calls:
+    missing: dict[tuple[bool, str | None], int] = {}  # (has a response, scope) -> call spans with no prompt
+    for g in calls:
         call = parse_call(g.sample, g.sample_logs)
-        if call is None:
-            continue
-        if not call.messages and call.response is None:
-            empty[g.scope] = empty.get(g.scope, 0) + g.count
-        elif not call.messages:
-            no_prompt[g.scope] = no_prompt.get(g.scope, 0) + g.count
-    for scope, n in empty.items():
-        name, fix = instrumentation(scope)
-        out.append(
-            Finding(
-                f"content capture is off ({name})",
-                f"{_plural(n, 'LLM call span')} from scope {scope or '(none)'} carry model and usage but no prompt or "
-                "response messages, on the span or in gen_ai.* log records",
-                "without messages there is nothing to train on; these calls are not converted",
-                fix,
-            )
-        )
-    for scope, n in no_prompt.items():
-        name, fix = instrumentation(scope)
-        out.append(
-            Finding(
-                f"LLM calls without prompt messages ({name})",
-                f"{_plural(n, 'LLM call span')} from scope {scope or '(none)'} record a response (or token ids) but "
-                "no input messages",
-                "the prompt of each call is unknown, so it cannot become a transition",
-                f"record the inputs too: {fix}",
-            )
-        )
+        if call is not None and not call.messages:
+            key = (call.response is not None, g.scope)
+            missing[key] = missing.get(key, 0) + g.count
+    out += [_content_finding(scope, n, has_response) for (has_response, scope), n in missing.items()]
 
     if n_calls or f.gateway_spans:
         out += _reward_findings(f)
@@ -264,6 +239,25 @@ def diagnose(f: StoreFacts) -> list[Finding]:
     if f.pending:
         out.append(_pending_finding(f))
     return out
+
+
+def _content_finding(scope: str | None, n: int, has_response: bool) -> Finding:
+    """Call spans without prompt messages: content capture off, or (with a response) inputs hidden."""
+    name, fix = instrumentation(scope)
+    spans = f"{_plural(n, 'LLM call span')} from scope {scope or '(none)'}"
+    if has_response:
+        return Finding(
+            f"LLM calls without prompt messages ({name})",
+            f"{spans} record a response (or token ids) but no input messages",
+            "the prompt of each call is unknown, so it cannot become a transition",
+            f"record the inputs too: {fix}",
+        )
+    return Finding(
+        f"content capture is off ({name})",
+        f"{spans} carry model and usage but no prompt or response messages, on the span or in gen_ai.* log records",
+        "without messages there is nothing to train on; these calls are not converted",
+        fix,
+    )
 
 
 def _reward_findings(f: StoreFacts) -> list[Finding]:

@@ -30,8 +30,11 @@ S = 1_000_000_000
 LATER = 2_000_000_000 * S
 
 
-def edited(name: str, keep: Callable[[dict], bool] = lambda row: True,
-           drop_keys: Callable[[str], bool] = lambda key: False) -> pa.Table:
+def edited(
+    name: str,
+    keep: Callable[[dict], bool] = lambda row: True,
+    drop_keys: Callable[[str], bool] = lambda key: False,
+) -> pa.Table:
     """A recorded fixture's spans with some rows or attribute keys removed (what a differently
     configured instrumentation would have sent)."""
     traces, _ = fixture_tables(name)
@@ -86,15 +89,29 @@ def test_no_llm_spans_lists_the_scopes_it_did_see(store: Path) -> None:
 
 
 def test_content_capture_off_names_the_setting_of_each_instrumentation(store: Path) -> None:
-    put(store, "spans", fixture_tables("openai-v2-events")[0], "contrib")  # its messages were log records, not sent
-    put(store, "spans", edited("openllmetry", drop_keys=lambda k: k.endswith((".messages", "tool.definitions"))),
-        "openllmetry")
-    put(store, "spans", edited("openinference", drop_keys=lambda k: k.startswith(("llm.input_messages",
-                                                                                 "llm.output_messages"))), "oi")
+    put(
+        store, "spans", fixture_tables("openai-v2-events")[0], "contrib"
+    )  # its messages were log records, not sent
+    put(
+        store,
+        "spans",
+        edited("openllmetry", drop_keys=lambda k: k.endswith((".messages", "tool.definitions"))),
+        "openllmetry",
+    )
+    put(
+        store,
+        "spans",
+        edited(
+            "openinference", drop_keys=lambda k: k.startswith(("llm.input_messages", "llm.output_messages"))
+        ),
+        "oi",
+    )
     got = {p: f for p, f in problems(store).items() if p.startswith("content capture is off")}
-    assert set(got) == {"content capture is off (OpenTelemetry contrib openai-v2)",
-                        "content capture is off (OpenLLMetry (traceloop))",
-                        "content capture is off (OpenInference)"}
+    assert set(got) == {
+        "content capture is off (OpenTelemetry contrib openai-v2)",
+        "content capture is off (OpenLLMetry (traceloop))",
+        "content capture is off (OpenInference)",
+    }
     contrib = got["content capture is off (OpenTelemetry contrib openai-v2)"]
     assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY" in contrib.fix
     assert "2 LLM call spans from scope opentelemetry.instrumentation.openai_v2" in contrib.saw
@@ -118,7 +135,9 @@ def test_calls_with_a_response_but_no_prompt(store: Path) -> None:
 def test_a_call_spelling_no_dialect_reads_shows_a_sample_of_its_keys(store: Path) -> None:
     t = TraceBuilder("c" * 32, received_at_ns=100 * S)
     root = t.span("invoke_agent solver", agent="solver")
-    t.span("llm call", root, {"gen_ai.request.model": "policy", "custom.prompt_text": "hi", "custom.reply": "ho"})
+    t.span(
+        "llm call", root, {"gen_ai.request.model": "policy", "custom.prompt_text": "hi", "custom.reply": "ho"}
+    )
     t.reward(root, 1.0)
     put(store, "spans", spans_table(t.spans), "a")
     f = one(store, "LLM calls in a dialect this converter does not read")
@@ -130,10 +149,18 @@ def test_vercel_ai_sdk_calls_are_read_or_reported(store: Path) -> None:
     """The Vercel AI SDK's spelling (ai.* attributes): the doctor agrees with the converter either way."""
     t = TraceBuilder("d" * 32, received_at_ns=100 * S)
     root = t.span("ai.generateText", None, {"ai.operationId": "ai.generateText"})
-    call = t.span("ai.generateText.doGenerate", root, {
-        "ai.operationId": "ai.generateText.doGenerate", "ai.model.id": "policy", "gen_ai.system": "openai.chat",
-        "ai.prompt.messages": json.dumps([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]),
-        "ai.response.text": "hello", "ai.response.finishReason": "stop"})
+    call = t.span(
+        "ai.generateText.doGenerate",
+        root,
+        {
+            "ai.operationId": "ai.generateText.doGenerate",
+            "ai.model.id": "policy",
+            "gen_ai.system": "openai.chat",
+            "ai.prompt.messages": json.dumps([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]),
+            "ai.response.text": "hello",
+            "ai.response.finishReason": "stop",
+        },
+    )
     t.reward(root, 1.0)
     put(store, "spans", spans_table(t.spans), "a")
     unread = [p for p in problems(store) if p.startswith("LLM calls in a dialect")]
@@ -143,8 +170,13 @@ def test_vercel_ai_sdk_calls_are_read_or_reported(store: Path) -> None:
 def test_no_rewards_lists_every_spelling_and_the_fix(store: Path) -> None:
     put(store, "spans", edited("openai-v2", keep=lambda r: r["name"] != "reward"), "a")
     f = one(store, "no rewards")
-    for spelling in ("tracerl.reward: 0", "agentlightning.reward: 0", "agentops.task.output: 0",
-                     "gen_ai.evaluation.result: 0", "rewards table: 0"):
+    for spelling in (
+        "tracerl.reward: 0",
+        "agentlightning.reward: 0",
+        "agentops.task.output: 0",
+        "gen_ai.evaluation.result: 0",
+        "rewards table: 0",
+    ):
         assert spelling in f.saw
     assert "tracerl.reward" in f.fix and "/v1/rewards" in f.fix and "--missing-reward fill" in f.fix
 
@@ -160,7 +192,9 @@ def test_agentops_reward_payloads_are_read_or_named(store: Path) -> None:
     t = TraceBuilder("e" * 32, received_at_ns=100 * S)
     root = t.span("invoke_agent solver", agent="solver")
     t.chat(root, [user("hi")], "ho", response_id="r1")
-    reward = t.span("agentops.task", root, {"agentops.task.output": json.dumps({"type": "reward", "value": 1.0})})
+    reward = t.span(
+        "agentops.task", root, {"agentops.task.output": json.dumps({"type": "reward", "value": 1.0})}
+    )
     put(store, "spans", spans_table(t.spans), "a")
     named = [f for p, f in problems(store).items() if p.startswith("rewards in a spelling")]
     if in_band_rewards([reward]):
@@ -195,8 +229,12 @@ def test_pending_rollouts_name_the_wait_they_are_on(store: Path) -> None:
     rooted = healthy_rollout("1" * 32)
     headless = TraceBuilder("2" * 32, received_at_ns=100 * S)
     headless._n = 10
-    headless.chat(Span("2" * 32, "00000000000000ff", None, "gone", 0, 0, {}, {}, (), 0, "2" * 32),
-                  [user("hi")], "ho", response_id="r2")
+    headless.chat(
+        Span("2" * 32, "00000000000000ff", None, "gone", 0, 0, {}, {}, (), 0, "2" * 32),
+        [user("hi")],
+        "ho",
+        response_id="r2",
+    )
     put(store, "spans", spans_table(rooted + headless.spans), "a")
     f = one(store, "rollouts pending", now_ns=110 * S, quiet_s=30, max_wait_s=600)
     assert "1 rollout wait --quiet-s 30" in f.saw and "complete within 20s" in f.saw
@@ -211,7 +249,10 @@ def test_cli_exit_codes_and_json(store: Path, tmp_path: Path) -> None:
     put(store, "spans", fixture_tables("openai-v2-events")[0], "a")
     done = tracerl("doctor", "--store", str(store), check=False)
     assert done.returncode == 1
-    assert "content capture is off" in done.stdout and "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in done.stdout
+    assert (
+        "content capture is off" in done.stdout
+        and "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in done.stdout
+    )
     as_json = tracerl("doctor", "--store", str(store), "--json", check=False)
     assert {"problem", "saw", "means", "fix"} <= set(json.loads(as_json.stdout)[0])
     missing = tracerl("doctor", "--store", str(tmp_path / "nowhere"), check=False)
@@ -220,7 +261,9 @@ def test_cli_exit_codes_and_json(store: Path, tmp_path: Path) -> None:
 
 def test_rollouts_excluded_for_want_of_a_reward_are_named(store: Path) -> None:
     unrewarded = TraceBuilder("3" * 32, received_at_ns=100 * S)
-    unrewarded.chat(unrewarded.span("invoke_agent solver", agent="solver"), [user("hi")], "ho", response_id="r3")
+    unrewarded.chat(
+        unrewarded.span("invoke_agent solver", agent="solver"), [user("hi")], "ho", response_id="r3"
+    )
     put(store, "spans", spans_table(healthy_rollout("4" * 32) + unrewarded.spans), "a")
     convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
     f = one(store, "rollouts excluded for want of a reward")
