@@ -14,16 +14,19 @@ import time
 from dataclasses import dataclass, field
 
 import duckdb
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from schemas.store import StoreLayout
 from schemas.tables import SPANS_SCHEMA
 from schemas.views import connect_readonly
-from span_to_transition.columnar import logs_from_table, spans_from_table
+from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
+from span_to_transition.convert import ConvertConfig
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span
 from span_to_transition.store import rollout_statuses, table_files
+from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
 
 REWARD_SPELLINGS: dict[str, str] = {
@@ -73,8 +76,8 @@ class StoreFacts:
     token_sources: dict[str, int] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
-    quiet_s: float = 30.0
-    max_wait_s: float = 600.0
+    quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
+    max_wait_s: float = ConvertConfig.max_wait_s
     missing_reward: str = "exclude"
 
 
@@ -82,82 +85,92 @@ class StoreFacts:
 # Reading the store (read-only)
 
 
-_GROUPS_SQL = r"""
-SELECT scope_name, count(*) AS n,
-       arg_min(span_id, span_id) AS sample_span, arg_min(trace_id, span_id) AS sample_trace
-FROM spans
-GROUP BY scope_name,
-         list_sort(list_distinct(list_transform(map_keys(attributes),
-                                                lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
-         attributes['gen_ai.operation.name'], attributes['openinference.span.kind'], attributes['llm.request.type'],
-         attributes['tracerl.gateway'], starts_with(name, 'agentlightning.reward')
-ORDER BY n DESC
-LIMIT 200
-"""
-
-_REWARDS_SQL = {
+_REWARD_WHERE = {
     "tracerl.reward": "map_contains(attributes, 'tracerl.reward')",
     "agentlightning.reward": "starts_with(name, 'agentlightning.reward') OR len(list_filter(map_keys(attributes), "
     "lambda k: starts_with(k, 'agentlightning.reward'))) > 0",
-    "agentops.task.output": "(coalesce(attributes['agentops.task.output'], attributes['agentops.entity.output']) "
-    "LIKE '%reward%')",
+    "agentops.task.output": "coalesce(coalesce(attributes['agentops.task.output'], "
+    "attributes['agentops.entity.output']) LIKE '%reward%', false)",
     "gen_ai.evaluation.result": "len(list_filter(events, lambda e: e.name = 'gen_ai.evaluation.result')) > 0",
 }
+"""How each in-span reward channel of ``REWARD_SPELLINGS`` is spotted (the others are counted in logs/rewards)."""
+
+_SHAPE = r"""scope_name,
+    list_sort(list_distinct(list_transform(map_keys(attributes),
+                                           lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
+    attributes['gen_ai.operation.name'], attributes['openinference.span.kind'], attributes['llm.request.type'],
+    attributes['tracerl.gateway']"""
+_GROUPS_SQL = (
+    "SELECT scope_name, count(*) AS n, count(*) FILTER (WHERE parent_span_id IS NULL) AS roots, "
+    + ", ".join(f'count(*) FILTER (WHERE {w}) AS "{k}"' for k, w in _REWARD_WHERE.items())
+    + ", arg_min({"
+    + ", ".join(f"'{c}': {c}" for c in SPAN_COLUMNS)
+    + "}, span_id) AS sample "
+    + f"FROM spans GROUP BY {_SHAPE}, "
+    + ", ".join(f"({w})" for w in _REWARD_WHERE.values())
+    + " ORDER BY n DESC"
+)
+"""One scan: spans grouped by scope, attribute-key shape (indexes collapsed), the values that decide
+a call's dialect, the gateway flag and each reward channel, with a count and the first span of each
+group as its sample (a group's spans look alike to every rule the doctor applies)."""
 
 
-def _spans(con: duckdb.DuckDBPyConnection, where: str, params: list[str]) -> list[Span]:
-    """The first span matching ``where``, as the record the converter reads (every attribute kept)."""
-    table = con.sql(f"SELECT * FROM spans WHERE {where} LIMIT 1", params=params).to_arrow_table()
-    return spans_from_table(table, all_attributes=True)
+def _groups(con: duckdb.DuckDBPyConnection, f: StoreFacts) -> None:
+    table = con.sql(_GROUPS_SQL).to_arrow_table()
+    samples = spans_from_table(
+        pa.Table.from_struct_array(table.column("sample").combine_chunks()), all_attributes=True
+    )
+    ids = pa.array([s.span_id for s in samples], pa.string())
+    logs: dict[str | None, list[LogEvent]] = {}
+    for e in logs_from_table(
+        con.sql(
+            "SELECT * FROM logs WHERE span_id IN (SELECT unnest(?)) AND event_name LIKE 'gen_ai.%'",
+            params=[ids.to_pylist()],
+        ).to_arrow_table()
+    ):
+        logs.setdefault(e.span_id, []).append(e)
+    for row, sample in zip(table.drop_columns(["sample"]).to_pylist(), samples):
+        scope, n = row["scope_name"], row["n"]
+        f.groups.append(SpanGroup(scope, n, sample, logs.get(sample.span_id, [])))
+        f.scopes[scope or ""] = f.scopes.get(scope or "", 0) + n
+        for k in _REWARD_WHERE:
+            if row[k]:
+                f.rewards[k] = f.rewards.get(k, 0) + row[k]
+                f.reward_samples.setdefault(k, sample)
+        if is_gateway(sample):
+            f.gateway_spans += n
+            f.gateway_roots += row["roots"]
 
 
 def gather(
     store: str | os.PathLike[str],
-    quiet_s: float | None = None,
-    max_wait_s: float | None = None,
+    quiet_s: float = ConvertConfig.quiet_s,
+    max_wait_s: float = ConvertConfig.max_wait_s,
     now_ns: int | None = None,
     wal_backlog_bytes: int = 0,
 ) -> StoreFacts:
-    """The facts ``diagnose`` reads, from ``store`` (never written to). Completion settings default to
-    those the ledger recorded (the last convert), else convert's defaults."""
+    """The facts ``diagnose`` reads, from ``store`` (never written to); ``quiet_s`` / ``max_wait_s``:
+    the completion settings to judge pending rollouts by (default: convert's)."""
     layout = StoreLayout.at(store)
     ledger = Ledger.load(layout)
     settings = ledger.settings
     f = StoreFacts(
-        wal_backlog_bytes=wal_backlog_bytes, missing_reward=str(settings.get("missing_reward", "exclude"))
+        wal_backlog_bytes=wal_backlog_bytes,
+        quiet_s=quiet_s,
+        max_wait_s=max_wait_s,
+        missing_reward=str(settings.get("missing_reward", "exclude")),
     )
-    if quiet_s is not None:
-        f.quiet_s = quiet_s
-    if max_wait_s is not None:
-        f.max_wait_s = max_wait_s
     con = connect_readonly(str(store))
     try:
         f.spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
         if f.spans == 0:
             return f
-        f.scopes = dict(
-            con.execute("SELECT coalesce(scope_name, ''), count(*) FROM spans GROUP BY 1").fetchall()
-        )
-        for scope, n, span_id, trace_id in con.execute(_GROUPS_SQL).fetchall():
-            sample = _spans(con, "trace_id = ? AND span_id = ?", [trace_id, span_id])[0]
-            logs = logs_from_table(
-                con.sql(
-                    "SELECT * FROM logs WHERE span_id = ? AND event_name LIKE 'gen_ai.%'", params=[span_id]
-                ).to_arrow_table()
-            )
-            f.groups.append(SpanGroup(scope, n, sample, logs))
-        for key, where in _REWARDS_SQL.items():
-            f.rewards[key] = con.execute(f"SELECT count(*) FROM spans WHERE {where}").fetchall()[0][0]
-            if f.rewards[key]:
-                f.reward_samples[key] = _spans(con, where, [])[0]
+        f.rewards = dict.fromkeys(REWARD_SPELLINGS, 0)
+        _groups(con, f)
         f.rewards["gen_ai.evaluation.result"] += con.execute(
             "SELECT count(*) FROM logs WHERE event_name = 'gen_ai.evaluation.result'"
         ).fetchall()[0][0]
         f.rewards["rewards table"] = con.execute("SELECT count(*) FROM rewards").fetchall()[0][0]
-        f.gateway_spans, f.gateway_roots = con.execute(
-            "SELECT count(*), count(*) FILTER (WHERE parent_span_id IS NULL) FROM spans "
-            "WHERE attributes['tracerl.gateway'] = 'true'"
-        ).fetchall()[0]
         f.token_sources = dict(
             con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
         )

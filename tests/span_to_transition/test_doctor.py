@@ -247,7 +247,9 @@ def test_pending_rollouts_name_the_wait_they_are_on(store: Path) -> None:
 
 def test_cli_exit_codes_and_json(store: Path, tmp_path: Path) -> None:
     put(store, "spans", fixture_tables("openai-v2-events")[0], "a")
+    before = {p: p.stat().st_mtime_ns for p in store.rglob("*")}
     done = tracerl("doctor", "--store", str(store), check=False)
+    assert {p: p.stat().st_mtime_ns for p in store.rglob("*")} == before  # read-only: nothing written
     assert done.returncode == 1
     assert (
         "content capture is off" in done.stdout

@@ -15,6 +15,7 @@ import argparse
 from dataclasses import dataclass
 
 from schemas.store import StoreLayout, default_store
+from span_to_transition.convert import ConvertConfig
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -28,10 +29,10 @@ examples:
 @dataclass
 class DoctorConfig:
     store: str = opt(default_store(), "store directory", metavar="DIR", env="TRACERL_STORE")
-    quiet_s: float | None = opt(None, "the --quiet-s you convert with (default: the last convert's, else 30)")
-    max_wait_s: float | None = opt(
-        None, "the --max-wait-s you convert with (default: the last convert's, else 600)"
+    quiet_s: float = opt(
+        ConvertConfig.quiet_s, "judge pending rollouts by this --quiet-s (the one you convert with)"
     )
+    max_wait_s: float = opt(ConvertConfig.max_wait_s, "judge pending rollouts by this --max-wait-s")
     json: bool = opt(False, "print the findings as JSON")
 
 
@@ -51,9 +52,10 @@ def run(args: argparse.Namespace) -> int:
             f"--store {cfg.store} is not a directory; point --store (or TRACERL_STORE) at the "
             "directory `tracerl collect --store DIR` writes"
         )
-    for flag, value in (("--quiet-s", cfg.quiet_s), ("--max-wait-s", cfg.max_wait_s)):
-        if value is not None and value < 0:
-            raise UsageError(f"{flag} {value} must be >= 0")
+    try:
+        ConvertConfig(quiet_s=cfg.quiet_s, max_wait_s=cfg.max_wait_s).validate()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     facts = gather(
         cfg.store,
         cfg.quiet_s,
