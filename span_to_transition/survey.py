@@ -99,7 +99,8 @@ _SHAPE = r"""scope_name,
     list_sort(list_distinct(list_transform(map_keys(attributes),
                                            lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
     attributes['gen_ai.operation.name'], attributes['openinference.span.kind'], attributes['llm.request.type'],
-    attributes['tracerl.gateway']"""
+    attributes['tracerl.gateway'],
+    span_id IN (SELECT span_id FROM logs WHERE event_name LIKE 'gen_ai.%')"""
 _GROUPS_SQL = (
     "SELECT scope_name, count(*) AS n, count(*) FILTER (WHERE parent_span_id IS NULL) AS roots, "
     + ", ".join(f'count(*) FILTER (WHERE {w}) AS "{k}"' for k, w in _REWARD_WHERE.items())
@@ -111,7 +112,8 @@ _GROUPS_SQL = (
     + " ORDER BY n DESC"
 )
 """One scan: spans grouped by scope, attribute-key shape (indexes collapsed), the values that decide
-a call's dialect, the gateway flag and each reward channel, with a count and the first span of each
+a call's dialect, the gateway flag, whether gen_ai.* log records carry its content, and each reward
+channel, with a count and the first span of each
 group as its sample (a group's spans look alike to every rule the doctor applies)."""
 
 

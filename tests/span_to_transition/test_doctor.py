@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from tracerl_testing import tracerl
 
 from schemas.tables import SPANS_SCHEMA
@@ -124,6 +125,15 @@ def test_the_same_calls_with_their_log_records_are_fine(store: Path) -> None:
     put(store, "spans", traces, "a")
     put(store, "logs", logs, "a")
     assert not [p for p in problems(store) if "content" in p or "prompt" in p]
+
+
+def test_calls_whose_log_records_went_missing_are_counted_apart(store: Path) -> None:
+    traces, logs = fixture_tables("openai-v2-events")
+    first_call = logs.column("span_id")[0].as_py()
+    put(store, "spans", traces, "a")
+    put(store, "logs", logs.filter(pc.equal(logs.column("span_id"), first_call)), "a")
+    f = one(store, "content capture is off")
+    assert f.saw.startswith("1 LLM call span from scope opentelemetry.instrumentation.openai_v2")
 
 
 def test_calls_with_a_response_but_no_prompt(store: Path) -> None:
