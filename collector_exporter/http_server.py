@@ -117,9 +117,18 @@ def build_app(ingest: Ingest) -> Starlette:
 
 
 def start_http(
-    ingest: Ingest, host: str, port: int, *, token: str | None = None, tls: tuple[str, str] | None = None
+    ingest: Ingest,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    tls: tuple[str, str] | None = None,
+    **limits: Any,
 ) -> RunningServer:
-    """Serve OTLP/HTTP for ``ingest`` on ``host:port`` (``tls`` = (cert, key) paths) in the background."""
+    """Serve OTLP/HTTP for ``ingest`` on ``host:port`` (``tls`` = (cert, key) paths) in the background.
+
+    ``limits`` override other ``httpshell.ServerOptions`` fields (connection cap, timeouts).
+    """
     cert, key = tls or (None, None)
     options = ServerOptions(
         host=host,
@@ -131,6 +140,7 @@ def start_http(
         auth_hint=AUTH_HINT,
         max_body_bytes=MAX_BODY_BYTES,
         name="tracerl-collector",
+        **limits,
     )
     try:
         return start(build_app(ingest), options, render_error)
