@@ -143,6 +143,17 @@ def test_slow_heads_and_bodies_time_out(store):
         wait_until(lambda: server.connections == 0)
 
 
+def test_clients_that_leave_or_stall_mid_body_log_no_error(store, caplog):
+    with receiver(store, body_timeout_s=1) as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:  # leaves mid-body
+            s.sendall(head(extra=AUTH + b"Content-Length: 1000\r\n\r\n" + b"x" * 10))
+        with socket.create_connection(("127.0.0.1", server.port)) as s:  # stalls until the 408
+            s.sendall(head(extra=AUTH + b"Content-Length: 1000\r\n\r\n" + b"x" * 10))
+            assert read_all(s).startswith(b"HTTP/1.1 408")
+        wait_until(lambda: server.connections == 0)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+
+
 def test_connections_beyond_the_cap_are_refused_with_503(store):
     with receiver(store, max_connections=3, header_timeout_s=60) as server:
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
