@@ -125,6 +125,12 @@ def test_bad_content_length_is_400_and_the_body_is_never_read(store, length):
     assert pushed < 64 << 20 and grown < 64 << 20, (pushed, grown)
 
 
+def test_an_oversized_request_head_is_refused(store):
+    with receiver(store, max_header_bytes=4096) as server, socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head(extra=AUTH + b"X-Padding: " + b"p" * 8192 + b"\r\nContent-Length: 0\r\n\r\n"))
+        assert read_all(s).startswith(b"HTTP/1.1 400")
+
+
 def test_slow_heads_and_bodies_time_out(store):
     with receiver(store, header_timeout_s=1, body_timeout_s=1) as server:
         addr = ("127.0.0.1", server.port)
