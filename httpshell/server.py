@@ -460,17 +460,3 @@ def start(app: Callable, options: ServerOptions, render: ErrorRenderer = plain_e
             )
         time.sleep(0.005)
     return RunningServer(server, sock, thread, tls=bool(options.tls_cert))
-
-
-__all__ = [
-    "ErrorRenderer",
-    "RequestError",
-    "RunningServer",
-    "ServerOptions",
-    "bearer_error",
-    "exception_handlers",
-    "header",
-    "inflate",
-    "plain_error",
-    "start",
-]
