@@ -7,9 +7,9 @@ Content-Length or chunked (the OpenTelemetry JS SDK's exporters send chunked bod
 OTLP spec, the response uses the request's content type, errors carry a ``google.rpc.Status``
 body, and a 503 carries Retry-After.
 
-``Ingest`` blocks (the WAL append returns after its group fsync), so it runs in Starlette's
-thread pool: concurrent requests wait in different threads and share one fsync, while the event
-loop keeps reading other requests.
+``Ingest`` blocks (the WAL append returns after its group fsync), so it runs in the server's
+thread pool (``httpshell.run_blocking``): concurrent requests wait in different threads and share
+one fsync, while the event loop keeps reading other requests.
 """
 
 from __future__ import annotations
@@ -21,14 +21,22 @@ import grpc
 from google.protobuf import json_format
 from google.rpc.status_pb2 import Status
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from collector_exporter.auth import AUTH_HINT
 from collector_exporter.receive import MAX_BODY_BYTES, Ingest, failure_for
-from httpshell import RequestError, RunningServer, ServerOptions, exception_handlers, header, inflate, start
+from httpshell import (
+    RequestError,
+    RunningServer,
+    ServerOptions,
+    exception_handlers,
+    header,
+    inflate,
+    run_blocking,
+    start,
+)
 
 _ROUTES = {"/v1/traces": "traces", "/v1/logs": "logs", "/v1/metrics": "metrics", "/v1/rewards": "rewards"}
 _PROTOBUF = "application/x-protobuf"
@@ -89,9 +97,9 @@ def build_app(ingest: Ingest) -> Starlette:
         try:
             if route == "rewards":
                 return Response(
-                    json.dumps(await run_in_threadpool(ingest.rewards, body)).encode(), media_type=_JSON
+                    json.dumps(await run_blocking(ingest.rewards, body)).encode(), media_type=_JSON
                 )
-            resp = await run_in_threadpool(getattr(ingest, route), body, is_json=ctype == _JSON)
+            resp = await run_blocking(getattr(ingest, route), body, is_json=ctype == _JSON)
         except Exception as exc:
             f = failure_for(exc)
             return _error(request, f.http_status, f.grpc_code, f.message, f.retry_after_s)

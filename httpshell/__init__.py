@@ -16,6 +16,7 @@ from httpshell.server import (
     header,
     inflate,
     plain_error,
+    run_blocking,
     start,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "header",
     "inflate",
     "plain_error",
+    "run_blocking",
     "start",
 ]
