@@ -52,6 +52,7 @@ from serving.protocol import (
     split_tool_stream,
     sse_data,
 )
+from serving.sampling import check_strings, flag, template_request
 
 
 @dataclass
@@ -65,6 +66,46 @@ class ServeOptions:
     max_body_bytes: int = 8 * 1024 * 1024
     request_timeout_s: float = 600.0
     max_num_seqs: int = 8  # [--max-num-seqs] requests batched into one forward pass
+    trust_request_chat_template: bool = False  # [--trust-request-chat-template]
+    allowed_hosts: tuple[str, ...] = ()  # more Host values the state-changing endpoints accept
+
+
+# Endpoints that change the served model or the server's state: a web page in the user's browser must
+# not reach them (see ``cross_site_refusal``).
+STATE_CHANGING = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/collective_rpc", "/pause",
+                            "/resume", "/reset_prefix_cache", "/update_weight_version"})
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def host_allow_list(host: str, port: int, extra: tuple[str, ...] = ()) -> frozenset[str]:
+    """The ``Host`` header values that name this server: its bound address (any loopback name when
+    bound to loopback) and the user's ``extra`` names (``NAME`` for any port, or ``NAME:PORT``)."""
+    bound = f"[{host}]" if ":" in host else host
+    names = _LOOPBACK if bound in _LOOPBACK else (bound,)
+    out = {f"{n}:{port}" for n in names}
+    for e in extra:
+        e = e.strip().lower()
+        if e:
+            out.update({e} if e.rpartition(":")[2].isdigit() and not e.endswith("]") else {e, f"{e}:{port}"})
+    return frozenset(x.lower() for x in out)
+
+
+def cross_site_refusal(content_type: str | None, host: str | None, allowed: frozenset[str]) -> str | None:
+    """Why a state-changing request may come from another site (None: it may not).
+
+    A page can make the browser POST ``text/plain``, a form, or multipart anywhere without asking;
+    ``application/json`` needs a CORS preflight, which this server never grants. DNS rebinding gets
+    past that by naming an attacker's host that resolves to 127.0.0.1: the ``Host`` header then
+    carries the attacker's name, not this server's.
+    """
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media != "application/json":
+        return (f"this endpoint changes the server's state and requires Content-Type: application/json "
+                f"(got {media or 'none'}), so that a web page cannot send it cross-site")
+    if (host or "").strip().lower() not in allowed:
+        return (f"Host {host!r} does not name this server ({', '.join(sorted(allowed))}); reach it by its "
+                f"bound address or add the name with --allowed-hosts")
+    return None
 
 
 class EmbeddedServer(Server):
@@ -77,6 +118,7 @@ class EmbeddedServer(Server):
         self.created = int(time.time())
         handler = type("BoundEmbeddedHandler", (EmbeddedHandler,), {"max_body_bytes": options.max_body_bytes})
         super().__init__(address, handler)
+        self.allowed_hosts = host_allow_list(self.server_address[0], self.server_address[1], options.allowed_hosts)
 
     @classmethod
     def start(cls, model_dir: str, *, host: str = "127.0.0.1", port: int = 0,
@@ -134,6 +176,12 @@ class EmbeddedHandler(Handler):
         try:
             if path != "/health":
                 self.check_bearer(opts.api_key)
+            if method == "POST" and path in STATE_CHANGING:
+                why = cross_site_refusal(self.headers.get("Content-Type"), self.headers.get("Host"),
+                                         self.server.allowed_hosts)
+                if why:
+                    self.read_body()
+                    raise HTTPError(403, why, "PermissionDenied")
             if fn is None:  # FastAPI's answers, which the publish client reads as "flag missing"
                 self.read_body()
                 known = any(p == path for _, p in routes)
@@ -237,24 +285,41 @@ class EmbeddedHandler(Handler):
 
     # -- generation ------------------------------------------------------------------------
 
-    def _chat(self, _q: dict) -> None:
+    def _request_body(self) -> dict[str, Any]:
+        """A generation request, with the fields every endpoint shares checked before it queues."""
         body = self.read_json()
+        check_strings(body)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise EngineError(f"model must be a string, got {model!r:.100}", param="model")
+        flag(body, "stream")
+        flag(body, "return_token_ids")
+        if not isinstance(body.get("stream_options") or {}, dict):
+            raise EngineError("stream_options must be an object", param="stream_options")
+        return body
+
+    def _chat(self, _q: dict) -> None:
+        body = self._request_body()
         eng = self.server.engine
         adapter = eng.resolve(body.get("model"))
         params = SamplingParams.from_request(body, chat=True)
+        template = template_request(body, self.server.options.trust_request_chat_template)
         tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise EngineError("tools must be a list", param="tools")
         parse_tools = bool(tools) and body.get("tool_choice", "auto") != "none"
+        add_prompt = flag(body, "add_generation_prompt", True)
+        cont = flag(body, "continue_final_message")
         prompt_ids = self.server.worker.call(lambda: eng.render_chat(
-            body.get("messages"), tools, add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-            continue_final_message=bool(body.get("continue_final_message", False)),
-            chat_template_kwargs=body.get("chat_template_kwargs")), control=True)
+            body.get("messages"), tools, add_generation_prompt=add_prompt, continue_final_message=cont,
+            chat_template=template.chat_template, chat_template_kwargs=template.kwargs), control=True)
         self._generate(body, prompt_ids, params, adapter, chat=True, parse_tools=parse_tools)
 
     def _completions(self, _q: dict) -> None:
-        body = self.read_json()
+        body = self._request_body()
         eng = self.server.engine
         adapter = eng.resolve(body.get("model"))
-        if body.get("echo"):
+        if flag(body, "echo"):
             raise EngineError("echo is not supported by the embedded server", param="echo")
         params = SamplingParams.from_request(body, chat=False)
         if params.max_tokens is None:
