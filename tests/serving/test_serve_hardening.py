@@ -20,8 +20,12 @@ JSON = {"Content-Type": "application/json"}
 
 
 def post_raw(url: str, raw: str, **headers: str) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", content=raw.encode(), timeout=60,
-                      headers={"Content-Type": "application/json", **headers})
+    return httpx.post(
+        url + "/v1/chat/completions",
+        content=raw.encode(),
+        timeout=60,
+        headers={"Content-Type": "application/json", **headers},
+    )
 
 
 def chat_body(**fields) -> dict:
@@ -30,10 +34,14 @@ def chat_body(**fields) -> dict:
 
 # -- request chat templates (vLLM 0.11.1: --trust-request-chat-template) ---------------------------
 
-@pytest.mark.parametrize("fields", [
-    {"chat_template": "{{ 'ab ' * 3000000 }}"},
-    {"chat_template_kwargs": {"chat_template": "{{ 'ab ' * 3000000 }}"}},
-])
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"chat_template": "{{ 'ab ' * 3000000 }}"},
+        {"chat_template_kwargs": {"chat_template": "{{ 'ab ' * 3000000 }}"}},
+    ],
+)
 def test_a_request_chat_template_is_refused_without_the_trust_flag(embedded, fields):
     t = time.monotonic()
     r = httpx.post(embedded.url + "/v1/chat/completions", json=chat_body(**fields), timeout=60)
@@ -42,10 +50,15 @@ def test_a_request_chat_template_is_refused_without_the_trust_flag(embedded, fie
 
 
 def test_template_kwargs_reach_the_template_only_when_it_reads_them(embedded, tokenizer):
-    r = httpx.post(embedded.url + "/v1/chat/completions", timeout=60,
-                   json=chat_body(return_token_ids=True, chat_template_kwargs={"not_a_template_var": 1}))
+    r = httpx.post(
+        embedded.url + "/v1/chat/completions",
+        timeout=60,
+        json=chat_body(return_token_ids=True, chat_template_kwargs={"not_a_template_var": 1}),
+    )
     assert r.status_code == 200 and r.json()["prompt_token_ids"] == chat_prompt_ids(tokenizer, MSGS)
-    r = httpx.post(embedded.url + "/v1/chat/completions", json=chat_body(chat_template_kwargs={"tokenize": True}))
+    r = httpx.post(
+        embedded.url + "/v1/chat/completions", json=chat_body(chat_template_kwargs={"tokenize": True})
+    )
     assert r.status_code == 400 and "unexpected chat template kwargs" in r.json()["error"]["message"]
 
 
@@ -53,8 +66,11 @@ def test_with_the_trust_flag_a_request_template_renders_the_prompt(tiny_model_di
     server = EmbeddedServer.start(str(tiny_model_dir), options=ServeOptions(trust_request_chat_template=True))
     try:
         tmpl = "{% for m in messages %}<<{{ m['content'] }}{{ suffix }}>>{% endfor %}"
-        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json=chat_body(
-            return_token_ids=True, chat_template=tmpl, chat_template_kwargs={"suffix": "!"}))
+        r = httpx.post(
+            server.url + "/v1/chat/completions",
+            timeout=60,
+            json=chat_body(return_token_ids=True, chat_template=tmpl, chat_template_kwargs={"suffix": "!"}),
+        )
         assert r.status_code == 200, r.text
         assert r.json()["prompt_token_ids"] == tokenizer.encode("<<Hi!>>", add_special_tokens=False)
     finally:
@@ -85,20 +101,25 @@ BAD_FIELDS = {
 @pytest.mark.parametrize("case", sorted(BAD_FIELDS))
 def test_a_bad_sampling_field_is_a_400_naming_it(embedded, case):
     field, param = BAD_FIELDS[case]
-    raw = '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, %s%s}' % (
-        field, "" if '"model"' in field else ', "model": "policy"')
+    model = "" if '"model"' in field else ', "model": "policy"'
+    raw = '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, ' + field + model + "}"
     r = post_raw(embedded.url, raw)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
 
 
 def test_a_lone_surrogate_in_a_message_is_a_400(embedded):
-    r = post_raw(embedded.url, '{"model": "policy", "max_tokens": 2, '
-                               '"messages": [{"role": "user", "content": "ab\\ud800cd"}]}')
+    r = post_raw(
+        embedded.url,
+        '{"model": "policy", "max_tokens": 2, "messages": [{"role": "user", "content": "ab\\ud800cd"}]}',
+    )
     assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
     assert "messages[0].content" in r.json()["error"]["message"]
-    ok = post_raw(embedded.url, '{"model": "policy", "max_tokens": 2, '
-                                '"messages": [{"role": "user", "content": "ab\\ud83d\\ude00cd"}]}')
+    ok = post_raw(
+        embedded.url,
+        '{"model": "policy", "max_tokens": 2, '
+        '"messages": [{"role": "user", "content": "ab\\ud83d\\ude00cd"}]}',
+    )
     assert ok.status_code == 200, "a complete surrogate pair is one character and fine"
 
 
@@ -110,8 +131,10 @@ def test_lone_surrogate_path_names_where_it_is():
 def test_one_bad_request_never_fails_the_others_batched_with_it(tiny_model_dir):
     server = EmbeddedServer.start(str(tiny_model_dir), options=ServeOptions(max_num_seqs=8))
     try:
-        good = [json.dumps(chat_body(messages=[{"role": "user", "content": f"Count to {i}"}], temperature=0))
-                for i in range(4)]
+        good = [
+            json.dumps(chat_body(messages=[{"role": "user", "content": f"Count to {i}"}], temperature=0))
+            for i in range(4)
+        ]
         alone = [post_raw(server.url, raw).json()["choices"][0]["message"]["content"] for raw in good]
         bad = '{"model": "policy", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
         assert httpx.post(server.url + "/pause", params={"mode": "wait"}, json={}).status_code == 200
@@ -121,7 +144,9 @@ def test_one_bad_request_never_fails_the_others_batched_with_it(tiny_model_dir):
             httpx.post(server.url + "/resume", json={})
             answers = [f.result(timeout=60) for f in futs]
         assert [a.status_code for a in answers] == [200, 200, 400, 200, 200]
-        assert [a.json()["choices"][0]["message"]["content"] for a in answers if a.status_code == 200] == alone
+        assert [
+            a.json()["choices"][0]["message"]["content"] for a in answers if a.status_code == 200
+        ] == alone
         assert list(server.worker.batches)[-1] == 4, "the four good requests ran as one batch"
     finally:
         server.stop()
@@ -133,10 +158,14 @@ def test_a_job_that_fails_inside_a_batch_fails_alone(tiny_model_dir, tokenizer):
 
     eng = ModelEngine(str(tiny_model_dir))
     prompt = chat_prompt_ids(tokenizer, MSGS)
-    good = [GenerationJob(prompt, SamplingParams(max_tokens=4, temperature=0)),
-            GenerationJob(prompt, SamplingParams(max_tokens=4, temperature=1.0, seed=3))]
-    bad = [GenerationJob(prompt, SamplingParams(max_tokens=4, temperature=float("nan"))),  # fails when sampling
-           GenerationJob(prompt, SamplingParams(max_tokens=4, seed=2**64))]  # fails when seeding
+    good = [
+        GenerationJob(prompt, SamplingParams(max_tokens=4, temperature=0)),
+        GenerationJob(prompt, SamplingParams(max_tokens=4, temperature=1.0, seed=3)),
+    ]
+    bad = [
+        GenerationJob(prompt, SamplingParams(max_tokens=4, temperature=float("nan"))),  # fails when sampling
+        GenerationJob(prompt, SamplingParams(max_tokens=4, seed=2**64)),
+    ]  # fails when seeding
     out = eng.generate_batch([good[0], bad[0], bad[1], good[1]])
     assert isinstance(out[1], EngineError) and isinstance(out[2], EngineError)
     for job, got in ((good[0], out[0]), (good[1], out[3])):
@@ -145,10 +174,15 @@ def test_a_job_that_fails_inside_a_batch_fails_alone(tiny_model_dir, tokenizer):
 
 # -- cross-site requests to state-changing endpoints ---------------------------------------------------
 
+
 def test_host_allow_list_names_the_bound_address_and_the_extra_names():
     assert host_allow_list("127.0.0.1", 8000) == {"127.0.0.1:8000", "localhost:8000", "[::1]:8000"}
     assert host_allow_list("10.0.0.5", 8000, ("gpu-box", "lb.internal:443")) == {
-        "10.0.0.5:8000", "gpu-box", "gpu-box:8000", "lb.internal:443"}
+        "10.0.0.5:8000",
+        "gpu-box",
+        "gpu-box:8000",
+        "lb.internal:443",
+    }
     allowed = host_allow_list("127.0.0.1", 8000)
     assert cross_site_refusal("application/json; charset=utf-8", "localhost:8000", allowed) is None
     assert "Content-Type" in cross_site_refusal("text/plain", "localhost:8000", allowed)
@@ -156,18 +190,28 @@ def test_host_allow_list_names_the_bound_address_and_the_extra_names():
 
 
 def test_state_changing_endpoints_refuse_cross_site_requests_and_take_the_api_key(tiny_model_dir):
-    server = EmbeddedServer.start(str(tiny_model_dir), options=ServeOptions(api_key="k", allowed_hosts=("gpu-box",)))
+    server = EmbeddedServer.start(
+        str(tiny_model_dir), options=ServeOptions(api_key="k", allowed_hosts=("gpu-box",))
+    )
     auth = {"Authorization": "bearer k"}
     port = server.server_address[1]
     try:
+
         def post(path: str, **kw) -> httpx.Response:
             return httpx.post(server.url + path, timeout=30, **kw)
 
         # what a web page can send without a preflight: text/plain, a form, no type at all
-        for headers in ({"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}, {}):
+        for headers in (
+            {"Content-Type": "text/plain"},
+            {"Content-Type": "application/x-www-form-urlencoded"},
+            {},
+        ):
             for path in ("/pause", "/v1/load_lora_adapter", "/collective_rpc", "/update_weight_version"):
                 r = post(path, content=b'{"new_version": "9"}', headers={**auth, **headers})
-                assert r.status_code == 403 and "application/json" in r.json()["error"]["message"], (path, r.text)
+                assert r.status_code == 403 and "application/json" in r.json()["error"]["message"], (
+                    path,
+                    r.text,
+                )
         # DNS rebinding: the right content type, but the Host is the attacker's name
         r = post("/pause", json={}, headers={**auth, "Host": f"evil.example:{port}"})
         assert r.status_code == 403 and "--allowed-hosts" in r.json()["error"]["message"]
@@ -177,7 +221,9 @@ def test_state_changing_endpoints_refuse_cross_site_requests_and_take_the_api_ke
         assert post("/pause", json={}, headers={"Authorization": "Bearer nope"}).status_code == 401
         # the bound address, a loopback name and an allowed name all work
         assert post("/pause", json={}, headers=auth).json() == {"status": "paused"}
-        assert post("/resume", json={}, headers={**auth, "Host": f"localhost:{port}"}).json() == {"status": "resumed"}
+        assert post("/resume", json={}, headers={**auth, "Host": f"localhost:{port}"}).json() == {
+            "status": "resumed"
+        }
         r = post("/update_weight_version", json={"new_version": "3"}, headers={**auth, "Host": "gpu-box"})
         assert r.status_code == 200 and server.engine.weight_version == "3"
     finally:
