@@ -1,0 +1,440 @@
+"""One HTTP server shell for every tracerl server: uvicorn (h11) running an ASGI app, plus the
+limits uvicorn leaves to the application.
+
+Why uvicorn: it is the ASGI server vLLM (FastAPI) and most of the Python serving ecosystem run on,
+is actively kept, runs TLS inside the event loop (a socket idling in its handshake costs a file
+descriptor, not the accept loop: asyncio drops it after 60 s), and is embeddable (a ``Server`` on
+our own socket, in a background thread). Why its h11 protocol rather than httptools: h11 bounds the
+request head (``h11_max_incomplete_event_size``), refuses a negative or non-numeric
+Content-Length, and decodes chunked bodies; httptools has no header-size option. The per-request
+parse cost of h11 is small next to an OTLP batch or an LLM call. Hypercorn (read timeouts, but
+slower and less used) and Granian (a Rust server that wants its own process) were the alternatives.
+
+What uvicorn does not do, and this module adds:
+
+* **Connection cap.** uvicorn's ``limit_concurrency`` answers 503 to every request once the number
+  of open connections reaches the limit, including requests on connections already accepted; here a
+  connection beyond ``max_connections`` gets a 503 with ``Retry-After`` and is closed at once.
+* **Header read timeout.** uvicorn arms its keep-alive timer only after a response, so a
+  connection that never sends (or trickles) a request head is kept forever; here the head must
+  arrive within ``header_timeout_s`` (idle connections are closed, partial heads get 408).
+* **Body limits and body read timeout.** A Content-Length over ``max_body_bytes`` is a 413 before
+  a byte of the body is read; a chunked body is counted as it is read and cut at the limit; the
+  whole body must arrive within ``body_timeout_s`` of the app asking for it (408 otherwise).
+  A non-numeric or negative Content-Length is a 400 (h11 refuses it first; checked again here).
+* **Authenticate before the body.** With a ``token``, every request except ``public_paths`` must
+  carry ``Authorization: Bearer <token>`` (scheme case-insensitive, RFC 7235 §2.1; constant-time
+  compare) and is answered 401 before the app runs, so no unauthenticated body is ever read.
+* **Quiet disconnects.** A client that goes away mid-request ends the request without a traceback.
+  Any answer given while the request body is unread carries ``Connection: close`` (otherwise
+  uvicorn would keep reading and discarding it).
+
+Error answers are rendered by the server's own ``ErrorRenderer`` so each keeps its protocol's
+shape (``google.rpc.Status`` for OTLP, OpenAI's error object for the gateway and server).
+
+Using it::
+
+    app = Starlette(routes=[...], exception_handlers=exception_handlers(render))
+    server = start(app, ServerOptions(port=4318, token=token, max_body_bytes=64 << 20), render)
+    ...  # server.url, server.port
+    server.stop()
+
+Handlers read bodies the ordinary way (``await request.body()``); the limits above apply to it.
+Blocking work (an fsync, an engine call) belongs off the event loop
+(``starlette.concurrency.run_in_threadpool``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import uvicorn
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+Scope = dict[str, Any]
+ErrorRenderer = Callable[[Scope, int, str], tuple[str, bytes]]
+"""``(scope, status, message) -> (content_type, body)``: how a server spells an error answer."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How one server listens and what it refuses. Defaults are safe on a laptop."""
+
+    host: str = "127.0.0.1"
+    """Bind address: loopback unless the user asks for more (``0.0.0.0``, ``::``)."""
+    port: int = 0
+    """0 picks a free port (tests); ``RunningServer.port`` says which."""
+    tls_cert: str | None = None
+    """PEM certificate chain; with ``tls_key`` the server speaks only HTTPS."""
+    tls_key: str | None = None
+    token: str | None = None
+    """Bearer token every request must carry (except ``public_paths``); None: no authentication."""
+    public_paths: frozenset[str] = field(default_factory=frozenset)
+    """Paths served without the token, e.g. ``{"/healthz"}``."""
+    auth_hint: str = ""
+    """Appended to 401 messages, e.g. how this server's clients set the header."""
+    max_body_bytes: int = 8 << 20
+    """Largest request body, as sent (before any Content-Encoding is undone)."""
+    max_connections: int = 1024
+    """Open connections beyond this are answered 503 and closed."""
+    max_header_bytes: int = 64 << 10
+    """Largest request line + headers (h11 answers 400 past it)."""
+    header_timeout_s: float = 10.0
+    """A connection must send a complete request head this soon after opening or after a response."""
+    body_timeout_s: float = 60.0
+    """The whole request body must arrive this soon after the app starts reading it."""
+    keep_alive_s: float = 5.0
+    """Idle keep-alive connections are closed after this long."""
+    graceful_s: float = 10.0
+    """On ``stop()``, in-flight requests get this long to finish before they are cancelled."""
+    name: str = "tracerl"
+    """Server header and thread name."""
+
+
+class RequestError(Exception):
+    """Raise in a handler (or from ``inflate``) to answer ``status`` with the server's error shape."""
+
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def plain_error(scope: Scope, status: int, message: str) -> tuple[str, bytes]:
+    """The default ``ErrorRenderer``: the message as text."""
+    return "text/plain; charset=utf-8", message.encode()
+
+
+def header(scope: Scope, name: str) -> str | None:
+    """The first value of request header ``name`` (lower case), or None."""
+    key = name.encode()
+    for k, v in scope["headers"]:
+        if k == key:
+            return v.decode("latin-1")
+    return None
+
+
+def bearer_error(authorization: str | None, token: str | None) -> str | None:
+    """Why ``authorization`` does not pass for ``token`` (None when it does, or when there is no token).
+
+    RFC 7235 §2.1: the auth scheme is case-insensitive, so ``bearer x`` is ``Bearer x``.
+    """
+    if not token:
+        return None
+    if not authorization:
+        return "missing 'Authorization: Bearer <token>' header"
+    scheme, _, credentials = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return f"Authorization scheme {scheme[:20]!r} is not Bearer"
+    if not hmac.compare_digest(credentials.strip().encode(), token.encode()):
+        return "bearer token does not match the server's token"
+    return None
+
+
+def inflate(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """Undo ``Content-Encoding`` (identity or gzip) without letting a small bomb grow past ``limit``."""
+    encoding = (content_encoding or "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise RequestError(400, f"Content-Encoding {content_encoding!r} is not supported; use gzip or none")
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise RequestError(400, f"Content-Encoding is gzip but the body is not valid gzip: {e}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise RequestError(413, f"gzip body inflates past the {limit}-byte limit")
+    return out
+
+
+def exception_handlers(render: ErrorRenderer) -> dict[Any, Callable]:
+    """Starlette ``exception_handlers`` that answer ``RequestError`` in the server's error shape.
+
+    Needed in a Starlette app: its error middleware would otherwise turn the exception into a 500
+    before the shell sees it.
+    """
+
+    async def on_request_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestError)
+        content_type, body = render(request.scope, exc.status, exc.message)
+        return Response(body, exc.status, {**exc.headers, "connection": "close"}, media_type=content_type)
+
+    return {RequestError: on_request_error}
+
+
+# -- the ASGI guard: auth, Content-Length, body limit and timeout, quiet disconnects -------------
+
+_DISCONNECT = {"type": "http.disconnect"}
+
+
+class _Exchange:
+    """What the guard knows about one request/response."""
+
+    __slots__ = ("answered", "body_done", "client_gone", "has_body", "received", "started")
+
+    def __init__(self, has_body: bool):
+        self.has_body = has_body
+        self.body_done = not has_body
+        self.received = 0
+        self.started = self.answered = self.client_gone = False
+
+
+class _Guard:
+    def __init__(self, app: Callable, options: ServerOptions, render: ErrorRenderer):
+        self.app, self.options, self.render = app, options, render
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        opts = self.options
+        length = authorization = None
+        chunked = False
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                length = v
+            elif k == b"transfer-encoding":
+                chunked = b"chunked" in v.lower()
+            elif k == b"authorization":
+                authorization = v.decode("latin-1")
+        ex = _Exchange(chunked or (length is not None and length.strip(b"0") != b""))
+
+        async def answer(status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+            if ex.started or ex.answered:
+                return  # too late for a clean answer: the app sees a disconnect and stops
+            ex.answered = True
+            content_type, body = self.render(scope, status, message)
+            head = [
+                (b"content-type", content_type.encode()),
+                (b"content-length", b"%d" % len(body)),
+                (b"connection", b"close"),
+            ]
+            head += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+            await send({"type": "http.response.start", "status": status, "headers": head})
+            await send({"type": "http.response.body", "body": body})
+
+        if opts.token and scope["path"] not in opts.public_paths:
+            why = bearer_error(authorization, opts.token)
+            if why:
+                await answer(401, why + opts.auth_hint, {"www-authenticate": "Bearer"})
+                return
+        if length is not None:
+            if not length.isdigit():
+                await answer(
+                    400, f"Content-Length {length.decode('latin-1')[:40]!r} is not a non-negative integer"
+                )
+                return
+            if int(length) > opts.max_body_bytes:
+                await answer(413, f"body of {int(length)} bytes exceeds the {opts.max_body_bytes}-byte limit")
+                return
+
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+
+        async def guarded_receive() -> dict:
+            nonlocal deadline
+            if ex.answered:
+                return _DISCONNECT
+            if ex.body_done:
+                return await receive()
+            if deadline is None:
+                deadline = loop.time() + opts.body_timeout_s
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                await answer(408, f"the request body did not arrive within {opts.body_timeout_s:g} s")
+                return _DISCONNECT
+            if message["type"] == "http.request":
+                ex.received += len(message.get("body", b""))
+                if ex.received > opts.max_body_bytes:
+                    await answer(413, f"body exceeds the {opts.max_body_bytes}-byte limit")
+                    return _DISCONNECT
+                ex.body_done = not message.get("more_body", False)
+            else:
+                ex.client_gone = True
+            return message
+
+        async def guarded_send(message: dict) -> None:
+            if ex.answered:
+                return
+            if message["type"] == "http.response.start":
+                ex.started = True
+                if not ex.body_done:  # an unread body would be read and discarded: close instead
+                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, guarded_receive, guarded_send)
+        except Exception as exc:
+            if ex.answered or ex.client_gone or isinstance(exc, (ClientDisconnect, ConnectionError)):
+                return  # the request already ended (our answer, or the client left): nothing to report
+            if isinstance(exc, RequestError):
+                await answer(exc.status, exc.message, exc.headers)
+                return
+            raise
+
+
+# -- the connection layer: cap and header timeout ---------------------------------------------------
+
+_FULL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: 21\r\n"
+    b"retry-after: 1\r\nconnection: close\r\n\r\ntoo many connections\n"
+)
+_HEAD_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\ncontent-length: 38\r\n"
+    b"connection: close\r\n\r\nthe request head did not arrive in time"
+)
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol with a connection cap and a request-head deadline."""
+
+    limits: ServerOptions  # set on the per-server subclass made by ``start``
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = False
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            transport.write(_FULL)
+            transport.close()
+            return
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        self._head_bytes = True
+        super().data_received(data)
+        if self._head_timer is not None and self.conn.their_state is not h11.IDLE:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_bytes = False
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timeout)
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self._head_bytes:  # a partial head: say why; an idle connection is just closed
+            self.transport.write(_HEAD_TIMEOUT)
+        self.transport.close()
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
+class RunningServer:
+    """A server running in a background thread, on its own event loop."""
+
+    def __init__(self, server: uvicorn.Server, sock: socket.socket, thread: threading.Thread, tls: bool):
+        self._server, self._thread = server, thread
+        self.host, self.port = sock.getsockname()[:2]
+        self.scheme = "https" if tls else "http"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        """Open connections now (for tests and status)."""
+        return len(self._server.server_state.connections)
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop accepting, let in-flight requests finish (up to ``grace_s``), close every connection."""
+        if grace_s is not None:
+            self._server.config.timeout_graceful_shutdown = grace_s  # type: ignore[assignment]
+        self._server.should_exit = True
+        self._thread.join(timeout=(self._server.config.timeout_graceful_shutdown or 10) + 10)
+
+
+def start(app: Callable, options: ServerOptions, render: ErrorRenderer = plain_error) -> RunningServer:
+    """Bind ``options.host:options.port`` and serve the ASGI ``app`` from a background thread.
+
+    Returns once the server accepts connections. Bind and TLS errors (a taken port, an unreadable
+    certificate) raise here, in the caller's thread.
+    """
+    protocol = type("GuardedH11", (_GuardedH11,), {"limits": options})
+    config = uvicorn.Config(
+        _Guard(app, options, render),
+        http=protocol,
+        ws="none",
+        loop="asyncio",
+        interface="asgi3",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        headers=[("server", options.name)],
+        timeout_keep_alive=options.keep_alive_s,  # type: ignore[arg-type]  # a float works
+        timeout_graceful_shutdown=options.graceful_s,  # type: ignore[arg-type]
+        h11_max_incomplete_event_size=options.max_header_bytes,
+        ssl_certfile=options.tls_cert,
+        ssl_keyfile=options.tls_key,
+    )
+    config.load()
+    sock = _bind(options.host, options.port)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name=f"{options.name}-http", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                sock.close()
+            raise RuntimeError(
+                f"{options.name}: the HTTP server on {options.host}:{options.port} did not start"
+            )
+        time.sleep(0.005)
+    return RunningServer(server, sock, thread, tls=bool(options.tls_cert))
+
+
+__all__ = [
+    "ErrorRenderer",
+    "RequestError",
+    "RunningServer",
+    "ServerOptions",
+    "bearer_error",
+    "exception_handlers",
+    "header",
+    "inflate",
+    "plain_error",
+    "start",
+]
