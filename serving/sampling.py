@@ -23,28 +23,50 @@ from dataclasses import dataclass, field
 from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-UNTRUSTED_TEMPLATE = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
-                      "Refused request with untrusted chat template.")  # vLLM's wording
+UNTRUSTED_TEMPLATE = (
+    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+    "Refused request with untrusted chat template."
+)  # vLLM's wording
 # apply_chat_template arguments the server sets itself; a request may not override them.
-RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages", "conversation", "tools",
-                                      "add_generation_prompt", "continue_final_message", "return_dict",
-                                      "return_tensors", "padding", "truncation", "max_length"})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "chat_template",
+        "tokenize",
+        "messages",
+        "conversation",
+        "tools",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+        "padding",
+        "truncation",
+        "max_length",
+    }
+)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class EngineError(Exception):
     """A request the engine refuses; ``status`` and ``err_type`` follow vLLM's answer for it."""
 
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
-                 param: str | None = None):
+    def __init__(
+        self, message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.err_type = err_type
         self.param = param
 
 
-def number(body: dict[str, Any], name: str, default: Any, kind: type, lo: float | None = None,
-           hi: float | None = None) -> Any:
+def number(
+    body: dict[str, Any],
+    name: str,
+    default: Any,
+    kind: type,
+    lo: float | None = None,
+    hi: float | None = None,
+) -> Any:
     """``body[name]`` as a finite int or float within [lo, hi]; ``default`` when absent or null."""
     v = body.get(name)
     if v is None:
@@ -101,8 +123,11 @@ def check_strings(body: dict[str, Any]) -> None:
     """400 for a request whose strings are not valid Unicode text."""
     where = lone_surrogate_path(body)
     if where is not None:
-        raise EngineError(f"{where} contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
-                          "which is not text; send valid UTF-8", param=where.split(".")[0].split("[")[0])
+        raise EngineError(
+            f"{where} contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+            "which is not text; send valid UTF-8",
+            param=where.split(".")[0].split("[")[0],
+        )
 
 
 @dataclass(frozen=True)
@@ -130,8 +155,9 @@ def template_request(body: dict[str, Any], trust: bool) -> TemplateRequest:
         raise EngineError("chat_template must be a string", param="chat_template")
     unexpected = sorted({"tokenize"} & kwargs.keys())
     if unexpected:
-        raise EngineError(f"Found unexpected chat template kwargs from request: {unexpected}",
-                          param="chat_template_kwargs")
+        raise EngineError(
+            f"Found unexpected chat template kwargs from request: {unexpected}", param="chat_template_kwargs"
+        )
     return TemplateRequest(tmpl, {k: v for k, v in kwargs.items() if k not in RESERVED_TEMPLATE_KWARGS})
 
 
@@ -161,8 +187,13 @@ class SamplingParams:
     @property
     def penalised(self) -> bool:
         """Whether any logits processor runs (they change the sampled, not the raw, distribution)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.min_tokens or self.logit_bias)
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.min_tokens
+            or self.logit_bias
+        )
 
     @classmethod
     def from_request(cls, body: dict[str, Any], chat: bool) -> SamplingParams:
@@ -173,14 +204,19 @@ class SamplingParams:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise EngineError("stop must be a string or a list of strings", param="stop")
         max_tokens = body.get("max_completion_tokens") if chat else None
-        max_tokens = number(body, "max_tokens", None, int, 1) if max_tokens is None else \
-            number(body, "max_completion_tokens", None, int, 1)
+        max_tokens = (
+            number(body, "max_tokens", None, int, 1)
+            if max_tokens is None
+            else number(body, "max_completion_tokens", None, int, 1)
+        )
         if chat:
             lp = None
             if flag(body, "logprobs"):
                 lp = number(body, "top_logprobs", 0, int, 0, 20)
             elif body.get("top_logprobs"):
-                raise EngineError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+                raise EngineError(
+                    "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs"
+                )
         else:
             lp = number(body, "logprobs", None, int, 0, 20)
         return cls(
@@ -206,9 +242,12 @@ class SamplingParams:
 def _token_ids(v: Any, name: str) -> list[int]:
     if v is None:
         return []
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX
-                                          for t in v):
-        raise EngineError(f"{name} must be a list of non-negative integer token ids, got {v!r:.200}", param=name)
+    if not isinstance(v, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in v
+    ):
+        raise EngineError(
+            f"{name} must be a list of non-negative integer token ids, got {v!r:.200}", param=name
+        )
     return list(v)
 
 
@@ -220,7 +259,9 @@ def _logit_bias(v: Any) -> dict[int, float]:
     try:
         out = {int(k): float(b) for k, b in v.items()}
     except (TypeError, ValueError, OverflowError):
-        raise EngineError("logit_bias keys must be token ids and values numbers", param="logit_bias") from None
+        raise EngineError(
+            "logit_bias keys must be token ids and values numbers", param="logit_bias"
+        ) from None
     if any(not -100 <= b <= 100 for b in out.values()):  # NaN fails this too
         raise EngineError("logit_bias values must be in [-100, 100]", param="logit_bias")
     return out
