@@ -48,7 +48,9 @@ def parse_listen(value: str, default_port: int) -> tuple[str, int]:
     try:
         return host.strip("[]") or "127.0.0.1", int(port) if port else default_port
     except ValueError:
-        raise ValueError(f"bad listen address {value!r}; use HOST:PORT, e.g. 127.0.0.1:{default_port}") from None
+        raise ValueError(
+            f"bad listen address {value!r}; use HOST:PORT, e.g. 127.0.0.1:{default_port}"
+        ) from None
 
 
 def dumps(obj: Any) -> bytes:
@@ -88,8 +90,13 @@ async def read_json(request: Request) -> dict[str, Any]:
     return parse_json(await request.body())
 
 
-async def stream_out(receive: Receive, send: Send, chunks: AsyncIterator[bytes], status: int = 200,
-                     content_type: str = "text/event-stream") -> bool:
+async def stream_out(
+    receive: Receive,
+    send: Send,
+    chunks: AsyncIterator[bytes],
+    status: int = 200,
+    content_type: str = "text/event-stream",
+) -> bool:
     """Send ``chunks`` as one chunked response; False when the client left before the end.
 
     uvicorn drops writes to a closed connection silently, so a disconnect is watched for on
@@ -103,8 +110,13 @@ async def stream_out(receive: Receive, send: Send, chunks: AsyncIterator[bytes],
 
     watcher = asyncio.ensure_future(disconnected())
     try:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache")],
+            }
+        )
         async for data in chunks:
             if watcher.done():
                 return False

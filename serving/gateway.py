@@ -83,6 +83,7 @@ from serving.protocol import (
     strip_response,
     trace_id_from_traceparent,
 )
+from serving.upstream import UpstreamClients
 
 log = logging.getLogger("tracerl.gateway")
 ROLLOUT_HEADER = "X-Tracerl-Rollout-Id"
@@ -159,24 +160,13 @@ class Gateway(ShellServer):
         self.upstreams = [normalise_upstream(u) for u in config.upstreams]
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("tracerl.gateway")
-        self._client = client
-        self._client_owner: asyncio.Task | None = None
+        self.clients = UpstreamClients(httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+                                       config.max_connections, client=client)
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
         self._state_lock: asyncio.Lock | None = None
         self.plain_upstreams: set[str] = set()  # upstreams that refuse return_token_ids
         self.warned_no_ids: set[str] = set()
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The upstream client, made on the server's event loop at the first call and closed with it."""
-        if self._client_owner is None:
-            if self._client is None:
-                self._client = httpx.AsyncClient(
-                    timeout=httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s),
-                    limits=httpx.Limits(max_connections=self.config.max_connections, max_keepalive_connections=256))
-            self._client_owner = asyncio.ensure_future(_close_at_loop_end(self._client))
-        return self._client
 
     def upstream_order(self, key: str | None) -> list[int]:
         first = pick_upstream(key, self.upstreams, next(self._rr))
@@ -196,9 +186,10 @@ class Gateway(ShellServer):
             if got is not None and got.at >= asked:
                 return got  # another call refreshed it while this one waited
             try:
-                r = await self.client.get(upstream + "/v1/models", headers=headers)
-                names = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
-                w = await self.client.get(upstream + "/weight_info", headers=headers)  # vLLM dev mode, main > 0.12
+                async with self.clients.client() as client:
+                    r = await client.get(upstream + "/v1/models", headers=headers)
+                    names = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+                    w = await client.get(upstream + "/weight_info", headers=headers)  # vLLM dev mode, main > 0.12
                 version = w.json().get("weight_version") if w.status_code == 200 else None
             except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
                 return got or UpstreamState(0.0, [], None)
@@ -267,7 +258,8 @@ class Gateway(ShellServer):
         last: Exception | None = None
         for i in self.upstream_order(None):
             try:
-                r = await self.client.get(self.upstreams[i] + path, headers=self._upstream_headers(client, replace_auth))
+                async with self.clients.client() as up:
+                    r = await up.get(self.upstreams[i] + path, headers=self._upstream_headers(client, replace_auth))
             except httpx.TransportError as e:
                 last = e
                 continue
@@ -288,6 +280,7 @@ class Gateway(ShellServer):
                                       start_time=start)
         call = _Call(self, span, body, op)
         try:
+            call.take_client()
             up_body, wants = prepare_upstream_body(body, op)
             call.wants = wants
             headers = self._upstream_headers(client_headers, replace_auth)
@@ -298,7 +291,7 @@ class Gateway(ShellServer):
             for i in self.upstream_order(key):
                 call.upstream = self.upstreams[i]
                 try:
-                    resp = await self._send(call.upstream, path, body, up_body, headers)
+                    resp = await self._send(call.client, call.upstream, path, body, up_body, headers)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing ran there: try the next one
                     last = e
                     continue
@@ -331,7 +324,7 @@ class Gateway(ShellServer):
             if not call.streaming:
                 call.end()
 
-    async def _send(self, upstream: str, path: str, client_body: dict, up_body: dict,
+    async def _send(self, client: httpx.AsyncClient, upstream: str, path: str, client_body: dict, up_body: dict,
                     headers: dict[str, str]) -> httpx.Response:
         """POST to one upstream (response not yet read), retrying once for each of two recoverable refusals.
 
@@ -347,7 +340,6 @@ class Gateway(ShellServer):
             state = await self.upstream_state(upstream, headers, refreshed)  # cached; also feeds the span's version
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             payload = json.dumps({**body, "model": alias} if alias else body, separators=(",", ":")).encode()
-            client = self.client
             resp = await client.send(client.build_request("POST", upstream + path, content=payload, headers=headers),
                                      stream=True)
             if alias and resp.status_code == 404 and not refreshed:  # unloaded since we looked: look again
@@ -380,6 +372,15 @@ class _Call:
         self.wants: ClientWants | None = None
         self.record: CallRecord | None = None
         self.streaming = False
+        self.shard: int | None = None
+
+    def take_client(self) -> None:
+        self.shard = self.gw.clients.acquire()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self.shard is not None
+        return self.gw.clients.clients[self.shard]
 
     def fail(self, f: _UpstreamFailure) -> None:
         self.record = f.record or self.record
@@ -390,6 +391,10 @@ class _Call:
         self.span.set_status(Status(StatusCode.ERROR, message))
 
     def end(self) -> None:
+        """Record the call on its span and end it; give the upstream client back."""
+        if self.shard is not None:
+            self.gw.clients.release(self.shard)
+            self.shard = None
         state = self.gw._state.get(self.upstream)
         rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
         self.span.set_attributes(span_attributes(rec, self.upstream,
@@ -449,42 +454,51 @@ class _Stream:
             call.end()
 
     async def _events(self) -> AsyncIterator[bytes]:
-        wants, upstream = self.call.wants, self.call.upstream
-        sse = SSEData()
+        """The client's stream: every event that has arrived is cleaned and sent on in one write.
+
+        Reading whole network reads (not line by line) batches the events that queued up while the
+        gateway was busy, so under load it makes fewer, larger writes instead of falling behind.
+        """
+        upstream = self.call.upstream
+        sse, tail, done = SSEData(), b"", False
         try:
-            async for line in self.resp.aiter_lines():
-                payload = sse.feed(line)
-                if payload is None:
+            async for data in self.resp.aiter_bytes():
+                if done:  # read to the end, so the connection goes back to the pool
                     continue
-                if payload == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(payload)
-                except json.JSONDecodeError:
-                    chunk = error_body(f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
-                                       "upstream_error", 502)
-                if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
-                    self.failure = _UpstreamFailure(500, "upstream_error", "stream_error",
-                                                    f"upstream {upstream} failed mid-stream: {error_message(chunk)}")
-                    yield sse_data(chunk)
-                    continue
-                self.acc.add(chunk)
-                out = strip_chunk(chunk, wants)
-                if out is not None:
-                    yield sse_data(out)
+                lines = (tail + data).split(b"\n")
+                tail = lines.pop()
+                out: list[bytes] = []
+                for line in lines:
+                    payload = sse.feed(line.decode("utf-8", "replace"))
+                    if payload is None:
+                        continue
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    out.append(self._relay(payload))
+                if out:
+                    yield b"".join(out)
         except httpx.TransportError as e:
             self.failure = _UpstreamFailure(502, "upstream_error", type(e).__name__,
                                             f"upstream {upstream} broke the stream: {type(e).__name__}: {e}")
             yield sse_data(error_body(self.failure.message, self.failure.err_type, self.failure.status))
         yield SSE_DONE
 
-
-async def _close_at_loop_end(client: httpx.AsyncClient) -> None:
-    """Hold the upstream client until the server's event loop shuts down, then close its connections."""
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await client.aclose()
+    def _relay(self, payload: str) -> bytes:
+        """One upstream event -> what the client gets (b"" for the usage chunk it did not ask for)."""
+        upstream = self.call.upstream
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            chunk = error_body(f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
+                               "upstream_error", 502)
+        if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
+            self.failure = _UpstreamFailure(500, "upstream_error", "stream_error",
+                                            f"upstream {upstream} failed mid-stream: {error_message(chunk)}")
+            return sse_data(chunk)
+        self.acc.add(chunk)
+        out = strip_chunk(chunk, self.call.wants)
+        return sse_data(out) if out is not None else b""
 
 
 class _UpstreamFailure(Exception):
