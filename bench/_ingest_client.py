@@ -1,11 +1,13 @@
-"""One load-generating client for bench/ingest.py: the real SDK OTLP gRPC exporter, 512-span
-batches of LLM-call-like spans, for a fixed time. Prints a JSON summary line."""
+"""One load-generating client for bench/ingest.py: the real SDK OTLP exporter (gRPC, or HTTP with
+protobuf bodies), 512-span batches of LLM-call-like spans, for a fixed time. Prints a JSON summary line.
+
+    python bench/_ingest_client.py HOST:PORT SECONDS BATCH [grpc|http]
+"""
 
 import json
 import sys
 import time
 
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -26,11 +28,19 @@ def llm_call_attributes(i: int) -> dict:
 
 def main() -> None:
     endpoint, seconds, batch = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    protocol = sys.argv[4] if len(sys.argv) > 4 else "grpc"
     mem = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(mem))
     tracer = tp.get_tracer("bench.agent", "1.0")
-    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30)
+    if protocol == "http":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
+        exporter = HTTPExporter(endpoint=f"http://{endpoint}/v1/traces", timeout=30)
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=30)
     acked, latencies, failed = 0, [], 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

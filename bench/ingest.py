@@ -1,13 +1,17 @@
 """Ingest benchmark: tracerl's collector vs. a bare grpcio → Parquet server, in one run.
 
-K client processes (the real SDK OTLP gRPC exporter, 512-span batches, ~10 attributes with a
+K client processes (the real SDK OTLP exporter over gRPC, or with ``--protocol http`` over OTLP/HTTP
+with protobuf bodies; 512-span batches, ~10 attributes with a
 1 KB prompt) export for a fixed time against each server. Printed per server and K: acked and
 durable spans/s, p50/p99 export latency, spans lost (acked but not stored), and the server's
 CPU µs per stored span (from ready to exit, including compaction after the load: wait4
 rusage minus the CPU it had used when it became ready). Then the collector's CPU is split into the ack path (decode + validate + WAL with
 fsync) and compaction (WAL → Arrow → Parquet), measured in-process on the same requests.
 
-    python bench/ingest.py [--seconds 5] [--clients 2 4]
+The bare baseline is always gRPC (grpcio → Parquet); in HTTP mode only tracerl's collector
+changes transport, so the ratio shows what OTLP/HTTP costs over the bare gRPC path.
+
+    python bench/ingest.py [--seconds 5] [--clients 2 4] [--protocol grpc|http]
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(kind: str, port: int, out: Path) -> subprocess.Popen:
+def start_server(kind: str, port: int, out: Path, protocol: str) -> subprocess.Popen:
     if kind == "tracerl":
-        cmd = [str(BIN / "tracerl"), "collect", "--store", str(out), "--grpc", f"127.0.0.1:{port}", "--http", "off"]
+        addr = f"127.0.0.1:{port}"
+        grpc_addr, http_addr = (addr, "off") if protocol == "grpc" else ("off", addr)
+        cmd = [str(BIN / "tracerl"), "collect", "--store", str(out), "--grpc", grpc_addr, "--http", http_addr]
     else:
         cmd = [sys.executable, str(HERE / "_bare_server.py"), f"127.0.0.1:{port}", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -59,12 +65,13 @@ def stored_spans(kind: str, out: Path) -> int:
     return sum(pq.read_metadata(p).num_rows for p in root.rglob("*.parquet") if not p.name.startswith("."))
 
 
-def run_load(kind: str, clients: int, seconds: float, batch: int) -> dict:
+def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     port = free_port()
-    server = start_server(kind, port, out)
+    protocol = protocol if kind == "tracerl" else "grpc"
+    server = start_server(kind, port, out, protocol)
     startup_cpu = cpu_seconds_so_far(server.pid)  # imports and binding: not per-span work
-    procs = [subprocess.Popen([sys.executable, str(HERE / "_ingest_client.py"), f"127.0.0.1:{port}", str(seconds), str(batch)],
+    procs = [subprocess.Popen([sys.executable, str(HERE / "_ingest_client.py"), f"127.0.0.1:{port}", str(seconds), str(batch), protocol],
                               stdout=subprocess.PIPE, text=True) for _ in range(clients)]
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     server.send_signal(signal.SIGTERM)  # graceful: the collector drains its WAL into Parquet
@@ -75,7 +82,7 @@ def run_load(kind: str, clients: int, seconds: float, batch: int) -> dict:
     stored = stored_spans(kind, out)
     cpu_s = usage.ru_utime + usage.ru_stime - startup_cpu
     return {
-        "server": kind, "clients": clients, "acked_per_s": acked / seconds, "stored": stored, "acked": acked,
+        "server": f"{kind}/{protocol}", "clients": clients, "acked_per_s": acked / seconds, "stored": stored, "acked": acked,
         "lost": max(0, acked - stored), "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
         "cpu_us_per_span": cpu_s / max(stored, 1) * 1e6,
     }
@@ -134,18 +141,19 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--clients", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="tracerl's transport (bare is gRPC)")
     args = ap.parse_args()
     rows = []
     for k in args.clients:
         for kind in ("bare", "tracerl"):
-            rows.append(run_load(kind, k, args.seconds, args.batch))
-    print(f"{'server':<8} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
+            rows.append(run_load(kind, k, args.seconds, args.batch, args.protocol))
+    print(f"{'server':<13} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
     for r in rows:
-        print(f"{r['server']:<8} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
+        print(f"{r['server']:<13} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
               f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_us_per_span']:>11.1f}")
     for k in args.clients:
-        ours = next(r for r in rows if r["server"] == "tracerl" and r["clients"] == k)
-        bare = next(r for r in rows if r["server"] == "bare" and r["clients"] == k)
+        ours = next(r for r in rows if r["server"].startswith("tracerl") and r["clients"] == k)
+        bare = next(r for r in rows if r["server"].startswith("bare") and r["clients"] == k)
         print(f"K={k}: CPU per stored span tracerl/bare = {ours['cpu_us_per_span'] / bare['cpu_us_per_span']:.2f}x, "
               f"throughput tracerl/bare = {ours['acked_per_s'] / max(bare['acked_per_s'], 1):.2f}x")
     split = split_collector_cpu()

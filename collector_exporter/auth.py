@@ -1,17 +1,17 @@
-"""Bearer-token check shared by both transports (constant-time compare)."""
+"""Bearer-token check shared by both transports (the HTTP one runs it in ``httpshell``, before
+any body is read; gRPC calls ``check_bearer``). One rule for both: ``httpshell.bearer_error``
+(scheme case-insensitive per RFC 7235, constant-time compare)."""
 
 from __future__ import annotations
 
-import hmac
-
 from collector_exporter.receive import Unauthenticated
+from httpshell import bearer_error
+
+AUTH_HINT = " (set OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token> to the collector's --token)"
 
 
 def check_bearer(header_value: str | None, token: str | None) -> None:
     """Raise ``Unauthenticated`` unless ``header_value`` is ``Bearer <token>`` (no-op without a token)."""
-    if not token:
-        return
-    if not header_value:
-        raise Unauthenticated("missing 'authorization: Bearer <token>' (set OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>)")
-    if not hmac.compare_digest(header_value.encode(), f"Bearer {token}".encode()):
-        raise Unauthenticated("bearer token does not match the collector's --token")
+    why = bearer_error(header_value, token)
+    if why:
+        raise Unauthenticated(why + AUTH_HINT)

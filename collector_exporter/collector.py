@@ -119,7 +119,8 @@ class Collector:
         if s.http:
             host, port = split_hostport(s.http, 4318)
             tls = (s.tls_cert, s.tls_key) if s.tls_cert and s.tls_key else None
-            self._http, self.http_port = start_http(self.ingest, host, port, token=s.token, tls=tls)
+            self._http = start_http(self.ingest, host, port, token=s.token, tls=tls)
+            self.http_port = self._http.port
             self._http_host = host
         self.compactor.start(own=self.wal_dir)
         return self
@@ -144,8 +145,7 @@ class Collector:
             return
         self._stopped = True
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop(grace_s)
         if self._grpc is not None:
             self._grpc.stop(grace_s).wait()
         self.wal.close()

@@ -1,149 +1,151 @@
 """OTLP/HTTP transport (``/v1/traces``, ``/v1/logs``, ``/v1/metrics``) and the reward side channel
 (``/v1/rewards``), over ``Ingest``.
 
-Built on the standard library's ``ThreadingHTTPServer`` (HTTP/1.1 keep-alive, one thread per
-connection): the OTLP/HTTP surface is four POST routes, and a dependency-free server is enough
-to keep the ack path near the cost of the WAL fsync. Per the OTLP spec, the response uses the
-request's content type, and errors carry a ``google.rpc.Status`` body.
+A Starlette app run by the shared server shell (``httpshell``: uvicorn, TLS, bearer token checked
+before any body is read, body and connection limits, read timeouts). Bodies may come with a
+Content-Length or chunked (the OpenTelemetry JS SDK's exporters send chunked bodies). Per the
+OTLP spec, the response uses the request's content type, errors carry a ``google.rpc.Status``
+body, and a 503 carries Retry-After.
+
+``Ingest`` blocks (the WAL append returns after its group fsync), so it runs in Starlette's
+thread pool: concurrent requests wait in different threads and share one fsync, while the event
+loop keeps reading other requests.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-import threading
-import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import grpc
 from google.protobuf import json_format
 from google.rpc.status_pb2 import Status
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
-from collector_exporter.auth import check_bearer
-from collector_exporter.receive import MAX_BODY_BYTES, BadRequest, Ingest, TooLarge, failure_for
+from collector_exporter.auth import AUTH_HINT
+from collector_exporter.receive import MAX_BODY_BYTES, Ingest, failure_for
+from httpshell import RequestError, RunningServer, ServerOptions, exception_handlers, header, inflate, start
 
 _ROUTES = {"/v1/traces": "traces", "/v1/logs": "logs", "/v1/metrics": "metrics", "/v1/rewards": "rewards"}
 _PROTOBUF = "application/x-protobuf"
 _JSON = "application/json"
-_GRPC_CODE_NUMBERS = {"INVALID_ARGUMENT": 3, "RESOURCE_EXHAUSTED": 8, "UNAUTHENTICATED": 16, "UNAVAILABLE": 14,
-                      "NOT_FOUND": 5, "UNIMPLEMENTED": 12}
+# The google.rpc.Status code of an answer the shell or this module gives by HTTP status alone.
+_CODE_FOR_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    404: "NOT_FOUND",
+    405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    415: "INVALID_ARGUMENT",
+    503: "UNAVAILABLE",
+}
 
 
-def gunzip_bounded(body: bytes, limit: int = MAX_BODY_BYTES) -> bytes:
-    """Inflate a gzip body without letting a small bomb expand past ``limit``."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as e:
-        raise BadRequest(f"Content-Encoding is gzip but the body is not valid gzip: {e}") from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise TooLarge(f"gzip body inflates past the {limit}-byte limit")
-    return out
+def _content_type(scope: dict[str, Any]) -> str:
+    return (header(scope, "content-type") or "").split(";", 1)[0].strip().lower()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "tracerl-collector"
-    ingest: Ingest
-    token: str | None
+def _status_response(scope: dict[str, Any], code: str, message: str) -> tuple[str, bytes]:
+    """A ``google.rpc.Status`` body in the request's encoding (protobuf, else JSON)."""
+    st = Status(code=grpc.StatusCode[code].value[0], message=message)
+    if _content_type(scope) == _PROTOBUF:
+        return _PROTOBUF, st.SerializeToString()
+    return _JSON, json_format.MessageToJson(st, indent=None).encode()
 
-    def log_message(self, format: str, *args) -> None:  # quiet: one line per request is noise here
-        return
 
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
+def render_error(scope: dict[str, Any], status: int, message: str) -> tuple[str, bytes]:
+    """The shell's ``ErrorRenderer`` for this server: OTLP's ``google.rpc.Status``."""
+    return _status_response(scope, _CODE_FOR_STATUS.get(status, "UNKNOWN"), message)
 
-    def _error(self, status: int, code: str, message: str, content_type: str, retry_after: int | None = None) -> None:
-        st = Status(code=_GRPC_CODE_NUMBERS.get(code, 2), message=message)
-        if content_type == _PROTOBUF:
-            body = st.SerializeToString()
-        else:
-            content_type = _JSON
-            body = json_format.MessageToJson(st, indent=None).encode()
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-        self._send(status, body, content_type, headers)
 
-    def do_GET(self) -> None:
-        if self.path == "/healthz":
-            self._send(200, b'{"status":"ok"}', _JSON)
-        else:
-            self._error(404, "NOT_FOUND", f"no route GET {self.path}; OTLP/HTTP takes POST /v1/traces, /v1/logs, /v1/metrics", _JSON)
+def _error(
+    request: Request, status: int, code: str, message: str, retry_after: int | None = None
+) -> Response:
+    content_type, body = _status_response(request.scope, code, message)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return Response(body, status, headers, media_type=content_type)
 
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        reply_type = _PROTOBUF if ctype == _PROTOBUF else _JSON
-        route = _ROUTES.get(path)
-        length_header = self.headers.get("Content-Length")
-        if length_header is None:
-            self.close_connection = True
-            self._error(411, "INVALID_ARGUMENT", "Content-Length is required", reply_type)
-            return
-        try:
-            length = int(length_header)
-        except ValueError:
-            self.close_connection = True
-            self._error(400, "INVALID_ARGUMENT", f"bad Content-Length {length_header!r}", reply_type)
-            return
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True  # the body stays unread: the connection cannot be reused
-            self._error(413, "RESOURCE_EXHAUSTED", f"body of {length} bytes exceeds the {MAX_BODY_BYTES}-byte limit", reply_type)
-            return
-        body = self.rfile.read(length)
-        if route is None:
-            self._error(404, "NOT_FOUND", f"no route POST {path}; use one of {sorted(_ROUTES)}", reply_type)
-            return
+
+def build_app(ingest: Ingest) -> Starlette:
+    async def healthz(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type=_JSON)
+
+    async def export(request: Request) -> Response:
+        path = request.url.path
+        route = _ROUTES[path]
+        ctype = _content_type(request.scope)
         allowed = (_JSON,) if route == "rewards" else (_PROTOBUF, _JSON)
         if ctype not in allowed:
-            self._error(415, "INVALID_ARGUMENT",
-                        f"Content-Type {ctype or '(none)'!r} is not supported on {path}; use {' or '.join(allowed)}", reply_type)
-            return
+            raise RequestError(
+                415,
+                f"Content-Type {ctype or '(none)'!r} is not supported on {path}; use {' or '.join(allowed)}",
+            )
+        body = inflate(await request.body(), request.headers.get("content-encoding"), MAX_BODY_BYTES)
         try:
-            check_bearer(self.headers.get("Authorization"), self.token)
-            if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
-                body = gunzip_bounded(body)
-            elif self.headers.get("Content-Encoding") not in (None, "", "identity"):
-                raise BadRequest(f"Content-Encoding {self.headers.get('Content-Encoding')!r} is not supported; use gzip or none")
             if route == "rewards":
-                self._send(200, json.dumps(self.ingest.rewards(body)).encode(), _JSON)
-                return
-            resp = getattr(self.ingest, route)(body, is_json=ctype == _JSON)
+                return Response(
+                    json.dumps(await run_in_threadpool(ingest.rewards, body)).encode(), media_type=_JSON
+                )
+            resp = await run_in_threadpool(getattr(ingest, route), body, is_json=ctype == _JSON)
         except Exception as exc:
             f = failure_for(exc)
-            self._error(f.http_status, f.grpc_code, f.message, reply_type, f.retry_after_s)
-            return
+            return _error(request, f.http_status, f.grpc_code, f.message, f.retry_after_s)
         if ctype == _PROTOBUF:
-            self._send(200, resp.SerializeToString(), _PROTOBUF)
+            return Response(resp.SerializeToString(), media_type=_PROTOBUF)
+        return Response(json_format.MessageToJson(resp, indent=None).encode(), media_type=_JSON)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        method, path = request.method, request.url.path
+        if method == "GET":
+            msg = f"no route GET {path}; OTLP/HTTP takes POST /v1/traces, /v1/logs, /v1/metrics"
+        elif path in _ROUTES:
+            return _error(request, 405, "UNIMPLEMENTED", f"{method} {path} is not supported; use POST")
         else:
-            self._send(200, json_format.MessageToJson(resp, indent=None).encode(), _JSON)
+            msg = f"no route {method} {path}; use one of {sorted(_ROUTES)}"
+        return _error(request, 404, "NOT_FOUND", msg)
 
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+    routes = [Route("/healthz", healthz, methods=["GET"])]
+    routes += [Route(path, export, methods=["POST"]) for path in _ROUTES]
+    return Starlette(
+        routes=routes, exception_handlers={**exception_handlers(render_error), 404: not_found, 405: not_found}
+    )
 
 
 def start_http(
-    ingest: Ingest, host: str, port: int, *, token: str | None = None, tls: tuple[str, str] | None = None
-) -> tuple[ThreadingHTTPServer, int]:
-    handler = type("Handler", (_Handler,), {"ingest": ingest, "token": token})
+    ingest: Ingest,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    tls: tuple[str, str] | None = None,
+    **limits: Any,
+) -> RunningServer:
+    """Serve OTLP/HTTP for ``ingest`` on ``host:port`` (``tls`` = (cert, key) paths) in the background.
+
+    ``limits`` override other ``httpshell.ServerOptions`` fields (connection cap, timeouts).
+    """
+    cert, key = tls or (None, None)
+    options = ServerOptions(
+        host=host,
+        port=port,
+        tls_cert=cert,
+        tls_key=key,
+        token=token,
+        public_paths=frozenset({"/healthz"}),
+        auth_hint=AUTH_HINT,
+        max_body_bytes=MAX_BODY_BYTES,
+        name="tracerl-collector",
+        **limits,
+    )
     try:
-        server = _Server((host, port), handler)
+        return start(build_app(ingest), options, render_error)
     except OSError as e:
         raise OSError(f"cannot bind OTLP/HTTP to {host}:{port}: {e}; pass --http HOST:PORT") from None
-    if tls:
-        cert, key = tls
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, name="otlp-http", daemon=True).start()
-    return server, server.server_address[1]
 
 
-__all__ = ["gunzip_bounded", "start_http"]
+__all__ = ["build_app", "render_error", "start_http"]

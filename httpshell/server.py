@@ -249,7 +249,7 @@ class _Guard:
             nonlocal deadline
             if ex.answered:
                 return _DISCONNECT
-            if ex.body_done:
+            if ex.body_done or ex.started:  # after the body (or once answering): only a disconnect can come
                 return await receive()
             if deadline is None:
                 deadline = loop.time() + opts.body_timeout_s

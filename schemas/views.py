@@ -90,6 +90,9 @@ def connect_readonly(store: str) -> duckdb.DuckDBPyConnection:
         con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_data {LATEST_ONLY.get(name, '')}")
     for name, sql in DERIVED_VIEWS.items():
         con.execute(f"CREATE VIEW {name} AS {sql}")
+    # DuckDB keeps its spill directory (temp_directory, default '<cwd>/.tmp') readable and writable
+    # even with external access off, so a query could COPY into or read from it: no spill directory.
+    con.execute("SET temp_directory = ''")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con

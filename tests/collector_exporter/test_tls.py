@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
 import subprocess
 
@@ -44,3 +45,18 @@ def test_tls_with_token_on_grpc_and_http(store, cert):
             httpx.post(c.http_endpoint + "/v1/traces", content=b"", verify=True)
         c.flush()
     assert connect_readonly(str(store)).execute("SELECT count(*) FROM spans").fetchone()[0] == 5
+
+
+def test_an_idle_connection_does_not_block_other_https_clients(store, cert):
+    """The stdlib server ran the TLS handshake in its accept loop: one silent socket made every
+    HTTPS client wait until it closed. Handshakes now run in the event loop, beside each other."""
+    crt, key = cert
+    with running_collector(store, tls_cert=str(crt), tls_key=str(key), grpc=None) as c:
+        host, port = c.http_endpoint.removeprefix("https://").split(":")
+        with socket.create_connection((host, int(port))), socket.create_connection((host, int(port))):
+            # Two idle sockets, no handshake: the request below must not wait for them (the
+            # stdlib server answered only after they closed, so this would time out).
+            r = httpx.post(c.http_endpoint + "/v1/traces", content=trace_request(2).SerializeToString(),
+                           verify=ssl.create_default_context(cafile=str(crt)), timeout=20,
+                           headers={"Content-Type": "application/x-protobuf"})
+            assert r.status_code == 200

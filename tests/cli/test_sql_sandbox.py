@@ -1,0 +1,25 @@
+"""`tracerl sql` is read-only over the store: no file anywhere can be written or read by a query,
+including DuckDB's default spill directory ``<cwd>/.tmp``, which DuckDB allows even with external
+access switched off."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from tracerl_testing import BIN
+
+
+@pytest.mark.parametrize("query", [
+    "COPY (SELECT 42 AS x) TO '.tmp/x.csv'",
+    "COPY (SELECT 42 AS x) TO 'x.csv'",
+    "SELECT * FROM read_csv('.tmp/secret.csv')",
+])
+def test_sql_queries_cannot_touch_files_even_in_cwd_tmp(tmp_path, query):
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "secret.csv").write_text("a\n1\n")
+    run = subprocess.run([str(BIN / "tracerl"), "sql", "--store", str(tmp_path / "store"), query], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "disabled by configuration" in run.stderr
+    assert not list(tmp_path.rglob("x.csv"))
