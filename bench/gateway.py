@@ -16,6 +16,11 @@ BatchSpanProcessor (exporting to memory here, so no collector is needed).
    and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99 added <= 5 ms and
    throughput >= 0.9x direct at 256; no errors at 1024.
 
+Reading it on a shared machine: the gateway is one event-loop thread, so when the cores are
+oversubscribed the scheduler gives it about cores/load of one core (``gw %``), whatever it needs; a
+thread-per-connection server (``--gateway-root`` of an older checkout) gets a share per thread. The
+CPU ms per call (``gw cpu``) is the figure that does not depend on the neighbours.
+
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
 """
@@ -199,6 +204,7 @@ class Phase:
         self.errors: list[str] = []
         self.cpu: list[float] = []  # CPU seconds of each server process in the phase
         self.calls = 0  # completed calls, warm-up included (what the CPU seconds paid for)
+        self.wall = 0.0  # seconds the phase took, warm-up and draining included
 
     @property
     def per_s(self) -> float:
@@ -290,9 +296,10 @@ def cpu_seconds(pid: int) -> float:
 def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen]) -> Phase:
     """One phase, with the CPU seconds each server process spent during it (warm-up included)."""
     warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
-    before = [cpu_seconds(p.pid) for p in procs]
+    before, t0 = [cpu_seconds(p.pid) for p in procs], time.perf_counter()
     phase = asyncio.run(run_phase(url, n, args.seconds, warm))
     phase.cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    phase.wall = time.perf_counter() - t0
     return phase
 
 
@@ -325,10 +332,11 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
     names = [k for k in ("gateway", "other") if rows and k in rows[0]]
     for name in names:
         label = "this gateway" if name == "gateway" else f"gateway of {args.gateway_root}"
-        print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process)")
+        print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
+              f"gw %: the gateway process's share of one core during the phase)")
         print(f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
               f"{'p99 ms':>8} {'err':>4} | {'+p50 ms':>8} {'+p99 ms':>8} {'thru x':>6} | {'gw cpu':>6} "
-              f"{'up cpu':>6} | load1")
+              f"{'up cpu':>6} {'gw %':>5} | load1")
         for r in rows:
             d, g = r["direct"], r[name]
             ratio = g.per_s / d.per_s if d.per_s else float("nan")
@@ -336,7 +344,8 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
             print(f"{r['clients']:>7} | {d.per_s:>8.1f} {d.p(0.5):>8.2f} {d.p(0.99):>8.2f} {len(d.errors):>4} | "
                   f"{g.per_s:>8.1f} {g.p(0.5):>8.2f} {g.p(0.99):>8.2f} {len(g.errors):>4} | "
                   f"{g.p(0.5) - d.p(0.5):>8.2f} {g.p(0.99) - d.p(0.99):>8.2f} {ratio:>6.2f} | "
-                  f"{g.cpu[1] / calls * 1e3:>6.2f} {d.cpu[0] / max(1, d.calls) * 1e3:>6.2f} | {r['load']:.1f}")
+                  f"{g.cpu[1] / calls * 1e3:>6.2f} {d.cpu[0] / max(1, d.calls) * 1e3:>6.2f} "
+                  f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}")
             for e in sorted(set(d.errors + g.errors))[:3]:
                 print(f"        error: {e}")
     print("targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
