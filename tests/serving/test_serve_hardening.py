@@ -228,3 +228,9 @@ def test_state_changing_endpoints_refuse_cross_site_requests_and_take_the_api_ke
         assert r.status_code == 200 and server.engine.weight_version == "3"
     finally:
         server.stop()
+
+
+def test_a_body_nested_past_the_parser_is_a_400(embedded):
+    r = post_raw(embedded.url, "[" * 100_000 + "]" * 100_000)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    assert post_raw(embedded.url, json.dumps(chat_body())).status_code == 200
