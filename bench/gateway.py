@@ -1,53 +1,83 @@
-"""Added latency of the tracerl gateway: p50/p99 per call through the gateway vs. direct.
+"""What the tracerl gateway costs: added latency per call, and a concurrency sweep of streaming calls.
 
-Both paths hit the same upstream in one run, interleaved call by call so machine noise hits
-both equally. The default upstream is a scripted OpenAI-compatible server (``ScriptedUpstream``)
-that answers instantly with vLLM's response shape (``prompt_token_ids``, ``token_ids``,
-logprobs), so the numbers are the gateway's own cost; ``--model DIR`` uses the embedded server
-with ``max_tokens=1`` instead. The gateway records spans exactly as in production, through a
-BatchSpanProcessor (exporting to an in-memory exporter here, so no collector is needed).
+Both parts run the same clients against the upstream directly and through the gateway in one run, so
+machine noise hits both paths alike; the gateway records spans exactly as in production, through a
+BatchSpanProcessor (exporting to memory here, so no collector is needed).
 
-    python bench/gateway.py --calls 2000            # target: <= 1 ms p50 added
+1. Sequential latency (``run``): non-streamed calls, interleaved call by call, through the gateway vs
+   direct, to a scripted upstream that answers at once in vLLM's shape (``_shared.ScriptedUpstream``),
+   or with ``--model DIR`` to the embedded server (``max_tokens=1``). Target: <= 1 ms p50 added.
+2. Concurrency sweep (``sweep``): N streaming clients (default 1, 64, 256, 1024) each send calls back
+   to back for ``--seconds``, first direct, then through the gateway. The upstream streams like an
+   engine: ``--tokens`` chunks, ``--token-ms`` apart (vLLM's chunk shape, token ids, logprobs). The
+   upstream and the gateway each run in their own process (as in production: the gateway does not share
+   a GIL with the engine or the agents); the clients are one asyncio process speaking raw HTTP/1.1, so
+   the client side costs little. Per N: completed calls/s, p50/p99 latency of a whole stream, errors,
+   and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99 added <= 5 ms and
+   throughput >= 0.9x direct at 256; no errors at 1024.
+
+Reading it on a shared machine: the gateway is one event-loop thread, so when the cores are
+oversubscribed the scheduler gives it about cores/load of one core (``gw %``), whatever it needs; a
+thread-per-connection server (``--gateway-root`` of an older checkout) gets a share per thread. The
+CPU ms per call (``gw cpu``) is the figure that does not depend on the neighbours.
+
+    python bench/gateway.py --calls 2000                  # sequential latency only
+    python bench/gateway.py --sweep 1 64 256 1024         # sweep only
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import itertools
+import json
+import os
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+# The gateway process of an --gateway-root run imports serving from that tree; everything else from this one.
+sys.path.insert(0, os.environ.get("BENCH_GATEWAY_ROOT") or str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from _shared import percentile  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from serving.gateway import Gateway, GatewayConfig
-from serving.httpserver import Server
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _shared
-from _shared import percentile
+CONNECTIONS = 4096  # connection cap of both servers in the sweep, above its largest client count
 
 
-class ScriptedUpstream(_shared.ScriptedUpstream):
-    answer = "ok"
+# -- 1. sequential latency ------------------------------------------------------------------------------
+
+
+def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16))
+    return provider, exporter
 
 
 def run(calls: int, model_dir: str | None) -> dict[str, float]:
+    from _shared import ScriptedUpstream
+
+    from serving.gateway import Gateway, GatewayConfig
+    from serving.httpserver import Server
+
     if model_dir:
         from serving.server import EmbeddedServer
 
-        upstream: Server = EmbeddedServer.start(model_dir)
+        upstream: Any = EmbeddedServer.start(model_dir)
     else:
-        upstream = Server(("127.0.0.1", 0), ScriptedUpstream).start_background()
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
+        upstream = Server(("127.0.0.1", 0), type("Ok", (ScriptedUpstream,), {"answer": "ok"})).start_background()
+    provider, exporter = recording_provider()
     gateway = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider).start_background()
     body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
     direct_t, gw_t = [], []
@@ -76,17 +106,279 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
             "added_p99_ms": g99 - d99, "ratio_p50": g50 / d50}
 
 
+# -- 2. the concurrency sweep ---------------------------------------------------------------------------
+
+
+def streaming_upstream(tokens: int, token_ms: float) -> Any:
+    """An engine stand-in that streams: ``tokens`` chat chunks ``token_ms`` apart, in vLLM 0.10.2+'s shape
+    (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked),
+    on the same HTTP stack as the gateway (``httpshell``)."""
+    from httpshell import ServerOptions
+    from serving.asgi import ShellServer, dumps
+
+    interval = token_ms / 1e3
+    ids = itertools.count(1)
+
+    class StreamingUpstream(ShellServer):
+        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            if scope["method"] == "GET":
+                found = scope["path"].rstrip("/") == "/v1/models"
+                body = dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]} if found else
+                             {"error": {"message": "not found", "type": "NotFoundError", "code": 404}})
+                await send({"type": "http.response.start", "status": 200 if found else 404,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+            raw, more = b"", True
+            while more:
+                m = await receive()
+                raw += m.get("body", b"")
+                more = m.get("more_body", False)
+            req = json.loads(raw)
+            base = {"id": f"chatcmpl-bench-{next(ids)}", "object": "chat.completion.chunk", "created": 0,
+                    "model": req.get("model")}
+            want_ids, lp = bool(req.get("return_token_ids")), bool(req.get("logprobs"))
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+
+            async def event(obj: dict) -> None:
+                await send({"type": "http.response.body", "body": b"data: " + dumps(obj) + b"\n\n", "more_body": True})
+
+            await event({**base, **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
+                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                      "finish_reason": None}]})
+            for i in range(tokens):
+                await asyncio.sleep(interval)
+                last = i == tokens - 1
+                ch = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": "length" if last else None,
+                      "logprobs": {"content": [{"token": f"t{i} ", "logprob": -0.5, "bytes": [], "top_logprobs": []}]}
+                      if lp else None}
+                if want_ids:
+                    ch["token_ids"] = [100 + i]
+                await event({**base, "choices": [ch]})
+            if (req.get("stream_options") or {}).get("include_usage"):
+                await event({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens,
+                                                               "total_tokens": 5 + tokens}})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    return StreamingUpstream(ServerOptions(max_connections=CONNECTIONS, name="bench-upstream"))
+
+
+def serve_process(args: argparse.Namespace) -> int:
+    """``--serve upstream|gateway``: one server in this process; prints its URL, runs until SIGTERM, and
+    (gateway) prints how many spans it recorded."""
+    if args.serve == "upstream":
+        server = streaming_upstream(args.tokens, args.token_ms).start_background()
+        provider = exporter = None
+    else:
+        from serving.gateway import Gateway, GatewayConfig
+
+        provider, exporter = recording_provider()
+        try:
+            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
+        except TypeError:  # an older gateway (--gateway-root) without a connection cap
+            config = GatewayConfig(upstreams=[args.upstream])
+        server = Gateway(("127.0.0.1", 0), config, provider).start_background()
+    print(server.url, flush=True)
+    got = []
+    signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+    while not got:
+        time.sleep(0.05)
+    server.stop()
+    if provider is not None:
+        provider.force_flush()
+        print(len(exporter.get_finished_spans()), flush=True)
+        provider.shutdown()
+    return 0
+
+
+class Phase:
+    """One sweep step: N clients on one path. (A plain class: tests load this file without a module entry,
+    which dataclasses need.)"""
+
+    def __init__(self, clients: int, seconds: float):
+        self.clients, self.seconds = clients, seconds
+        self.latencies: list[float] = []  # of the calls started after the warm-up
+        self.errors: list[str] = []
+        self.cpu: list[float] = []  # CPU seconds of each server process in the phase
+        self.calls = 0  # completed calls, warm-up included (what the CPU seconds paid for)
+        self.wall = 0.0  # seconds the phase took, warm-up and draining included
+
+    @property
+    def per_s(self) -> float:
+        return len(self.latencies) / self.seconds
+
+    def p(self, q: float) -> float:
+        return percentile(self.latencies, q) * 1e3
+
+
+async def stream_call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> None:
+    """One streamed call over a kept-alive connection: send, then read the chunked SSE answer to its end."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+    body = bytearray()
+    while True:
+        size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+        body += (await reader.readexactly(size + 2))[:-2]
+        if size == 0:
+            break
+    if not body.endswith(b"data: [DONE]\n\n"):
+        raise RuntimeError(f"stream ended without [DONE]: {bytes(body[-80:])!r}")
+
+
+def stream_request(url: str) -> tuple[str, int, bytes]:
+    """(host, port, the bytes of one streaming chat call) for ``url``."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    payload = json.dumps({"model": "policy", "stream": True, "max_tokens": 16,
+                          "messages": [{"role": "user", "content": "Say something."}]}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(payload), payload))
+    return host, int(port), request
+
+
+async def client_loop(url: str, phase: Phase, start: float, end: float) -> None:
+    host, port, request = stream_request(url)
+    reader = writer = None
+    while time.perf_counter() < end:
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+            t = time.perf_counter()
+            await stream_call(reader, writer, request)
+            phase.calls += 1
+            if t >= start:
+                phase.latencies.append(time.perf_counter() - t)
+        except Exception as e:  # counted; the connection is reopened
+            phase.errors.append(f"{type(e).__name__}: {e}"[:200])
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+            await asyncio.sleep(0.05)
+    if writer is not None:
+        writer.close()
+
+
+async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Phase:
+    phase = Phase(clients, seconds)
+    t0 = time.perf_counter()
+    start, end = t0 + warm_s, t0 + warm_s + seconds
+    await asyncio.gather(*(client_loop(url, phase, start, end) for _ in range(clients)))
+    return phase
+
+
+def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "") -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", role, "--tokens", str(args.tokens),
+           "--token-ms", str(args.token_ms), "--upstream", upstream]
+    env = dict(os.environ)
+    if root:
+        env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
+        env["PYTHONPATH"] = env["BENCH_GATEWAY_ROOT"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    return proc, proc.stdout.readline().strip()
+
+
+def stop_server(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    return out.strip()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process (/proc/PID/stat fields 14 and 15, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen]) -> Phase:
+    """One phase, with the CPU seconds each server process spent during it (warm-up included)."""
+    warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
+    before, t0 = [cpu_seconds(p.pid) for p in procs], time.perf_counter()
+    phase = asyncio.run(run_phase(url, n, args.seconds, warm))
+    phase.cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    phase.wall = time.perf_counter() - t0
+    return phase
+
+
+def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
+    """Direct, then through the gateway (then through --gateway-root's), at each client count."""
+    up, up_url = start_server("upstream", args)
+    gateways = {"gateway": start_server("gateway", args, up_url)}
+    if args.gateway_root:
+        gateways["other"] = start_server("gateway", args, up_url, args.gateway_root)
+    rows = []
+    try:
+        for n in levels:
+            row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up])}
+            for name, (proc, url) in gateways.items():
+                row[name] = measured(url, n, args, [up, proc])
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
+    finally:
+        spans = {name: stop_server(proc) for name, (proc, _) in gateways.items()}
+        stop_server(up)
+    for r in rows:
+        r["spans"] = spans
+    return rows
+
+
+def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
+          f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
+          f"gateway spans recorded: {rows[0]['spans'] if rows else {}}")
+    names = [k for k in ("gateway", "other") if rows and k in rows[0]]
+    for name in names:
+        label = "this gateway" if name == "gateway" else f"gateway of {args.gateway_root}"
+        print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
+              f"gw %: the gateway process's share of one core during the phase)")
+        print(f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'err':>4} | {'+p50 ms':>8} {'+p99 ms':>8} {'thru x':>6} | {'gw cpu':>6} "
+              f"{'up cpu':>6} {'gw %':>5} | load1")
+        for r in rows:
+            d, g = r["direct"], r[name]
+            ratio = g.per_s / d.per_s if d.per_s else float("nan")
+            calls = max(1, g.calls)
+            print(f"{r['clients']:>7} | {d.per_s:>8.1f} {d.p(0.5):>8.2f} {d.p(0.99):>8.2f} {len(d.errors):>4} | "
+                  f"{g.per_s:>8.1f} {g.p(0.5):>8.2f} {g.p(0.99):>8.2f} {len(g.errors):>4} | "
+                  f"{g.p(0.5) - d.p(0.5):>8.2f} {g.p(0.99) - d.p(0.99):>8.2f} {ratio:>6.2f} | "
+                  f"{g.cpu[1] / calls * 1e3:>6.2f} {d.cpu[0] / max(1, d.calls) * 1e3:>6.2f} "
+                  f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}")
+            for e in sorted(set(d.errors + g.errors))[:3]:
+                print(f"        error: {e}")
+    print("targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
+          "no errors at 1024")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=1000, help="calls per path (default: %(default)s)")
-    ap.add_argument("--model", default=None, help="use the embedded server on this model dir as upstream")
+    ap.add_argument("--calls", type=int, default=1000, help="sequential calls per path (0: skip; default: %(default)s)")
+    ap.add_argument("--model", default=None, help="sequential part: use the embedded server on this model dir")
+    ap.add_argument("--sweep", type=int, nargs="*", default=[1, 64, 256, 1024],
+                    help="concurrent streaming clients per step (none: skip; default: %(default)s)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per sweep phase (default: %(default)s)")
+    ap.add_argument("--tokens", type=int, default=16, help="chunks per scripted stream (default: %(default)s)")
+    ap.add_argument("--token-ms", type=float, default=25.0, help="ms between chunks (default: %(default)s)")
+    ap.add_argument("--gateway-root", default="", metavar="DIR",
+                    help="sweep: run the gateway of another checkout (e.g. the last release) in the same run")
+    ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
+    ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    r = run(args.calls, args.model)
-    print(f"calls per path: {r['calls']} (+50 warm-up)  gateway spans recorded: {r['spans']}")
-    print(f"direct : p50 {r['direct_p50_ms']:.3f} ms   p99 {r['direct_p99_ms']:.3f} ms")
-    print(f"gateway: p50 {r['gateway_p50_ms']:.3f} ms   p99 {r['gateway_p99_ms']:.3f} ms")
-    print(f"added  : p50 {r['added_p50_ms']:.3f} ms   p99 {r['added_p99_ms']:.3f} ms   "
-          f"ratio p50 {r['ratio_p50']:.2f}x   (target: <= 1 ms p50 added)")
+    if args.serve:
+        return serve_process(args)
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    if args.calls:
+        r = run(args.calls, args.model)
+        print(f"calls per path: {r['calls']} (+50 warm-up)  gateway spans recorded: {r['spans']}")
+        print(f"direct : p50 {r['direct_p50_ms']:.3f} ms   p99 {r['direct_p99_ms']:.3f} ms")
+        print(f"gateway: p50 {r['gateway_p50_ms']:.3f} ms   p99 {r['gateway_p99_ms']:.3f} ms")
+        print(f"added  : p50 {r['added_p50_ms']:.3f} ms   p99 {r['added_p99_ms']:.3f} ms   "
+              f"ratio p50 {r['ratio_p50']:.2f}x   (target: <= 1 ms p50 added)")
+    if args.sweep:
+        print_sweep(sweep(args.sweep, args), args)
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

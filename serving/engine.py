@@ -16,6 +16,7 @@ that ended a sequence (its text is not shown), as vLLM's do.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import queue
@@ -29,118 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serving.sampling import EngineError, SamplingParams
+
+__all__ = ["Completion", "Delta", "EngineError", "EngineWorker", "GenerationJob", "ModelEngine", "SamplingParams"]
+
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 _EPS = 1e-5
-
-
-class EngineError(Exception):
-    """A request the engine refuses; ``status`` and ``err_type`` follow vLLM's answer for it."""
-
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
-                 param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.err_type = err_type
-        self.param = param
-
-
-@dataclass
-class SamplingParams:
-    """The vLLM/OpenAI sampling fields the embedded server supports (others are ignored, as vLLM
-    ignores unknown fields): penalties and ``logit_bias``/``min_tokens`` act before temperature,
-    top-k and top-p, in vLLM's order; raw logprobs are taken before all of them."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    logprobs: int | None = None  # None: no logprobs; k >= 0: sampled token + top-k alternatives
-    skip_special_tokens: bool = True
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    min_tokens: int = 0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-
-    @property
-    def penalised(self) -> bool:
-        """Whether any logits processor runs (they change the sampled, not the raw, distribution)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.min_tokens or self.logit_bias)
-
-    @classmethod
-    def from_request(cls, body: dict[str, Any], chat: bool) -> SamplingParams:
-        """Validate request fields the way vLLM does and name the bad one in the error."""
-
-        def num(name: str, default: Any, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
-            v = body.get(name)
-            if v is None:
-                return default
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not float(v).is_integer()):
-                raise EngineError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
-            v = kind(v)
-            if (lo is not None and v < lo) or (hi is not None and v > hi):
-                raise EngineError(f"{name} must be in [{lo}, {hi}], got {v}")
-            return v
-
-        stop = body.get("stop") or []
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise EngineError("stop must be a string or a list of strings")
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        max_tokens = num("max_tokens", None, int, 1) if max_tokens is None else num("max_completion_tokens", None, int, 1)
-        if chat:
-            lp = None
-            if body.get("logprobs"):
-                lp = num("top_logprobs", 0, int, 0, 20)
-            elif body.get("top_logprobs"):
-                raise EngineError("when using `top_logprobs`, `logprobs` must be set to true.")
-        else:
-            lp = num("logprobs", None, int, 0, 20)
-        return cls(
-            max_tokens=max_tokens,
-            temperature=num("temperature", 1.0, float, 0.0, 2.0),
-            top_p=_top_p(num("top_p", 1.0, float, 0.0, 1.0)),
-            top_k=num("top_k", -1, int, -1),
-            n=num("n", 1, int, 1, 16),
-            seed=num("seed", None, int),
-            stop=[s for s in stop if s],
-            stop_token_ids=[int(t) for t in body.get("stop_token_ids") or []],
-            ignore_eos=bool(body.get("ignore_eos", False)),
-            logprobs=lp,
-            skip_special_tokens=bool(body.get("skip_special_tokens", True)),
-            presence_penalty=num("presence_penalty", 0.0, float, -2.0, 2.0),
-            frequency_penalty=num("frequency_penalty", 0.0, float, -2.0, 2.0),
-            repetition_penalty=num("repetition_penalty", 1.0, float, 0.01, 2.0),
-            min_tokens=num("min_tokens", 0, int, 0, max_tokens),
-            logit_bias=_logit_bias(body.get("logit_bias")),
-        )
-
-
-def _logit_bias(v: Any) -> dict[int, float]:
-    if not v:
-        return {}
-    if not isinstance(v, dict):
-        raise EngineError("logit_bias must be an object mapping token ids to biases", param="logit_bias")
-    try:
-        out = {int(k): float(b) for k, b in v.items()}
-    except (TypeError, ValueError):
-        raise EngineError("logit_bias keys must be token ids and values numbers", param="logit_bias") from None
-    if any(not -100 <= b <= 100 for b in out.values()):
-        raise EngineError("logit_bias values must be in [-100, 100]", param="logit_bias")
-    return out
-
-
-def _top_p(v: float) -> float:
-    if v <= 0.0:
-        raise EngineError(f"top_p must be in (0, 1], got {v}", param="top_p")
-    return v
 
 
 @dataclass
@@ -255,15 +150,21 @@ class ModelEngine:
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
-        """Token ids of the chat prompt, rendered by the model's own chat template."""
+                    chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of the chat prompt, rendered by the model's own chat template.
+
+        ``chat_template`` (a request's own, allowed only with --trust-request-chat-template) replaces
+        the model's; ``chat_template_kwargs`` reach the template only when it reads them, as in vLLM.
+        """
         if not isinstance(messages, list) or not messages:
             raise EngineError("messages must be a non-empty list", param="messages")
+        template = chat_template or self.tokenizer.chat_template
+        kwargs = {k: v for k, v in (chat_template_kwargs or {}).items() if k in _template_variables(template)}
         try:
             text = self.tokenizer.apply_chat_template(
                 [_normalise_message(m) for m in messages], tools=tools or None, tokenize=False,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+                continue_final_message=continue_final_message, chat_template=chat_template, **kwargs)
         except EngineError:
             raise
         except Exception as e:  # jinja errors name the bad message field
@@ -311,14 +212,18 @@ class ModelEngine:
         """Sample ``p.n`` sequences for one prompt, calling ``on_delta`` as text appears."""
         job = GenerationJob(prompt_ids, p, adapter, on_delta, cancelled)
         self.check(job)
-        return self.generate_batch([job])[0]
+        out = self.generate_batch([job])[0]
+        if isinstance(out, EngineError):
+            raise out
+        return out
 
-    def generate_batch(self, jobs: list[GenerationJob]) -> list[list[Completion]]:
+    def generate_batch(self, jobs: list[GenerationJob]) -> list[list[Completion] | EngineError]:
         """Run several jobs (same adapter, each already ``check``-ed) as one left-padded batch.
 
         Each job keeps its own sampling parameters and seeded generator, so batching changes
         which requests share a forward pass, not what any of them samples (up to float noise
-        of padded attention, ~1e-6 in logprobs).
+        of padded attention, ~1e-6 in logprobs). A job whose own setup or sampling fails gets
+        its error in its slot and stops; the others of the batch go on untouched.
         """
         torch = self._torch
         if len({j.adapter for j in jobs}) > 1:
@@ -328,22 +233,27 @@ class ModelEngine:
         for job in jobs:
             start = spans[-1].stop if spans else 0
             spans.append(slice(start, start + job.params.n))
+        done = [False] * len(rows)
+        failed: dict[int, EngineError] = {}
+
+        def fail(j: int, e: Exception) -> None:
+            failed[j] = _job_error(e)
+            done[spans[j]] = [True] * jobs[j].params.n
+
         max_new = [job.params.max_tokens or self.max_model_len - len(job.prompt_ids) for job in jobs]
-        gens = [torch.Generator().manual_seed(job.params.seed if job.params.seed is not None
-                                              else self._rng.randrange(2**63)) for job in jobs]
         stop_ids = [set(job.params.stop_token_ids) | (set() if job.params.ignore_eos else set(self.eos_ids))
                     for job in jobs]
         outs = [[Completion(index=i) for i in range(job.params.n)] for job in jobs]
         streams = [[_TextStream(self.tokenizer, job.params, job.on_delta, i) for i in range(job.params.n)]
                    for job in jobs]
-        done = [False] * len(rows)
         vocab = int(self.base.config.vocab_size)
-        counts = [torch.zeros(job.params.n, vocab) if job.params.penalised else None for job in jobs]
-        seen = [None] * len(jobs)
+        states: list[_JobState | None] = []
         for j, job in enumerate(jobs):
-            if job.params.penalised:
-                seen[j] = torch.zeros(job.params.n, vocab, dtype=torch.bool)
-                seen[j][:, job.prompt_ids] = True
+            try:
+                states.append(_JobState.start(torch, job, vocab, self._rng))
+            except Exception as e:
+                states.append(None)
+                fail(j, e)
         width = max(len(job.prompt_ids) for job in jobs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(jobs[j].prompt_ids)) + jobs[j].prompt_ids for j, _ in rows])
@@ -352,40 +262,47 @@ class ModelEngine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode(), self._adapter(jobs[0].adapter):
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-            for _step in range(max(max_new)):
+            for step in range(max(max_new)):
                 logits = out.logits[:, -1, :].float()
                 tokens = torch.zeros(len(rows), dtype=torch.long)
                 for j, job in enumerate(jobs):
                     sl = spans[j]
                     if all(done[sl]):
                         continue
-                    processed = None
-                    if job.params.penalised:
-                        processed = self._process(logits[sl], job.params, counts[j], seen[j], stop_ids[j], _step)
-                    tok_j, lp_j, top_j = self._sample(logits[sl], job.params, gens[j], processed)
-                    tokens[sl] = tok_j
-                    if job.params.penalised:
-                        counts[j][torch.arange(job.params.n), tok_j] += 1
-                        seen[j][torch.arange(job.params.n), tok_j] = True
-                    for i in range(job.params.n):
-                        r = sl.start + i
-                        if done[r]:
-                            continue
-                        done[r] = self._advance(outs[j][i], streams[j][i], int(tok_j[i]), float(lp_j[i]),
-                                                top_j[i] if top_j is not None else [], stop_ids[j], max_new[j])
-                    if job.cancelled is not None and job.cancelled():
-                        for i in range(job.params.n):
-                            if not done[sl.start + i]:
-                                done[sl.start + i] = True
-                                outs[j][i].finish_reason = "abort"
-                                streams[j][i].finish(outs[j][i])
+                    try:
+                        tokens[sl] = self._step_job(job, states[j], logits[sl], step, outs[j], streams[j],
+                                                    done, sl.start, stop_ids[j], max_new[j])
+                    except Exception as e:  # this request's fault or not, it must not end the others
+                        fail(j, e)
                 if all(done):
                     break
                 mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
                 pos = pos[:, -1:] + 1
                 out = self.model(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=pos,
                                  past_key_values=out.past_key_values, use_cache=True)
-        return outs
+        return [failed.get(j, outs[j]) for j in range(len(jobs))]
+
+    def _step_job(self, job: GenerationJob, st: _JobState, logits: Any, step: int, outs: list[Completion],
+                  streams: list[_TextStream], done: list[bool], row0: int, stop_ids: set[int], max_new: int) -> Any:
+        """Sample one token for each live sequence of one job; returns the job's tokens."""
+        torch = self._torch
+        p = job.params
+        processed = self._process(logits, p, st.counts, st.seen, stop_ids, step) if p.penalised else None
+        tok, lp, top = self._sample(logits, p, st.gen, processed)
+        if p.penalised:
+            st.counts[torch.arange(p.n), tok] += 1
+            st.seen[torch.arange(p.n), tok] = True
+        for i in range(p.n):
+            if not done[row0 + i]:
+                done[row0 + i] = self._advance(outs[i], streams[i], int(tok[i]), float(lp[i]),
+                                               top[i] if top is not None else [], stop_ids, max_new)
+        if job.cancelled is not None and job.cancelled():
+            for i in range(p.n):
+                if not done[row0 + i]:
+                    done[row0 + i] = True
+                    outs[i].finish_reason = "abort"
+                    streams[i].finish(outs[i])
+        return tok
 
     def _advance(self, c: Completion, stream: _TextStream, tok: int, lp: float, top: list[tuple[int, float]],
                  stop_ids: set[int], max_new: int) -> bool:
@@ -555,6 +472,46 @@ class ModelEngine:
             for k, v in mapped.items():
                 current[k].copy_(v.to(current[k].dtype))
         self.weights_path = str(path)
+
+
+@dataclass
+class _JobState:
+    """One job's sampler state in a batch: its generator and, with penalties, its token counts."""
+
+    gen: Any
+    counts: Any = None
+    seen: Any = None
+
+    @classmethod
+    def start(cls, torch: Any, job: GenerationJob, vocab: int, rng: random.Random) -> _JobState:
+        p = job.params
+        st = cls(torch.Generator().manual_seed(p.seed if p.seed is not None else rng.randrange(2**63)))
+        if p.penalised:
+            st.counts = torch.zeros(p.n, vocab)
+            st.seen = torch.zeros(p.n, vocab, dtype=torch.bool)
+            st.seen[:, job.prompt_ids] = True
+        return st
+
+
+def _job_error(e: Exception) -> EngineError:
+    if isinstance(e, EngineError):
+        return e
+    return EngineError(f"generation failed for this request ({type(e).__name__}: {e}); the other requests "
+                       "batched with it were not affected", 500, "InternalServerError")
+
+
+@functools.lru_cache(maxsize=16)
+def _template_variables(template: str | None) -> frozenset[str]:
+    """Names a Jinja chat template reads but does not set (vLLM's ``_resolve_chat_template_kwargs``)."""
+    if not template or not isinstance(template, str):
+        return frozenset()
+    import jinja2
+    import jinja2.meta
+
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+    except jinja2.TemplateSyntaxError:
+        return frozenset()  # apply_chat_template reports the syntax error itself
 
 
 def _normalise_message(m: Any) -> dict[str, Any]:
@@ -763,9 +720,12 @@ class EngineWorker:
         self.batches.append(len(ready))
         try:
             results = self.engine.generate_batch([job for job, _ in ready])
-        except BaseException as e:
+        except BaseException as e:  # the shared forward pass failed: every job of the batch did
             for _, fut in ready:
                 fut.set_exception(e)
             return
         for (_, fut), res in zip(ready, results, strict=True):
-            fut.set_result(res)
+            if isinstance(res, EngineError):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)

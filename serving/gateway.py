@@ -21,21 +21,23 @@ the served one in ``gen_ai.response.model`` / ``tracerl.policy_version``. After 
 reload the served name stays ``policy``; the publisher then sets the server's weight version
 (``/update_weight_version``) and the gateway reads it from ``GET /weight_info`` (same cache), so
 ``tracerl.policy_version`` is known for full reloads too, within ``models_ttl_s`` of the switch.
+The gateway is asynchronous end to end (ASGI on ``httpshell``, ``httpx.AsyncClient`` upstream):
+a waiting call costs a coroutine and two sockets, not a thread, so a training round's thousands of
+concurrent agent calls fit in one process; streams are relayed chunk by chunk as they arrive.
 Upstream errors are passed through with their status; an unreachable upstream is a 502 and a
 timeout a 504, each an OpenAI-style error body, and the span records ``error.type``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import hmac
 import itertools
 import json
 import logging
-import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -45,16 +47,31 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
 
-from serving.httpserver import Handler, HTTPError, Server
+from httpshell import ServerOptions, bearer_error
+from serving.asgi import (
+    HTTPError,
+    Receive,
+    Scope,
+    Send,
+    ShellServer,
+    error_response,
+    json_response,
+    parse_json,
+    stream_out,
+)
 from serving.protocol import (
     OPERATIONS,
     SSE_DONE,
     CallRecord,
+    ClientWants,
+    SSEData,
     StreamAccumulator,
     error_body,
     error_message,
-    iter_sse_data,
     latest_version_name,
     pick_upstream,
     prepare_upstream_body,
@@ -66,6 +83,7 @@ from serving.protocol import (
     strip_response,
     trace_id_from_traceparent,
 )
+from serving.upstream import UpstreamClients
 
 log = logging.getLogger("tracerl.gateway")
 ROLLOUT_HEADER = "X-Tracerl-Rollout-Id"
@@ -85,6 +103,9 @@ class GatewayConfig:
     timeout_s: float = 600.0
     connect_timeout_s: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
+    max_connections: int = 1024  # client connections; as many upstream connections at most
+    tls_cert: str | None = None  # PEM chain; with tls_key the gateway speaks HTTPS only
+    tls_key: str | None = None
     latest_alias: bool = True  # "policy" -> newest "policy@k" the upstream serves
     models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
 
@@ -120,47 +141,55 @@ class UpstreamState:
     weight_version: str | None
 
 
-class Gateway(Server):
-    """The proxy server. ``tracer_provider`` is injected so tests can read spans in memory."""
+
+_NOT_SERVED = "is not served by the tracerl gateway (POST /v1/chat/completions, /v1/completions; GET /v1/models)"
+
+
+class Gateway(ShellServer):
+    """The proxy, an ASGI app. ``tracer_provider`` is injected so tests can read spans in memory."""
 
     def __init__(self, address: tuple[str, int], config: GatewayConfig, tracer_provider: TracerProvider,
-                 client: httpx.Client | None = None):
+                 client: httpx.AsyncClient | None = None):
         if not config.upstreams:
             raise ValueError("no upstreams configured; pass --upstream URL[,URL...]")
+        super().__init__(ServerOptions(
+            host=address[0], port=address[1], tls_cert=config.tls_cert, tls_key=config.tls_key,
+            max_body_bytes=config.max_body_bytes, max_connections=config.max_connections,
+            name="tracerl-gateway"))
         self.config = config
         self.upstreams = [normalise_upstream(u) for u in config.upstreams]
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("tracerl.gateway")
-        self.client = client or httpx.Client(
-            timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self.clients = UpstreamClients(httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+                                       config.max_connections, client=client)
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
+        self._state_lock: asyncio.Lock | None = None
         self.plain_upstreams: set[str] = set()  # upstreams that refuse return_token_ids
         self.warned_no_ids: set[str] = set()
-        self._state_lock = threading.Lock()
-        handler = type("BoundGatewayHandler", (GatewayHandler,), {"max_body_bytes": config.max_body_bytes})
-        super().__init__(address, handler)
 
     def upstream_order(self, key: str | None) -> list[int]:
         first = pick_upstream(key, self.upstreams, next(self._rr))
         n = len(self.upstreams)
         return [(first + k) % n for k in range(n)]
 
-    def upstream_state(self, upstream: str, headers: dict[str, str], refresh: bool = False) -> UpstreamState:
+    async def upstream_state(self, upstream: str, headers: dict[str, str], refresh: bool = False) -> UpstreamState:
         """The upstream's served names and weight version, cached ``models_ttl_s`` (stale on errors)."""
-        now = time.monotonic()
         got = self._state.get(upstream)
-        if got is not None and not refresh and now - got.at < self.config.models_ttl_s:
+        if got is not None and not refresh and time.monotonic() - got.at < self.config.models_ttl_s:
             return got
-        with self._state_lock:
+        if self._state_lock is None:
+            self._state_lock = asyncio.Lock()
+        asked = time.monotonic()
+        async with self._state_lock:
             got = self._state.get(upstream)
-            if got is not None and not refresh and now - got.at < self.config.models_ttl_s:
-                return got  # another thread refreshed it while we waited
+            if got is not None and got.at >= asked:
+                return got  # another call refreshed it while this one waited
             try:
-                r = self.client.get(upstream + "/v1/models", headers=headers)
-                names = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
-                w = self.client.get(upstream + "/weight_info", headers=headers)  # vLLM dev mode, main > 0.12
+                async with self.clients.client() as client:
+                    r = await client.get(upstream + "/v1/models", headers=headers)
+                    names = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+                    w = await client.get(upstream + "/weight_info", headers=headers)  # vLLM dev mode, main > 0.12
                 version = w.json().get("weight_version") if w.status_code == 200 else None
             except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
                 return got or UpstreamState(0.0, [], None)
@@ -168,184 +197,214 @@ class Gateway(Server):
             self._state[upstream] = state
             return state
 
-    def stop(self) -> None:
-        super().stop()
-        self.client.close()
+    # -- ASGI ------------------------------------------------------------------------------
 
-
-class GatewayHandler(Handler):
-    server: Gateway
-
-    def do_GET(self) -> None:
-        path = urlsplit(self.path).path.rstrip("/")
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        path = scope["path"].rstrip("/")
+        method = scope["method"]
         try:
-            self._auth()
-            if path == "/health":
-                self.send_bytes(200, b"", "application/json")
-            elif path == "/v1/models":
-                self._passthrough_get("/v1/models")
+            replace_auth = self._auth(request.headers)
+            if method == "GET" and path == "/health":
+                response: Response = Response(b"", 200, media_type="application/json")
+            elif method == "GET" and path == "/v1/models":
+                response = await self._passthrough_get(request.headers, replace_auth, "/v1/models")
+            elif method == "POST" and path in OPERATIONS:
+                response = await self._proxy(request, path, OPERATIONS[path], replace_auth)
             else:
-                raise HTTPError(404, f"{path} is not served by the tracerl gateway "
-                                     f"(POST /v1/chat/completions, /v1/completions; GET /v1/models)", "NotFoundError")
+                raise HTTPError(404 if method in ("GET", "POST") else 405, f"{method} {path} {_NOT_SERVED}",
+                                "NotFoundError")
         except HTTPError as e:
-            self.send_error_json(e)
-
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path.rstrip("/")
-        op = OPERATIONS.get(path)
-        try:
-            self._auth()
-            if op is None:
-                self.read_body()
-                raise HTTPError(404, f"{path} is not served by the tracerl gateway "
-                                     f"(POST /v1/chat/completions, /v1/completions; GET /v1/models)", "NotFoundError")
-            self._proxy(path, op)
-        except HTTPError as e:
-            self.send_error_json(e)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-        except Exception as e:  # a bug or an upstream surprise must not kill the connection silently
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self.send_json(500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500))
+            response = error_response(e)
+        except Exception as e:  # a bug or an upstream surprise must still get an answer
+            log.exception("gateway error on %s %s", method, path)
+            response = json_response(500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500))
+        await response(scope, receive, send)
 
     # -- auth and headers ------------------------------------------------------------------
 
-    def _auth(self) -> None:
-        """Own token via ``X-Tracerl-Gateway-Token`` (client auth then passes through) or bearer."""
-        token = self.server.config.token
-        self._replace_auth = False
-        if not token:
-            return
-        if self.headers.get(GATEWAY_TOKEN_HEADER) is not None:
-            if not hmac.compare_digest(self.headers[GATEWAY_TOKEN_HEADER].encode(), token.encode()):
-                raise HTTPError(401, "wrong gateway token", "AuthenticationError")
-            return
-        self.check_bearer(token)
-        self._replace_auth = True  # the bearer was ours; the upstream gets its own key or none
+    def _auth(self, headers: Headers) -> bool:
+        """Own token via ``X-Tracerl-Gateway-Token`` (client auth then passes through) or bearer.
 
-    def _upstream_headers(self) -> dict[str, str]:
-        h = {k: v for k in _FORWARD if (v := self.headers.get(k)) is not None}
-        key = self.server.config.upstream_api_key
-        if self._replace_auth:
+        Returns whether the client's ``Authorization`` was the gateway's own (then it is not sent on).
+        Checked before the body is read.
+        """
+        token = self.config.token
+        if not token:
+            return False
+        own = headers.get(GATEWAY_TOKEN_HEADER)
+        if own is not None:
+            if not hmac.compare_digest(own.encode(), token.encode()):
+                raise HTTPError(401, "wrong gateway token", "AuthenticationError")
+            return False
+        why = bearer_error(headers.get("Authorization"), token)
+        if why:
+            raise HTTPError(401, f"missing or wrong bearer token ({why})", "AuthenticationError")
+        return True
+
+    def _upstream_headers(self, client: Headers, replace_auth: bool) -> dict[str, str]:
+        h = {k: v for k in _FORWARD if (v := client.get(k)) is not None}
+        key = self.config.upstream_api_key
+        if replace_auth:
             h.pop("Authorization", None)
         if key and "Authorization" not in h:
             h["Authorization"] = f"Bearer {key}"
         h["Content-Type"] = "application/json"
         return h
 
-    def _passthrough_get(self, path: str) -> None:
+    async def _passthrough_get(self, client: Headers, replace_auth: bool, path: str) -> Response:
         last: Exception | None = None
-        for i in self.server.upstream_order(None):
-            url = self.server.upstreams[i] + path
+        for i in self.upstream_order(None):
             try:
-                r = self.server.client.get(url, headers=self._upstream_headers())
+                async with self.clients.client() as up:
+                    r = await up.get(self.upstreams[i] + path, headers=self._upstream_headers(client, replace_auth))
             except httpx.TransportError as e:
                 last = e
                 continue
-            self.send_bytes(r.status_code, r.content, r.headers.get("content-type", "application/json"))
-            return
+            return Response(r.content, r.status_code, media_type=r.headers.get("content-type", "application/json"))
         raise HTTPError(502, f"no upstream reachable ({type(last).__name__}: {last}); check that the model "
-                             f"server is running at {', '.join(self.server.upstreams)}", "upstream_unreachable")
+                             f"server is running at {', '.join(self.upstreams)}", "upstream_unreachable")
 
     # -- the proxied call ------------------------------------------------------------------
 
-    def _proxy(self, path: str, op: str) -> None:
+    async def _proxy(self, request: Request, path: str, op: str, replace_auth: bool) -> Response:
         start = time.time_ns()
-        body = self.read_json()
+        body = parse_json(await request.body())
         model = body.get("model")
-        parent = _PROPAGATOR.extract(carrier={"traceparent": self.headers.get("traceparent", ""),
-                                              "tracestate": self.headers.get("tracestate", "")})
-        span = self.server.tracer.start_span(f"tracerl.gateway {model}", context=parent, kind=SpanKind.CLIENT,
-                                             start_time=start)
-        upstream = self.server.upstreams[0]
-        rec: CallRecord | None = None
+        client_headers = request.headers
+        parent = _PROPAGATOR.extract(carrier={"traceparent": client_headers.get("traceparent", ""),
+                                              "tracestate": client_headers.get("tracestate", "")})
+        span = self.tracer.start_span(f"tracerl.gateway {model}", context=parent, kind=SpanKind.CLIENT,
+                                      start_time=start)
+        call = _Call(self, span, body, op)
         try:
+            call.take_client()
             up_body, wants = prepare_upstream_body(body, op)
-            headers = self._upstream_headers()
+            call.wants = wants
+            headers = self._upstream_headers(client_headers, replace_auth)
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-            key = (self.headers.get(ROLLOUT_HEADER) or rollout_from_baggage(self.headers.get("baggage"))
-                   or trace_id_from_traceparent(self.headers.get("traceparent")))
+            key = (client_headers.get(ROLLOUT_HEADER) or rollout_from_baggage(client_headers.get("baggage"))
+                   or trace_id_from_traceparent(client_headers.get("traceparent")))
             last: Exception | None = None
-            for i in self.server.upstream_order(key):
-                upstream = self.server.upstreams[i]
+            for i in self.upstream_order(key):
+                call.upstream = self.upstreams[i]
                 try:
-                    resp = self._send(upstream, path, body, up_body, headers, wants.stream)
+                    resp = await self._send(call.client, call.upstream, path, body, up_body, headers)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing ran there: try the next one
                     last = e
                     continue
                 except httpx.TimeoutException as e:
                     raise _UpstreamFailure(504, "upstream_timeout", type(e).__name__,
-                                           f"upstream {upstream} did not answer within its timeout "
+                                           f"upstream {call.upstream} did not answer within its timeout "
                                            f"({type(e).__name__}); raise --timeout-s if generations are long") from e
                 except httpx.TransportError as e:
                     raise _UpstreamFailure(502, "upstream_error", type(e).__name__,
-                                           f"upstream {upstream} failed: {type(e).__name__}: {e}") from e
+                                           f"upstream {call.upstream} failed: {type(e).__name__}: {e}") from e
+                if resp.status_code == 200 and wants.stream:
+                    return call.stream(resp)  # the stream now owns the span and the upstream response
                 try:
-                    rec = self._relay(resp, body, op, wants, upstream)
+                    return await call.whole(resp)
                 finally:
-                    resp.close()
-                break
-            else:
-                raise _UpstreamFailure(502, "upstream_unreachable", type(last).__name__,
-                                       f"no upstream reachable ({type(last).__name__}: {last}); check that the "
-                                       f"model server is running at {', '.join(self.server.upstreams)}")
+                    await resp.aclose()
+            raise _UpstreamFailure(502, "upstream_unreachable", type(last).__name__,
+                                   f"no upstream reachable ({type(last).__name__}: {last}); check that the "
+                                   f"model server is running at {', '.join(self.upstreams)}")
         except _UpstreamFailure as f:
-            rec = f.record or rec
-            span.set_attribute("error.type", f.error_type)
-            span.set_status(Status(StatusCode.ERROR, f.message))
-            if not f.sent:
-                self.send_json(f.status, error_body(f.message, f.err_type, f.status))
+            call.fail(f)
+            return f.response or json_response(f.status, error_body(f.message, f.err_type, f.status))
         except HTTPError as e:
-            span.set_attribute("error.type", str(e.status))
-            span.set_status(Status(StatusCode.ERROR, e.message))
+            call.fail_with(str(e.status), e.message)
             raise
-        except (BrokenPipeError, ConnectionResetError) as e:
-            span.set_attribute("error.type", "client_disconnected")
-            span.set_status(Status(StatusCode.ERROR, str(e)))
+        except BaseException as e:  # cancelled (the client left) or a bug: the span says so
+            call.fail_with(type(e).__name__, str(e))
             raise
         finally:
-            state = self.server._state.get(upstream)
-            attrs = span_attributes(rec or CallRecord(operation=op, request_model=model), upstream,
-                                    weight_version=state.weight_version if state else None)
-            span.set_attributes(attrs)
-            span.end()
+            if not call.streaming:
+                call.end()
 
-    def _send(self, upstream: str, path: str, client_body: dict, up_body: dict, headers: dict[str, str],
-              stream: bool) -> httpx.Response:
-        """POST to one upstream, retrying once for each of two recoverable refusals.
+    async def _send(self, client: httpx.AsyncClient, upstream: str, path: str, client_body: dict, up_body: dict,
+                    headers: dict[str, str]) -> httpx.Response:
+        """POST to one upstream (response not yet read), retrying once for each of two recoverable refusals.
 
         A 404 for a latest-version alias means the version was unloaded since the gateway looked:
         refresh the list and retry. A 400 naming ``return_token_ids`` means the upstream is not
         vLLM >= 0.10.2 (e.g. the OpenAI API rejects unknown fields): remember that, and send the
         client's own request from now on, so the agent keeps working (its spans then lack ids).
         """
-        gw = self.server
-        plain = upstream in gw.plain_upstreams
+        plain = upstream in self.plain_upstreams
         refreshed = False
         while True:
             body = client_body if plain else up_body
-            state = gw.upstream_state(upstream, headers, refreshed)  # cached; also feeds the span's version
-            alias = latest_version_name(body.get("model"), state.names) if gw.config.latest_alias else None
+            state = await self.upstream_state(upstream, headers, refreshed)  # cached; also feeds the span's version
+            alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             payload = json.dumps({**body, "model": alias} if alias else body, separators=(",", ":")).encode()
-            resp = gw.client.send(gw.client.build_request("POST", upstream + path, content=payload, headers=headers),
-                                  stream=stream)
+            resp = await client.send(client.build_request("POST", upstream + path, content=payload, headers=headers),
+                                     stream=True)
             if alias and resp.status_code == 404 and not refreshed:  # unloaded since we looked: look again
-                resp.close()
+                await resp.aclose()
                 refreshed = True
                 continue
-            if resp.status_code == 400 and not plain and "return_token_ids" in resp.read().decode("utf-8", "replace"):
+            if resp.status_code == 400 and not plain and \
+                    "return_token_ids" in (await resp.aread()).decode("utf-8", "replace"):
                 log.warning("upstream %s refuses return_token_ids (not vLLM >= 0.10.2); proxying its calls "
                             "unchanged, so their spans carry no token ids", upstream)
-                gw.plain_upstreams.add(upstream)
-                resp.close()
+                self.plain_upstreams.add(upstream)
+                await resp.aclose()
                 plain = True
                 continue
             return resp
 
-    def _relay(self, resp: httpx.Response, body: dict, op: str, wants: Any, upstream: str) -> CallRecord | None:
+    def warn_if_no_ids(self, rec: CallRecord, upstream: str) -> None:
+        if not rec.prompt_token_ids and upstream not in self.plain_upstreams and upstream not in self.warned_no_ids:
+            self.warned_no_ids.add(upstream)
+            log.warning("upstream %s answered without prompt_token_ids although asked (vLLM < 0.10.2 ignores "
+                        "return_token_ids); upgrade vLLM for exact tokens", upstream)
+
+
+class _Call:
+    """One proxied call: its span, what the client wants, and the record the span gets at the end."""
+
+    def __init__(self, gw: Gateway, span: trace.Span, body: dict, op: str):
+        self.gw, self.span, self.body, self.op = gw, span, body, op
+        self.upstream = gw.upstreams[0]
+        self.wants: ClientWants | None = None
+        self.record: CallRecord | None = None
+        self.streaming = False
+        self.shard: int | None = None
+
+    def take_client(self) -> None:
+        self.shard = self.gw.clients.acquire()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self.shard is not None
+        return self.gw.clients.clients[self.shard]
+
+    def fail(self, f: _UpstreamFailure) -> None:
+        self.record = f.record or self.record
+        self.fail_with(f.error_type, f.message)
+
+    def fail_with(self, error_type: str, message: str) -> None:
+        self.span.set_attribute("error.type", error_type)
+        self.span.set_status(Status(StatusCode.ERROR, message))
+
+    def end(self) -> None:
+        """Record the call on its span and end it; give the upstream client back."""
+        if self.shard is not None:
+            self.gw.clients.release(self.shard)
+            self.shard = None
+        state = self.gw._state.get(self.upstream)
+        rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
+        self.span.set_attributes(span_attributes(rec, self.upstream,
+                                                 weight_version=state.weight_version if state else None))
+        self.span.end()
+
+    async def whole(self, resp: httpx.Response) -> Response:
+        """A non-streamed answer (or any error answer): read it all, record it, answer the client."""
+        raw = await resp.aread()
         if resp.status_code != 200:
-            raw = resp.read()
             try:
                 err = json.loads(raw)
             except json.JSONDecodeError:
@@ -353,74 +412,101 @@ class GatewayHandler(Handler):
             msg = error_message(err) if err is not None else raw.decode("utf-8", "replace")[:500]
             out = err if isinstance(err, dict) and isinstance(err.get("error"), dict) else \
                 error_body(msg or f"upstream answered HTTP {resp.status_code}", "upstream_error", resp.status_code)
-            self.send_json(resp.status_code, out)
             raise _UpstreamFailure(resp.status_code, "upstream_error", str(resp.status_code),
-                                   f"upstream {upstream} answered {resp.status_code}: {msg}", sent=True)
-        if not wants.stream:
-            try:
-                data = json.loads(resp.read())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise _UpstreamFailure(502, "upstream_error", "invalid_response",
-                                       f"upstream {upstream} answered 200 with a body that is not JSON ({e})") from e
-            rec = record_from_response(body, data, op)
-            self.send_json(200, strip_response(data, wants))
-            self._warn_if_no_ids(rec, upstream)
-            return rec
-        acc = StreamAccumulator(body, op)
-        self.start_stream()
-        failure: _UpstreamFailure | None = None
+                                   f"upstream {self.upstream} answered {resp.status_code}: {msg}",
+                                   response=json_response(resp.status_code, out))
         try:
-            for payload in iter_sse_data(resp.iter_lines()):
-                if payload == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(payload)
-                except json.JSONDecodeError:
-                    chunk = error_body(f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
-                                       "upstream_error", 502)
-                if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
-                    failure = _UpstreamFailure(500, "upstream_error", "stream_error",
-                                               f"upstream {upstream} failed mid-stream: {error_message(chunk)}",
-                                               sent=True)
-                    self.write_chunk(sse_data(chunk))
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise _UpstreamFailure(502, "upstream_error", "invalid_response",
+                                   f"upstream {self.upstream} answered 200 with a body that is not JSON ({e})") from e
+        self.record = record_from_response(self.body, data, self.op)
+        self.gw.warn_if_no_ids(self.record, self.upstream)
+        return json_response(200, strip_response(data, self.wants))
+
+    def stream(self, resp: httpx.Response) -> _Stream:
+        self.streaming = True
+        return _Stream(self, resp)
+
+
+class _Stream:
+    """The ASGI answer of a streamed call: relays the upstream's events as they come, cleaned for the
+    client, and ends the call's span when the stream ends, however it ends."""
+
+    def __init__(self, call: _Call, resp: httpx.Response):
+        self.call, self.resp = call, resp
+        self.acc = StreamAccumulator(call.body, call.op)
+        self.failure: _UpstreamFailure | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call = self.call
+        completed = False
+        try:
+            completed = await stream_out(receive, send, self._events())
+        finally:
+            await self.resp.aclose()
+            call.record = self.acc.finish()
+            call.gw.warn_if_no_ids(call.record, call.upstream)
+            if self.failure is not None:
+                call.fail(self.failure)
+            elif not completed:
+                call.fail_with("client_disconnected", "the client closed the connection mid-stream")
+            call.end()
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        """The client's stream: every event that has arrived is cleaned and sent on in one write.
+
+        Reading whole network reads (not line by line) batches the events that queued up while the
+        gateway was busy, so under load it makes fewer, larger writes instead of falling behind.
+        """
+        upstream = self.call.upstream
+        sse, tail, done = SSEData(), b"", False
+        try:
+            async for data in self.resp.aiter_bytes():
+                if done:  # read to the end, so the connection goes back to the pool
                     continue
-                acc.add(chunk)
-                out = strip_chunk(chunk, wants)
-                if out is not None:
-                    self.write_chunk(sse_data(out))
+                lines = (tail + data).split(b"\n")
+                tail = lines.pop()
+                out: list[bytes] = []
+                for line in lines:
+                    payload = sse.feed(line.decode("utf-8", "replace"))
+                    if payload is None:
+                        continue
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    out.append(self._relay(payload))
+                if out:
+                    yield b"".join(out)
         except httpx.TransportError as e:
-            failure = _UpstreamFailure(502, "upstream_error", type(e).__name__,
-                                       f"upstream {upstream} broke the stream: {type(e).__name__}: {e}", sent=True)
-            self.write_chunk(sse_data(error_body(failure.message, failure.err_type, failure.status)))
+            self.failure = _UpstreamFailure(502, "upstream_error", type(e).__name__,
+                                            f"upstream {upstream} broke the stream: {type(e).__name__}: {e}")
+            yield sse_data(error_body(self.failure.message, self.failure.err_type, self.failure.status))
+        yield SSE_DONE
+
+    def _relay(self, payload: str) -> bytes:
+        """One upstream event -> what the client gets (b"" for the usage chunk it did not ask for)."""
+        upstream = self.call.upstream
         try:
-            self.write_chunk(SSE_DONE)
-            self.end_stream()
-        except (BrokenPipeError, ConnectionResetError):
-            if failure is None:
-                raise
-            self.close_connection = True  # the client hung up on the error event: record the upstream's fault
-        rec = acc.finish()
-        self._warn_if_no_ids(rec, upstream)
-        if failure is not None:
-            failure.record = rec
-            raise failure
-        return rec
-
-
-    def _warn_if_no_ids(self, rec: CallRecord, upstream: str) -> None:
-        gw = self.server
-        if not rec.prompt_token_ids and upstream not in gw.plain_upstreams and upstream not in gw.warned_no_ids:
-            gw.warned_no_ids.add(upstream)
-            log.warning("upstream %s answered without prompt_token_ids although asked (vLLM < 0.10.2 ignores "
-                        "return_token_ids); upgrade vLLM for exact tokens", upstream)
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            chunk = error_body(f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
+                               "upstream_error", 502)
+        if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
+            self.failure = _UpstreamFailure(500, "upstream_error", "stream_error",
+                                            f"upstream {upstream} failed mid-stream: {error_message(chunk)}")
+            return sse_data(chunk)
+        self.acc.add(chunk)
+        out = strip_chunk(chunk, self.call.wants)
+        return sse_data(out) if out is not None else b""
 
 
 class _UpstreamFailure(Exception):
-    def __init__(self, status: int, err_type: str, error_type: str, message: str, sent: bool = False):
+    def __init__(self, status: int, err_type: str, error_type: str, message: str, response: Response | None = None):
         super().__init__(message)
         self.status = status
         self.err_type = err_type
         self.error_type = error_type
         self.message = message
-        self.sent = sent
+        self.response = response  # the answer already made for the client (an upstream error passed through)
         self.record: CallRecord | None = None

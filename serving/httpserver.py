@@ -1,10 +1,9 @@
-"""The small HTTP layer the gateway and the embedded server share (stdlib, HTTP/1.1 keep-alive).
+"""A thread-per-connection stdlib HTTP server, kept only for scripted upstreams in tests and benches.
 
-``http.server.ThreadingHTTPServer`` is dependency-free and good enough for a CPU stand-in and a
-proxy whose cost is dominated by the engine: one thread per connection, keep-alive, chunked
-transfer for server-sent events. What it lacks we add here: JSON helpers, a request-body size
-limit (413), an optional bearer token (401), TCP_NODELAY and one write per small response so
-added latency stays well under a millisecond.
+The gateway and ``tracerl serve`` run on ``httpshell`` (``serving/asgi.py``). Test doubles that must
+misbehave on demand (sleep, break a stream, answer garbage) are simplest as blocking handlers, and
+nothing here faces a client we did not write: JSON helpers, a body-size limit (413), an optional
+bearer token (401), TCP_NODELAY and one write per small response.
 """
 
 from __future__ import annotations
@@ -13,33 +12,11 @@ import hmac
 import json
 import socket
 import threading
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from serving.asgi import HTTPError
 from serving.protocol import error_body
-
-
-class HTTPError(Exception):
-    """Raised inside a handler to answer with an OpenAI-style error body."""
-
-    def __init__(self, status: int, message: str, err_type: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.err_type = err_type or HTTPStatus(status).phrase.replace(" ", "")
-        self.param = param
-
-
-def parse_listen(value: str, default_port: int) -> tuple[str, int]:
-    """``HOST:PORT`` or ``:PORT`` or ``PORT`` -> (host, port); the host defaults to 127.0.0.1."""
-    host, _, port = value.rpartition(":")
-    if not _:
-        host, port = "", value
-    try:
-        return host or "127.0.0.1", int(port) if port else default_port
-    except ValueError:
-        raise ValueError(f"bad listen address {value!r}; use HOST:PORT, e.g. 127.0.0.1:{default_port}") from None
 
 
 class Server(ThreadingHTTPServer):

@@ -353,20 +353,39 @@ def sse_data(obj: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
-    """Yield the ``data`` payload of each event from an iterator of text lines (``[DONE]`` included)."""
-    buf: list[str] = []
-    for raw in lines:
+class SSEData:
+    """Incremental reader of server-sent events: feed text lines, get each event's ``data`` payload."""
+
+    def __init__(self) -> None:
+        self._buf: list[str] = []
+
+    def feed(self, raw: str) -> str | None:
+        """Add one line; returns the event's payload when the line ends an event."""
         line = raw.rstrip("\r\n")
         if not line:
-            if buf:
-                yield "\n".join(buf)
-                buf = []
-            continue
+            if self._buf:
+                data, self._buf = "\n".join(self._buf), []
+                return data
+            return None
         if line.startswith("data:"):
-            buf.append(line[5:].lstrip(" "))
-    if buf:
-        yield "\n".join(buf)
+            self._buf.append(line[5:].lstrip(" "))
+        return None
+
+    def end(self) -> str | None:
+        """The payload of an event the stream ended without a blank line after, if any."""
+        return self.feed("")
+
+
+def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
+    """Yield the ``data`` payload of each event from an iterator of text lines (``[DONE]`` included)."""
+    sse = SSEData()
+    for raw in lines:
+        data = sse.feed(raw)
+        if data is not None:
+            yield data
+    data = sse.end()
+    if data is not None:
+        yield data
 
 
 # ---------------------------------------------------------------------------------------------

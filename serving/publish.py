@@ -110,7 +110,11 @@ class VLLMPublisher:
         base = base_url.rstrip("/")
         self.base_url = base[:-3] if base.endswith("/v1") else base
         self.client = client or httpx.Client(timeout=timeout_s)
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # JSON content type on every call, bodiless POSTs included: tracerl serve (and any server that
+        # guards its state-changing endpoints against cross-site requests) requires it there
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
         self.retries = retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s

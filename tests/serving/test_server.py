@@ -180,25 +180,25 @@ def test_pause_holds_new_requests_until_resume_and_abort_fails_them(tiny_model_d
     server = EmbeddedServer.start(str(tiny_model_dir))
     try:
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-        assert httpx.post(server.url + "/pause", params={"mode": "wait"}).json() == {"status": "paused"}
+        assert httpx.post(server.url + "/pause", params={"mode": "wait"}, json={}).json() == {"status": "paused"}
         assert httpx.get(server.url + "/is_paused").json() == {"is_paused": True}
         with ThreadPoolExecutor(1) as pool:
             held = pool.submit(chat, c, max_tokens=2)
             with pytest.raises(TimeoutError):
                 held.result(timeout=0.5)
-            assert httpx.post(server.url + "/resume").json() == {"status": "resumed"}
+            assert httpx.post(server.url + "/resume", json={}).json() == {"status": "resumed"}
             assert held.result(timeout=30).choices[0].finish_reason == "length"
-            httpx.post(server.url + "/pause", params={"mode": "wait"})
+            httpx.post(server.url + "/pause", params={"mode": "wait"}, json={})
             queued = pool.submit(chat, c, max_tokens=2)
             time.sleep(0.3)
-            httpx.post(server.url + "/pause", params={"mode": "abort"})
+            httpx.post(server.url + "/pause", params={"mode": "abort"}, json={})
             with pytest.raises(openai.APIStatusError, match="aborted") as e:
                 queued.result(timeout=30)
             assert e.value.status_code == 503
-        httpx.post(server.url + "/resume")
+        httpx.post(server.url + "/resume", json={})
         assert httpx.get(server.url + "/is_paused").json() == {"is_paused": False}
         assert chat(c, max_tokens=1).choices[0].finish_reason == "length"
-        r = httpx.post(server.url + "/pause", params={"mode": "bogus"})
+        r = httpx.post(server.url + "/pause", params={"mode": "bogus"}, json={})
         assert r.status_code == 400 and "mode must be one of" in r.json()["error"]["message"]
     finally:
         server.stop()
@@ -233,14 +233,14 @@ def test_requests_waiting_together_run_as_one_batch(tiny_model_dir):
         prompts = [f"Count to {i}" for i in range(6)]
         alone = [chat(c, messages=[{"role": "user", "content": p}], temperature=0, max_tokens=5).choices[0].message.content
                  for p in prompts]
-        httpx.post(server.url + "/pause", params={"mode": "wait"})
+        httpx.post(server.url + "/pause", params={"mode": "wait"}, json={})
         with ThreadPoolExecutor(6) as pool:
             futs = [pool.submit(chat, c, messages=[{"role": "user", "content": p}], temperature=0, max_tokens=5)
                     for p in prompts]
             deadline = time.monotonic() + 10
             while len(server.worker._held) < 6 and time.monotonic() < deadline:
                 time.sleep(0.02)
-            httpx.post(server.url + "/resume")
+            httpx.post(server.url + "/resume", json={})
             together = [f.result(timeout=30).choices[0].message.content for f in futs]
         assert together == alone
         assert list(server.worker.batches)[-2:] == [4, 2], server.worker.batches

@@ -36,6 +36,10 @@ class GatewayCommandConfig:
     timeout_s: float = opt(600.0, "upstream read timeout per call, seconds")
     connect_timeout_s: float = opt(5.0, "upstream connect timeout, seconds")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
+    max_connections: int = opt(1024, "most open client connections (more are answered 503); also the most "
+                               "upstream connections")
+    tls_cert: str = opt("", "PEM certificate chain: serve HTTPS only (with --tls-key)", metavar="FILE")
+    tls_key: str = opt("", "PEM private key of --tls-cert", metavar="FILE")
     latest_alias: bool = opt(True, "send calls for model NAME to the newest NAME@k adapter the upstream serves, "
                              "so unmodified agents follow the trainer's published versions")
     models_ttl_s: float = opt(2.0, "how long the upstream's /v1/models list is trusted for the alias, seconds")
@@ -47,8 +51,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
+    from serving.asgi import parse_listen
     from serving.gateway import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
-    from serving.httpserver import parse_listen
 
     upstreams = [u for u in cfg.upstream.split(",") if u.strip()]
     try:
@@ -57,13 +61,16 @@ def run(args: argparse.Namespace) -> int:
         host, port = parse_listen(cfg.listen, 8100)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together; pass both (PEM files) or neither")
     if not upstreams:
         raise UsageError("--upstream needs at least one URL, e.g. http://127.0.0.1:8000")
     provider = make_tracer_provider(cfg.otlp)
     gw = Gateway((host, port), GatewayConfig(
         upstreams=upstreams, token=cfg.token or None, upstream_api_key=cfg.upstream_api_key or None,
         timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), latest_alias=cfg.latest_alias,
+        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_connections=cfg.max_connections,
+        tls_cert=cfg.tls_cert or None, tls_key=cfg.tls_key or None, latest_alias=cfg.latest_alias,
         models_ttl_s=cfg.models_ttl_s), provider)
     gw.start_background()
     print(f"gateway on {gw.url}/v1 -> {', '.join(gw.upstreams)}; spans to {cfg.otlp}", flush=True)

@@ -42,6 +42,15 @@ class ServeConfig:
                          "(vLLM VLLM_SERVER_DEV_MODE=1)")
     max_num_seqs: int = opt(8, "most requests batched into one forward pass (vLLM --max-num-seqs)")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
+    max_connections: int = opt(1024, "most open client connections; more are answered 503")
+    tls_cert: str = opt("", "PEM certificate chain: serve HTTPS only (with --tls-key)", metavar="FILE")
+    tls_key: str = opt("", "PEM private key of --tls-cert", metavar="FILE")
+    trust_request_chat_template: bool = opt(False, "accept a request's own chat_template (vLLM's flag of the same "
+                                            "name); off, such requests get 400, since a template is code run "
+                                            "on the engine thread")
+    allowed_hosts: str = opt("", "more Host names (NAME or NAME:PORT, comma-separated) the state-changing "
+                             "endpoints (/pause, /collective_rpc, LoRA loads...) accept besides the bound "
+                             "address; needed when clients reach a 0.0.0.0 bind by name", metavar="HOST[,HOST]")
     seed: int = opt(0, "seed of the sampler for requests without a seed")
     threads: int = opt(0, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
                           "with agent processes, 1 avoids threads spinning while they wait for a core")
@@ -58,9 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if not (Path(cfg.model) / "config.json").is_file():
         raise UsageError(f"{cfg.model} has no config.json; pass a HF model directory "
                          f"(e.g. from `tracerl init-model {cfg.model}`)")
+    if bool(cfg.tls_cert) != bool(cfg.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together; pass both (PEM files) or neither")
     if cfg.threads < 0:
         raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
-    from serving.httpserver import parse_listen
+    from serving.asgi import parse_listen
     from serving.server import EmbeddedServer, ServeOptions
 
     if cfg.threads:
@@ -74,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     opts = ServeOptions(api_key=cfg.api_key or None, enable_lora=cfg.enable_lora,
                         enable_lora_updating=cfg.lora_updating, dev_mode=cfg.dev_mode,
-                        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_num_seqs=max(1, cfg.max_num_seqs))
+                        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_num_seqs=max(1, cfg.max_num_seqs),
+                        max_connections=cfg.max_connections, tls_cert=cfg.tls_cert or None,
+                        tls_key=cfg.tls_key or None, trust_request_chat_template=cfg.trust_request_chat_template,
+                        allowed_hosts=tuple(h for h in cfg.allowed_hosts.split(",") if h.strip()))
     server = EmbeddedServer.start(cfg.model, host=host, port=port, served_model_name=cfg.served_model_name,
                                   logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
                                   options=opts, seed=cfg.seed)

@@ -1,0 +1,131 @@
+"""The gateway on the async stack: many concurrent streams, clients that leave, auth before the body."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from opentelemetry.trace import StatusCode
+
+from serving.gateway import Gateway, GatewayConfig
+
+from .helpers import wait_for
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "gateway.py"
+MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("tracerl_bench_gateway_async", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def streaming_upstream(bench):
+    """An upstream that streams 10 chunks 20 ms apart (the bench's scripted engine, on httpshell)."""
+    up = bench.streaming_upstream(tokens=10, token_ms=20).start_background()
+    yield up
+    up.stop()
+
+
+def test_hundreds_of_concurrent_streams_complete_on_a_few_threads(spans, bench, streaming_upstream):
+    gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[streaming_upstream.url]), spans.provider)
+    gw.start_background()
+    threads: list[int] = []
+
+    async def sample_threads() -> None:
+        while True:
+            threads.append(threading.active_count())
+            await asyncio.sleep(0.05)
+
+    async def one(host: str, port: int, request: bytes) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            await bench.stream_call(reader, writer, request)
+        finally:
+            writer.close()
+
+    async def load() -> list:
+        sampler = asyncio.ensure_future(sample_threads())
+        try:
+            return await asyncio.gather(
+                *(one(*bench.stream_request(gw.url)) for _ in range(300)), return_exceptions=True
+            )
+        finally:
+            sampler.cancel()
+
+    try:
+        results = asyncio.run(load())
+    finally:
+        gw.stop()
+    assert [r for r in results if r is not None] == []
+    got = wait_for(lambda: len(spans.get_finished_spans()) >= 300 and spans.get_finished_spans())
+    assert all(len(s.attributes["tracerl.response_token_ids"]) == 10 for s in got)
+    assert max(threads) < 40, f"a thread per connection would be 300+, got {max(threads)}"
+
+
+def test_a_client_leaving_mid_stream_ends_the_upstream_call_and_marks_the_span(spans, embedded):
+    gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[embedded.url]), spans.provider).start_background()
+    try:
+        body = httpx.Request(
+            "POST",
+            gw.url + "/v1/chat/completions",
+            json={"model": "policy", "messages": MSGS, "max_tokens": 400, "stream": True},
+        ).read()
+        with socket.create_connection(gw.server_address) as s:
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            assert s.recv(64).startswith(b"HTTP/1.1 200")
+        span = wait_for(lambda: spans.get_finished_spans() and spans.get_finished_spans()[0], timeout=60)
+        assert span.attributes["error.type"] == "client_disconnected"
+        assert span.status.status_code == StatusCode.ERROR
+        assert 0 < len(span.attributes.get("tracerl.response_token_ids", [])) < 400, (
+            "the upstream call was cut short"
+        )
+        ok = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
+            model="policy", messages=MSGS, max_tokens=2
+        )
+        assert ok.choices[0].finish_reason == "length"
+    finally:
+        gw.stop()
+
+
+def test_the_gateway_token_is_checked_before_the_body_is_read(spans, streaming_upstream):
+    gw = Gateway(
+        ("127.0.0.1", 0), GatewayConfig(upstreams=[streaming_upstream.url], token="gw"), spans.provider
+    )
+    gw.start_background()
+    try:
+        with socket.create_connection(gw.server_address, timeout=30) as s:  # 1 MiB announced, none sent
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+            )
+            head = s.recv(4096)
+        assert head.startswith(b"HTTP/1.1 401"), head[:200]
+        r = httpx.get(gw.url + "/health", headers={"Authorization": "bearer gw"})  # RFC 7235: any case
+        assert r.status_code == 200
+    finally:
+        gw.stop()
+
+
+def test_the_sweep_runs_every_level_without_errors(bench, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["gateway.py"])
+    args = bench.argparse.Namespace(tokens=3, token_ms=5.0, seconds=0.3, gateway_root="")
+    rows = bench.sweep([1, 16], args)
+    for r in rows:
+        assert r["direct"].errors == [] and r["gateway"].errors == []
+        assert r["direct"].calls > 0 and r["gateway"].calls > 0
+    assert int(rows[0]["spans"]["gateway"]) == sum(r["gateway"].calls for r in rows)
