@@ -403,8 +403,13 @@ class _GuardedHttpTools(HttpToolsProtocol):
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, with Nagle's algorithm off: accepted connections inherit TCP_NODELAY
+    (Linux), which asyncio would not set itself (``create_server`` gives ``proto`` 0), and without it
+    an answer written as head + body waits for the client's delayed ACK (40 ms per call, measured)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    return socket.create_server((host, port), family=family, backlog=2048)
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class _Server(uvicorn.Server):

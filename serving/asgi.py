@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -133,20 +132,6 @@ async def stream_out(
             await aclose()
 
 
-def _set_nodelay(running: RunningServer) -> None:
-    """Turn Nagle's algorithm off on the listening socket; accepted connections inherit it (Linux).
-
-    asyncio sets TCP_NODELAY only on sockets whose ``proto`` is IPPROTO_TCP, and the shell's socket
-    (``socket.create_server``) has proto 0, so without this each answer written as head + body waits
-    for the client's delayed ACK: 40 ms per call, measured. (A fix belongs in ``httpshell``; until it
-    is there, this reaches the listener through uvicorn's ``Server.servers``.)
-    """
-    for server in getattr(getattr(running, "_server", None), "servers", ()):
-        for sock in server.sockets:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 class ShellServer:
     """An ASGI app served by ``httpshell`` from a background thread: ``start_background()``, ``url``,
     ``server_address``, ``stop()`` (what tests, benches and the CLI use)."""
@@ -160,7 +145,6 @@ class ShellServer:
 
     def start_background(self) -> ShellServer:
         self._running = start(self, self.shell_options, openai_error)
-        _set_nodelay(self._running)
         return self
 
     @property
