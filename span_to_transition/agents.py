@@ -19,6 +19,7 @@ AGENT_KEYS = frozenset(
         "agent_name",  # pydantic-ai / logfire
         "crewai.agent.role",  # CrewAI
         "traceloop.entity.name",  # OpenLLMetry frameworks: kind = agent, or a LangGraph node (below)
+        "agentops.span.kind",  # AgentOps @agent: kind = agent, its name in operation.name
     }
 )
 LANGGRAPH_NODE = "traceloop.association.properties.langgraph_node"  # OpenLLMetry's copy of the run metadata
@@ -36,6 +37,8 @@ def agent_of_span(span: Span) -> str | None:
             return a["traceloop.entity.name"]
         if _is_langgraph_node(a):
             return a["traceloop.entity.name"]
+        if a.get("agentops.span.kind") == "agent" and a.get("operation.name"):
+            return a["operation.name"]
     if a.get("gen_ai.operation.name") == "invoke_agent" or span.name.startswith("invoke_agent"):
         rest = span.name[len("invoke_agent"):].strip()
         return rest or None
@@ -53,14 +56,19 @@ def _is_langgraph_node(a: Attrs) -> bool:
             and a.get(LANGGRAPH_INTEGRATION) != "langchain_create_agent")
 
 
-def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None = None) -> str | None:
+AgentRef = tuple[str, Key] | None
+"""The nearest agent of a span: (its name, the key of the agent span), or None."""
+
+
+def nearest_agent(tree: SpanTree, key: Key, memo: dict[Key, AgentRef] | None = None) -> AgentRef:
     """The nearest agent at or above ``key``: nested agents (a checker inside a writer) win.
 
+    The agent span's key scopes ``matched`` credit (two runs of one agent are two scopes).
     ``memo`` (one dict per tree) remembers the answer for every span walked, so calls under the
     same agent do not walk up to it again; the answers are the same with or without it.
     """
     walked: list[Key] = []
-    found: str | None = None
+    found: AgentRef = None
     for k in tree.path_up(key, include_self=True):
         if memo is not None and k in memo:
             found = memo[k]
@@ -68,12 +76,18 @@ def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None
         walked.append(k)
         name = agent_of_span(tree.spans[k])
         if name:
-            found = name
+            found = (name, k)
             break
     if memo is not None:
         for k in walked:  # every span walked below the answer has the same nearest agent
             memo[k] = found
     return found
+
+
+def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, AgentRef] | None = None) -> str | None:
+    """The name of the nearest agent at or above ``key`` (see ``nearest_agent``)."""
+    found = nearest_agent(tree, key, memo)
+    return found[0] if found else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.tokens import TOKEN_KEYS, response_id_of
 
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 DETAILS_EVENT = "gen_ai.client.inference.operation.details"
@@ -34,17 +35,31 @@ MESSAGE_EVENTS = frozenset(
      "gen_ai.choice"}
 )
 
+VERCEL_MESSAGES = "ai.prompt.messages"
+"""The Vercel AI SDK's provider-level prompt on each ``ai.*.doGenerate`` / ``ai.*.doStream`` span (``@ai-sdk/otel``
+``LegacyOpenTelemetry``, and the SDK's built-in telemetry before v7)."""
+
+TOOL_CALL_SPAN = {"id": "tool.call.id", "name": "tool.name", "arguments": "tool.parameters"}
+"""AgentOps (0.4.x ``instrumentation/providers/openai/wrappers/chat.py``) records a response's tool calls only
+as child spans ``tool_call.<name>`` of the LLM span, with these attributes; read by ``tool_calls_from_spans``."""
+
+FLAT_TOOL_PREFIXES = ("llm.request.functions.", "gen_ai.request.functions.")
+"""Flattened tool definitions: OpenLLMetry <= 0.47 spells them ``llm.*``, AgentOps 0.4.x ``gen_ai.*``."""
+
 # Keys whose presence makes a span worth reading (used by the store shell to filter vectorised).
 CALL_KEYS = frozenset(
     {
         "gen_ai.input.messages", "gen_ai.output.messages", "openinference.span.kind",
         "gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
-        "gen_ai.completion.0.content", "gen_ai.operation.name", "llm.request.type",
+        "gen_ai.completion.0.content", "gen_ai.operation.name", "llm.request.type", VERCEL_MESSAGES,
+        TOOL_CALL_SPAN["id"],
     }
+    | TOKEN_KEYS
 )
 
 FINISH_REASONS = {"tool_call": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
-                  "end_turn": "stop", "stop_sequence": "stop"}
+                  "end_turn": "stop", "stop_sequence": "stop", "tool-calls": "tool_calls",
+                  "content-filter": "content_filter"}
 """Semconv / provider spellings mapped to the OpenAI ``finish_reason`` values the trainer sees."""
 
 
@@ -101,7 +116,7 @@ def normalise_tools(tools: Any) -> list[dict[str, Any]] | None:
         spec: dict[str, Any] = {"name": fn.get("name")}
         if fn.get("description") is not None:
             spec["description"] = fn["description"]
-        params = fn.get("parameters")
+        params = fn.get("parameters", fn.get("inputSchema"))  # (the Vercel AI SDK: inputSchema)
         if isinstance(params, str):
             params = load_json(params)
         if params is not None:
@@ -270,12 +285,23 @@ def unflatten(attrs: Mapping[str, str], prefix: str) -> list[dict[str, Any]]:
     return [freeze(root[i]) for i in sorted(root)]
 
 
+def _content_parts(content: Any) -> Any:
+    """Flattened dialects store a list content (text + image parts) as its JSON text (AgentOps:
+    ``json.dumps(content)``): decoded back to the OpenAI parts list, so images are kept. A string that is
+    not a JSON list of typed parts stays the text it is."""
+    if isinstance(content, str) and content.startswith("[{"):
+        parts = load_json(content)
+        if isinstance(parts, list) and parts and all(isinstance(p, dict) and "type" in p for p in parts):
+            return parts
+    return content
+
+
 def _openllmetry_message(m: dict[str, Any]) -> dict[str, Any]:
     calls = [tool_call(c.get("id"), c.get("name"), c.get("arguments")) for c in m.get("tool_calls") or []]
     fc = m.get("function_call")
     if isinstance(fc, dict) and not calls:
         calls.append(tool_call(fc.get("id"), fc.get("name"), fc.get("arguments")))
-    return message(m.get("role") or "user", m.get("content"), tool_calls=calls or None,
+    return message(m.get("role") or "user", _content_parts(m.get("content")), tool_calls=calls or None,
                    tool_call_id=m.get("tool_call_id"), name=m.get("name"))
 
 
@@ -285,7 +311,9 @@ def parse_openllmetry(span: Span) -> LLMCall:
     completions = unflatten(attrs, "gen_ai.completion.")
     response = _openllmetry_message({"role": "assistant", **completions[0]}) if completions else None
     finish = completions[0].get("finish_reason") if completions else None
-    tools = unflatten(attrs, "llm.request.functions.")
+    tools: list[dict[str, Any]] = []
+    for prefix in FLAT_TOOL_PREFIXES:
+        tools = tools or unflatten(attrs, prefix)
     call = _common(span, attrs, "openllmetry", messages, response, finish, tools)
     if call.input_tokens is None:
         call.input_tokens = as_int(attrs.get("llm.usage.prompt_tokens"))
@@ -373,6 +401,92 @@ def parse_events(span: Span, events: Iterable[LogEvent]) -> LLMCall | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# the Vercel AI SDK (``ai.*`` attributes; content parts of its LanguageModelV2 prompt)
+
+
+def _vercel_part(p: dict[str, Any]) -> dict[str, Any] | None:
+    """A user content part in OpenAI form (text, image as ``image_url``, file); None for parts the chat
+    template does not see (reasoning)."""
+    kind = p.get("type")
+    if kind == "text":
+        return {"type": "text", "text": p.get("text") or ""}
+    if kind in ("image", "file"):
+        data = p.get("image", p.get("data"))
+        media = p.get("mediaType") or p.get("mimeType") or ("image/*" if kind == "image" else "")
+        url = data if isinstance(data, str) and (":" in data[:12]) else f"data:{media};base64,{data}"
+        if kind == "image" or media.startswith("image/"):
+            return {"type": "image_url", "image_url": {"url": url}}
+        return {"type": "file", "file": {"file_data": url}}
+    return None
+
+
+def _vercel_output(output: Any) -> str | None:
+    """A tool result: ``{"type": "text" | "json" | "error-text" | ..., "value"}`` (v5+) or the raw result (v4)."""
+    if isinstance(output, dict) and "type" in output and "value" in output:
+        output = output["value"]
+    return _text(output)
+
+
+def vercel_messages(items: Any) -> list[dict[str, Any]]:
+    """``ai.prompt.messages`` (the SDK's provider-level prompt) to OpenAI messages."""
+    out: list[dict[str, Any]] = []
+    for m in items if isinstance(items, list) else ():
+        if not isinstance(m, dict):
+            continue
+        role, content = m.get("role") or "user", m.get("content")
+        if not isinstance(content, list):
+            out.append(message(role, content))
+            continue
+        if role == "tool":
+            out.extend(message("tool", _vercel_output(p.get("output", p.get("result"))), tool_call_id=p.get("toolCallId"))
+                       for p in content if isinstance(p, dict) and p.get("type") == "tool-result")
+            continue
+        calls = [tool_call(p.get("toolCallId"), p.get("toolName"), p.get("input", p.get("args")))
+                 for p in content if isinstance(p, dict) and p.get("type") == "tool-call"]
+        parts = [q for q in (_vercel_part(p) for p in content if isinstance(p, dict)) if q is not None]
+        if all(q["type"] == "text" for q in parts):
+            body: Any = _join_text([q["text"] for q in parts])
+        else:
+            body = parts
+        out.append(message(role, body, tool_calls=calls or None))
+    return out
+
+
+def parse_vercel(span: Span) -> LLMCall:
+    attrs = span.attributes
+    get = attrs.get
+    messages = vercel_messages(load_json(get(VERCEL_MESSAGES)))
+    raw_calls = load_json(get("ai.response.toolCalls"))
+    calls = [tool_call(c.get("toolCallId"), c.get("toolName"), c.get("input", c.get("args")))
+             for c in raw_calls if isinstance(c, dict)] if isinstance(raw_calls, list) else []
+    text = get("ai.response.text")
+    response = message("assistant", text, tool_calls=calls or None) if text is not None or calls else None
+    tools = load_json(get("ai.prompt.tools"))
+    if isinstance(tools, list):
+        tools = [load_json(t) if isinstance(t, str) else t for t in tools]  # a string array of JSON tool specs
+    call = _common(span, attrs, "vercel_ai", messages, response, get("ai.response.finishReason"), tools)
+    call.request_model = call.request_model or get("ai.model.id")
+    call.response_model = call.response_model or get("ai.response.model")
+    call.response_id = call.response_id or get("ai.response.id")
+    if call.input_tokens is None:
+        call.input_tokens = _usage(attrs, "ai.usage.inputTokens", "ai.usage.promptTokens")
+    if call.output_tokens is None:
+        call.output_tokens = _usage(attrs, "ai.usage.outputTokens", "ai.usage.completionTokens")
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# tool calls recorded outside the response (AgentOps: child spans of the LLM span)
+
+
+def tool_calls_from_spans(spans: Iterable[Span]) -> list[dict[str, Any]]:
+    """The OpenAI tool calls recorded as spans of their own (``TOOL_CALL_SPAN`` attributes), in start order."""
+    key_id, key_name, key_args = TOOL_CALL_SPAN["id"], TOOL_CALL_SPAN["name"], TOOL_CALL_SPAN["arguments"]
+    return [tool_call(s.attributes[key_id], s.attributes.get(key_name), s.attributes.get(key_args))
+            for s in sorted(spans, key=lambda s: (s.start_time_ns, s.span_id)) if key_id in s.attributes]
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def classify(attrs: Mapping[str, str]) -> str | None:
@@ -384,8 +498,12 @@ def classify(attrs: Mapping[str, str]) -> str | None:
     if any(k in attrs for k in ("gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
                                 "gen_ai.completion.0.content")):
         return "openllmetry"
+    if VERCEL_MESSAGES in attrs:
+        return "vercel_ai"
     if attrs.get("gen_ai.operation.name") in CALL_OPERATIONS or attrs.get("llm.request.type") in ("chat", "completion"):
         return "attributes_only"
+    if not TOKEN_KEYS.isdisjoint(attrs):  # Agent Lightning / LiteLLM: token ids on a span without messages
+        return "token_ids"
     return None
 
 
@@ -404,7 +522,11 @@ def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
         return parse_openinference(span)
     if kind == "openllmetry":
         return parse_openllmetry(span)
+    if kind == "vercel_ai":
+        return parse_vercel(span)
     from_events = parse_events(span, events)
     if from_events is not None:
         return from_events
-    return _common(span, span.attributes, "attributes_only", [], None, None, None)
+    call = _common(span, span.attributes, kind, [], None, None, None)
+    call.response_id = call.response_id or response_id_of(span.attributes)
+    return call

@@ -23,6 +23,9 @@ from span_to_transition.records import Span, SpanEvent
 FIXTURES = Path(__file__).parent / "fixtures"
 DIALECT_FIXTURES = ["openllmetry", "openllmetry-legacy", "openai-v2", "openai-v2-events", "openai-v2-details",
                     "openinference"]
+# The same agent written with the Vercel AI SDK (TypeScript, ``record_vercel.mjs``): ``ai.*`` attributes
+# (``LegacyOpenTelemetry``) and the SDK's semconv integration (``OpenTelemetry``), each with its streamed twin.
+VERCEL_FIXTURES = ["vercel-ai", "vercel-ai-stream", "vercel-ai-otel", "vercel-ai-otel-stream"]
 # The same agent recorded with ``stream=True`` (``record.py --stream``), one per dialect fixture.
 STREAM_FIXTURES = [f"{name}-stream" for name in DIALECT_FIXTURES]
 
