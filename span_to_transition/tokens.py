@@ -16,6 +16,7 @@ ids are a reported problem and the call falls back to ``retokenized``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import re
 from collections.abc import Iterable, Mapping
@@ -78,10 +79,8 @@ def _decode(text: str) -> Any:
     """JSON text, or the ``str()`` of a Python value (LiteLLM stringifies what it records)."""
     value = load_json(text)
     if isinstance(value, str):
-        try:
+        with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
             value = ast.literal_eval(value)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            pass
     return value
 
 
