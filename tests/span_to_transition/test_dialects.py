@@ -12,7 +12,7 @@ from span_to_transition.dialects import classify, messages_from_parts, parse_cal
 from span_to_transition.records import Span
 from span_to_transition.store import logs_from_table, spans_from_table
 
-from .factory import DIALECT_FIXTURES, STREAM_FIXTURES, VERCEL_FIXTURES, TraceBuilder, fixture_tables, user
+from .factory import DIALECT_FIXTURES, STREAM_FIXTURES, VERCEL_FIXTURES, AGENTOPS_FIXTURES, TraceBuilder, fixture_tables, user
 
 WEATHER_TOOL = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
@@ -71,7 +71,7 @@ def convert_fixture(name: str):
     return out.transitions
 
 
-@pytest.mark.parametrize("name", DIALECT_FIXTURES + STREAM_FIXTURES + VERCEL_FIXTURES)
+@pytest.mark.parametrize("name", DIALECT_FIXTURES + STREAM_FIXTURES + VERCEL_FIXTURES + AGENTOPS_FIXTURES)
 def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) -> None:
     transitions = convert_fixture(name)
     assert len(transitions) == 2
@@ -80,13 +80,13 @@ def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) ->
         assert json.loads(t.response_message) == want["response"]
         assert t.finish_reason == want["finish_reason"]
         assert (t.input_tokens, t.output_tokens) == want["usage"]
-        assert t.agent_name == "weather"
+        assert t.agent_name == ("Weather" if name.startswith("agentops") else "weather")
         assert t.model == "policy@3" and t.policy_version == 3
         assert t.token_source == "retokenized" and t.prompt_token_ids == [] and t.response_token_ids == []
         assert t.reward == 1.0 and t.reward_source == "span"
         if name.startswith("vercel-ai"):  # the SDK's zod schema, as JSON Schema
             assert json.loads(t.tools) == VERCEL_TOOL
-        elif RECORDS_TOOLS[name.removesuffix("-stream")]:
+        elif name.startswith("agentops") or RECORDS_TOOLS[name.removesuffix("-stream")]:
             assert json.loads(t.tools) == WEATHER_TOOL
         else:
             assert t.tools is None
@@ -97,10 +97,10 @@ def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) ->
 def test_all_dialects_agree_row_for_row() -> None:
     def comparable(name: str) -> list[tuple]:
         return [(t.step, t.prompt_messages, t.response_message, t.finish_reason, t.input_tokens, t.output_tokens,
-                 t.agent_name, t.model, t.task_id, t.reward) for t in convert_fixture(name)]
+                 t.agent_name.lower(), t.model, t.task_id, t.reward) for t in convert_fixture(name)]
 
     reference = comparable(DIALECT_FIXTURES[0])
-    for name in DIALECT_FIXTURES[1:] + STREAM_FIXTURES + VERCEL_FIXTURES:
+    for name in DIALECT_FIXTURES[1:] + STREAM_FIXTURES + VERCEL_FIXTURES + AGENTOPS_FIXTURES:
         assert comparable(name) == reference, name
 
 
