@@ -1,7 +1,7 @@
 """GenAI dialect parsers: recognise an LLM call by its attributes and normalise it to OpenAI chat.
 
-Four dialects are read (DESIGN.md "GenAI dialects"), each recorded by a real instrumentation
-package in ``tests/span_to_transition/fixtures``:
+These dialects are read (DESIGN.md "GenAI dialects"), each recorded by a real instrumentation
+package in ``tests/span_to_transition/fixtures`` (LiteLLM's built from its source):
 
 - ``semconv``: OTel GenAI ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (parts format),
   ``gen_ai.system_instructions``, ``gen_ai.tool.definitions`` (OpenLLMetry >= 0.55, contrib
@@ -11,7 +11,14 @@ package in ``tests/span_to_transition/fixtures``:
   per message (``gen_ai.{system,user,assistant,tool}.message``, ``gen_ai.choice``) or one
   ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes.
 - ``openllmetry``: flattened ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` with both usage
-  spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``).
+  spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``). AgentOps
+  0.4.x and LiteLLM's OTel callback write the same keys; AgentOps stores a list content as its JSON
+  text (decoded back to parts), tools as ``gen_ai.request.functions.{i}.*`` and a response's tool calls
+  only as child ``tool_call.<name>`` spans (``tool_calls_from_spans``, joined by the converter).
+- ``vercel_ai``: the Vercel AI SDK's ``ai.prompt.messages`` / ``ai.response.text`` /
+  ``ai.response.toolCalls`` / ``ai.prompt.tools`` on its ``ai.*.doGenerate`` / ``doStream`` spans.
+- ``token_ids``: a span with token ids (``tokens.TOKEN_KEYS``: Agent Lightning, LiteLLM's vLLM passthrough)
+  and no messages: a call whose row carries the ids only.
 - ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``.
 
 Spans are classified by attributes, never by span name. Every parser returns the same shape
