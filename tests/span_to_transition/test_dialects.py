@@ -12,7 +12,15 @@ from span_to_transition.dialects import classify, messages_from_parts, parse_cal
 from span_to_transition.records import Span
 from span_to_transition.store import logs_from_table, spans_from_table
 
-from .factory import DIALECT_FIXTURES, STREAM_FIXTURES, VERCEL_FIXTURES, AGENTOPS_FIXTURES, TraceBuilder, fixture_tables, user
+from .factory import (
+    AGENTOPS_FIXTURES,
+    DIALECT_FIXTURES,
+    STREAM_FIXTURES,
+    VERCEL_FIXTURES,
+    TraceBuilder,
+    fixture_tables,
+    user,
+)
 
 WEATHER_TOOL = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
