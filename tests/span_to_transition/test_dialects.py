@@ -42,6 +42,8 @@ EXPECTED = [
         "finish_reason": "stop", "usage": (61, 11),
     },
 ]
+CHART = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5E"
+         "rkJggg==")
 VERCEL_TOOL = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
     "parameters": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
@@ -239,3 +241,23 @@ def test_call_without_captured_content_is_reported_with_the_fix() -> None:
     out = convert_rollout(RolloutInput("r", t.spans), ConvertConfig())
     assert out.transitions == [] and out.calls_without_content == 1
     assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in out.problems[0]
+
+
+@pytest.mark.parametrize("name", ["agentops-team", "agentops-team-stream"])
+def test_agentops_team_run_keeps_agents_multimodal_parts_and_scoped_rewards(name: str) -> None:
+    """Two AgentOps ``@agent`` classes in one trace (``agentops.start_trace``), the second asking about an
+    image: three calls, each with its agent; the image part survives AgentOps' ``json.dumps`` of the content;
+    ``matched`` credit gives each agent's ``@operation`` reward to that agent's latest call."""
+    traces, _ = fixture_tables(name)
+    spans = spans_from_table(traces)
+    convert = lambda credit: convert_rollout(  # noqa: E731
+        RolloutInput(spans[0].rollout_id, spans), ConvertConfig(credit=credit)).transitions
+    rows = convert("identical")
+    assert [t.agent_name for t in rows] == ["Weather", "Weather", "Checker"]
+    assert [json.loads(t.response_message) for t in rows[:2]] == [e["response"] for e in EXPECTED]
+    assert json.loads(rows[2].prompt_messages) == [{"role": "user", "content": [
+        {"type": "text", "text": "Does this chart agree with the forecast?"},
+        {"type": "image_url", "image_url": {"url": CHART}}]}]
+    assert json.loads(rows[2].response_message) == {"role": "assistant", "content": "Yes, it agrees."}
+    assert [t.reward for t in rows] == [1.5, 1.5, 1.5]
+    assert [t.reward for t in convert("matched")] == [0.0, 1.0, 0.5]
