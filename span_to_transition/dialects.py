@@ -51,7 +51,9 @@ TOOL_CALL_SPAN = {"id": "tool.call.id", "name": "tool.name", "arguments": "tool.
 as child spans ``tool_call.<name>`` of the LLM span, with these attributes; read by ``tool_calls_from_spans``."""
 
 FLAT_TOOL_PREFIXES = ("llm.request.functions.", "gen_ai.request.functions.")
-"""Flattened tool definitions: OpenLLMetry <= 0.47 spells them ``llm.*``, AgentOps 0.4.x ``gen_ai.*``."""
+"""Flattened tool definitions: OpenLLMetry <= 0.47 and LiteLLM spell them ``llm.*``, AgentOps 0.4.x ``gen_ai.*``."""
+FLAT_TOOL_KEYS = frozenset(p + "0.name" for p in FLAT_TOOL_PREFIXES)
+FLAT_RESPONSE_CALLS = ("gen_ai.completion.0.function_call.name", "gen_ai.completion.0.tool_calls.0.name")
 
 # Keys whose presence makes a span worth reading (used by the store shell to filter vectorised).
 CALL_KEYS = frozenset(
@@ -173,7 +175,7 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
         role = m.get("role") or "user"
         ps = m["parts"]
         if isinstance(ps, list) and len(ps) == 1 and isinstance(ps[0], dict) and ps[0].get("type") == "text" \
-                and not m.get("name"):  # the common case: ``message(role, text)`` without the general loop
+                and not m.get("name") and "tool_call_id" not in m:  # the common case: ``message(role, text)``
             text = ps[0].get("content") or ""
             out.append({"role": role, "content": text if text or role != "assistant" else None})
             continue
@@ -188,10 +190,13 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
                 calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
             elif kind == "tool_call_response":
                 results.append(message("tool", _text(p.get("response", p.get("result"))), tool_call_id=p.get("id")))
+        if m.get("tool_calls"):  # LiteLLM's hybrid: OpenAI ``tool_calls`` / ``tool_call_id`` beside the parts
+            calls += _openai_message({"role": role, "tool_calls": m["tool_calls"]}).get("tool_calls", [])
         if results:
             out.extend(results)
         if texts or calls or not results:
-            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name")))
+            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name"),
+                               tool_call_id=m.get("tool_call_id")))
     return out
 
 
@@ -249,8 +254,31 @@ def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: s
             messages.insert(0, system)
     raw_out = load_json(get("gen_ai.output.messages"))
     response, finish = _first_output(messages_from_parts(raw_out), raw_out)
+    if FLAT_RESPONSE_CALLS[0] in attrs or FLAT_RESPONSE_CALLS[1] in attrs:
+        response = _with_flat_tool_calls(attrs, response)
     tools = get("gen_ai.tool.definitions")
-    return _common(span, attrs, dialect, messages, response, finish, None if tools is None else load_json(tools))
+    tools = load_json(tools) if tools is not None else _flat_tools(attrs) if FLAT_TOOL_KEYS & attrs.keys() else None
+    return _common(span, attrs, dialect, messages, response, finish, tools)
+
+
+def _flat_tools(attrs: Mapping[str, str]) -> list[dict[str, Any]]:
+    tools: list[dict[str, Any]] = []
+    for prefix in FLAT_TOOL_PREFIXES:
+        tools = tools or unflatten(attrs, prefix)
+    return tools
+
+
+def _with_flat_tool_calls(attrs: Mapping[str, str], response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """LiteLLM's OTel callback writes semconv output messages without the tool calls, which it keeps only
+    as flattened ``gen_ai.completion.0.function_call.*`` (no id) or ``.tool_calls.{j}.*``."""
+    if response is not None and response.get("tool_calls"):
+        return response
+    completions = unflatten(attrs, "gen_ai.completion.")
+    flat = _openllmetry_message({"role": "assistant", **completions[0]}) if completions else {}
+    if not flat.get("tool_calls"):
+        return response
+    content = response.get("content") if response else None
+    return message("assistant", content, tool_calls=flat["tool_calls"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,10 +346,7 @@ def parse_openllmetry(span: Span) -> LLMCall:
     completions = unflatten(attrs, "gen_ai.completion.")
     response = _openllmetry_message({"role": "assistant", **completions[0]}) if completions else None
     finish = completions[0].get("finish_reason") if completions else None
-    tools: list[dict[str, Any]] = []
-    for prefix in FLAT_TOOL_PREFIXES:
-        tools = tools or unflatten(attrs, prefix)
-    call = _common(span, attrs, "openllmetry", messages, response, finish, tools)
+    call = _common(span, attrs, "openllmetry", messages, response, finish, _flat_tools(attrs))
     if call.input_tokens is None:
         call.input_tokens = as_int(attrs.get("llm.usage.prompt_tokens"))
     if call.output_tokens is None:

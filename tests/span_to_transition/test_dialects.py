@@ -261,3 +261,20 @@ def test_agentops_team_run_keeps_agents_multimodal_parts_and_scoped_rewards(name
     assert json.loads(rows[2].response_message) == {"role": "assistant", "content": "Yes, it agrees."}
     assert [t.reward for t in rows] == [1.5, 1.5, 1.5]
     assert [t.reward for t in convert("matched")] == [0.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("name", ["litellm", "litellm-stream"])
+def test_litellm_otel_callback_records_the_weather_agents_two_calls(name: str) -> None:
+    """LiteLLM 1.106.2's own OTel callback: semconv messages in a hybrid form (OpenAI ``tool_calls`` /
+    ``tool_call_id`` beside the parts), the response's tool call only as flattened
+    ``gen_ai.completion.0.function_call.*`` (LiteLLM records no id for it), tools as ``llm.request.functions``."""
+    transitions = convert_fixture(name)
+    first_response = {**EXPECTED[0]["response"], "tool_calls": [{**TOOL_CALL, "id": None}]}
+    for t, want, response in zip(transitions, EXPECTED, [first_response, EXPECTED[1]["response"]], strict=True):
+        assert json.loads(t.prompt_messages) == want["prompt"]
+        assert json.loads(t.response_message) == response
+        assert (t.finish_reason, (t.input_tokens, t.output_tokens)) == (want["finish_reason"], want["usage"])
+        assert json.loads(t.tools) == WEATHER_TOOL and t.model == "policy@3" and t.reward == 1.0
+        # Streamed, LiteLLM logs from a worker thread outside the caller's context: its spans start traces
+        # of their own (kept in the rollout by tracerl.rollout_id) and no agent span is above them.
+        assert t.agent_name == (None if name.endswith("-stream") else "weather")
