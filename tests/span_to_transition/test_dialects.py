@@ -263,11 +263,12 @@ def test_agentops_team_run_keeps_agents_multimodal_parts_and_scoped_rewards(name
     assert [t.reward for t in convert("matched")] == [0.0, 1.0, 0.5]
 
 
-@pytest.mark.parametrize("name", ["litellm", "litellm-stream"])
+@pytest.mark.parametrize("name", ["litellm", "litellm-stream", "litellm-proxy", "litellm-proxy-stream"])
 def test_litellm_otel_callback_records_the_weather_agents_two_calls(name: str) -> None:
-    """LiteLLM 1.106.2's own OTel callback: semconv messages in a hybrid form (OpenAI ``tool_calls`` /
-    ``tool_call_id`` beside the parts), the response's tool call only as flattened
-    ``gen_ai.completion.0.function_call.*`` (LiteLLM records no id for it), tools as ``llm.request.functions``."""
+    """LiteLLM 1.106.2's own OTel callback, as an SDK and as Agent Lightning's proxy: semconv messages in a
+    hybrid form (OpenAI ``tool_calls`` / ``tool_call_id`` beside the parts), the response's tool call only as
+    flattened ``gen_ai.completion.0.function_call.*`` (LiteLLM records no id for it), tools as
+    ``llm.request.functions``; through the proxy, vLLM's token ids on the ``raw_gen_ai_request`` span."""
     transitions = convert_fixture(name)
     first_response = {**EXPECTED[0]["response"], "tool_calls": [{**TOOL_CALL, "id": None}]}
     for t, want, response in zip(transitions, EXPECTED, [first_response, EXPECTED[1]["response"]], strict=True):
@@ -275,6 +276,13 @@ def test_litellm_otel_callback_records_the_weather_agents_two_calls(name: str) -
         assert json.loads(t.response_message) == response
         assert (t.finish_reason, (t.input_tokens, t.output_tokens)) == (want["finish_reason"], want["usage"])
         assert json.loads(t.tools) == WEATHER_TOOL and t.model == "policy@3" and t.reward == 1.0
-        # Streamed, LiteLLM logs from a worker thread outside the caller's context: its spans start traces
-        # of their own (kept in the rollout by tracerl.rollout_id) and no agent span is above them.
-        assert t.agent_name == (None if name.endswith("-stream") else "weather")
+        # Streamed, the SDK logs from a worker thread outside the caller's context: its spans start traces of
+        # their own (kept in the rollout by tracerl.rollout_id) with no agent span above them. The proxy
+        # continues the agent's trace from traceparent.
+        assert t.agent_name == (None if name == "litellm-stream" else "weather")
+        if name == "litellm-proxy":  # the scripted server returns vLLM's ids: as many as the usage says
+            prompt_n, response_n = want["usage"]
+            assert (t.prompt_token_ids, t.response_token_ids, t.token_source) == (
+                list(range(100, 100 + prompt_n)), list(range(500, 500 + response_n)), "span")
+        else:  # streamed, the proxy's raw span records only "first stream response received"
+            assert (t.prompt_token_ids, t.response_token_ids, t.token_source) == ([], [], "retokenized")
