@@ -84,6 +84,49 @@ def nearest_agent(tree: SpanTree, key: Key, memo: dict[Key, AgentRef] | None = N
     return found
 
 
+def agent_spans(tree: SpanTree) -> list[tuple[Key, str]]:
+    """Every agent span of the tree and its name (for ``enclosing_agent``; built once per rollout)."""
+    return [(k, name) for k, s in tree.spans.items() if (name := agent_of_span(s))]
+
+
+def enclosing_agent(tree: SpanTree, key: Key, agents: list[tuple[Key, str]]) -> AgentRef:
+    """For a span with no agent above it: the innermost agent span of its trace that encloses it in time.
+
+    When two tracing systems record one run (AgentOps' agent spans and a framework's LLM spans that float
+    under the root), the LLM span is not below its agent at all. Agent Lightning repairs such trees by
+    re-parenting a span under the tightest span that encloses it in time (``TraceTree.repair_hierarchy``);
+    this is the same rule, applied to attribution only: the tree itself is left as recorded."""
+    span = tree.spans[key]
+    best: tuple[int, int, str] | None = None
+    found: AgentRef = None
+    for k, name in agents:
+        s = tree.spans[k]
+        if k[0] == key[0] and k != key and s.start_time_ns <= span.start_time_ns and span.end_time_ns <= s.end_time_ns:
+            order = (s.end_time_ns - s.start_time_ns, -s.start_time_ns, s.span_id)  # tightest, then latest start
+            if best is None or order < best:
+                best, found = order, (name, k)
+    return found
+
+
+class CallAgents:
+    """The agent of a call (or of a reward's span): the nearest agent above it, else (two tracing systems,
+    the span floating under the root) the innermost agent span enclosing it in time. One per rollout: the
+    walks share a memo, and the list of agent spans is built only if some span needs it."""
+
+    def __init__(self, tree: SpanTree) -> None:
+        self.tree = tree
+        self.memo: dict[Key, AgentRef] = {}
+        self.spans: list[tuple[Key, str]] | None = None
+
+    def __call__(self, key: Key) -> AgentRef:
+        found = nearest_agent(self.tree, key, self.memo)
+        if found is None:
+            if self.spans is None:
+                self.spans = agent_spans(self.tree)
+            found = enclosing_agent(self.tree, key, self.spans) if self.spans else None
+        return found
+
+
 def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, AgentRef] | None = None) -> str | None:
     """The name of the nearest agent at or above ``key`` (see ``nearest_agent``)."""
     found = nearest_agent(tree, key, memo)

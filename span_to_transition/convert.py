@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from span_to_transition.agents import AgentRef, compile_agents, is_trainable, nearest_agent
+from span_to_transition.agents import CallAgents, compile_agents, is_trainable
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects import classify, message, parse_call, parse_semconv, tool_calls_from_spans
 from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
@@ -163,14 +163,14 @@ def add_child_tool_calls(tree: SpanTree, span: Span, call: LLMCall) -> None:
         call.finish_reason = call.finish_reason or "tool_calls"
 
 
-def _reward_scopes(tree: SpanTree, rewards: list[Reward], memo: dict[Key, AgentRef]) -> list[object]:
+def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
     """Each reward's nearest agent span (the scope ``matched`` credit looks in); None for a reward
     recorded outside the tree (side channel, offline) or under no agent."""
     key_of = {k[1]: k for k in tree.spans}
     scopes: list[object] = []
     for r in rewards:
         key = key_of.get(r.span_id) if r.span_id and r.source in ("span", "event") else None
-        found = nearest_agent(tree, key, memo) if key else None
+        found = agent_of(key) if key else None
         scopes.append(found[1] if found else None)
     return scopes
 
@@ -287,10 +287,10 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         value, source, out.filled_reward = config.fill_reward, "fill", True
         deduped = []
 
-    agents: dict[Key, AgentRef] = {}
-    call_agents = [nearest_agent(tree, (c.trace_id, c.span_id), agents) for c in unique]
+    agent_of = CallAgents(tree)
+    call_agents = [agent_of((c.trace_id, c.span_id)) for c in unique]
     refs = [CallRef(c.span_id, c.response_id, c.end_time_ns, a[1] if a else None) for c, a in zip(unique, call_agents)]
-    scopes = _reward_scopes(tree, deduped, agents) if config.credit == "matched" else None
+    scopes = _reward_scopes(tree, deduped, agent_of) if config.credit == "matched" else None
     credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma, scopes))
     task_id = task_id_of(tree, unique)
     n = len(unique)

@@ -239,3 +239,16 @@ def test_agentops_tool_call_child_spans_and_function_definitions_reach_the_row()
     assert json.loads(second.response_message) == {"role": "assistant", "content": "Nova."}
     assert second.tools is None
     assert [first.agent_name, second.agent_name] == ["scheduler", "scheduler"]
+
+
+def test_a_call_floating_under_the_root_belongs_to_the_agent_span_enclosing_it_in_time() -> None:
+    """Two tracing systems: the LLM span is the root's child, beside the agent span that encloses it in time
+    (Agent Lightning repairs the tree for this, ``repair_hierarchy``): it is the planner's call, and the
+    planner's reward is its reward."""
+    t = Trace()
+    with t.span("session", 0, 10) as root:
+        with t.span("agent.node", 1, 9, {"agent.name": "planner"}, root) as agent:
+            t.leaf("agent.reward", 4, 4.5, agentops_reward(0.3), agent)
+        t.leaf("openai.chat.completion", 2, 3, llm([7], [8], "resp-planner"), root)
+    [row] = t.convert(credit="matched")
+    assert (row.agent_name, row.reward, row.prompt_token_ids) == ("planner", 0.3, [7])
