@@ -155,8 +155,7 @@ def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
 def add_child_tool_calls(tree: SpanTree, span: Span, call: LLMCall) -> None:
     """A response whose tool calls were recorded as child spans (AgentOps ``tool_call.<name>``) gets them,
     so a tool-call turn never becomes a row with an empty response and no ``tool_calls``."""
-    children = tree.children.get(span.key)
-    calls = tool_calls_from_spans(tree.spans[k] for k in children) if children else []
+    calls = tool_calls_from_spans(tree.spans[k] for k in tree.children[span.key])
     if calls:
         content = call.response.get("content") if call.response else None
         call.response = message("assistant", content, tool_calls=calls)
@@ -210,8 +209,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if not call.response_id and span.key in wrapping:
             out.duplicate_calls += 1  # a framework's record of the request its client library recorded below
             continue
-        if call.response is None or not call.response.get("tool_calls"):
-            add_child_tool_calls(tree, span, call)
+        if tree.children[span.key] and (call.response is None or not call.response.get("tool_calls")):
+            add_child_tool_calls(tree, span, call)  # (most call spans are leaves: no call at all)
         if (not call.messages or call.response is None) and tokens_from(span, "span", []) is None:
             out.calls_without_content += 1
             what = "messages" if not call.messages else "a response (did the call fail?)"
