@@ -243,17 +243,21 @@ def test_call_without_captured_content_is_reported_with_the_fix() -> None:
     assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in out.problems[0]
 
 
-@pytest.mark.parametrize("name", ["agentops-team", "agentops-team-stream"])
-def test_agentops_team_run_keeps_agents_multimodal_parts_and_scoped_rewards(name: str) -> None:
-    """Two AgentOps ``@agent`` classes in one trace (``agentops.start_trace``), the second asking about an
-    image: three calls, each with its agent; the image part survives AgentOps' ``json.dumps`` of the content;
-    ``matched`` credit gives each agent's ``@operation`` reward to that agent's latest call."""
+TEAM_AGENTS = {"agentops-team": ["Weather", "Weather", "Checker"], "vercel-ai-team": ["weather", "weather", "checker"]}
+
+
+@pytest.mark.parametrize("name", ["agentops-team", "agentops-team-stream", "vercel-ai-team", "vercel-ai-team-stream"])
+def test_a_team_run_keeps_agents_multimodal_parts_and_scoped_rewards(name: str) -> None:
+    """Two agents in one trace (AgentOps: ``@agent`` classes under ``agentops.start_trace``; the Vercel AI SDK:
+    two ``generateText`` runs under agent spans), the second asking about an image: three calls, each with its
+    agent; the image part survives (AgentOps' ``json.dumps`` of the content, the SDK's ``file`` part);
+    ``matched`` credit gives each agent's reward to that agent's latest call."""
     traces, _ = fixture_tables(name)
     spans = spans_from_table(traces)
     convert = lambda credit: convert_rollout(  # noqa: E731
         RolloutInput(spans[0].rollout_id, spans), ConvertConfig(credit=credit)).transitions
     rows = convert("identical")
-    assert [t.agent_name for t in rows] == ["Weather", "Weather", "Checker"]
+    assert [t.agent_name for t in rows] == TEAM_AGENTS[name.removesuffix("-stream")]
     assert [json.loads(t.response_message) for t in rows[:2]] == [e["response"] for e in EXPECTED]
     assert json.loads(rows[2].prompt_messages) == [{"role": "user", "content": [
         {"type": "text", "text": "Does this chart agree with the forecast?"},
