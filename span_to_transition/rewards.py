@@ -81,7 +81,8 @@ def in_band_rewards(spans: Iterable[Span], logs: Iterable[LogEvent] = ()) -> lis
     """Every reward recorded inside the trace, placed at the time it was emitted.
 
     A reward span is placed at its end time; it targets no call (``span_id`` is the reward
-    span's own id, which no call has), so ``matched`` gives it to the nearest preceding call.
+    span's own id, which no call has), so ``matched`` gives it to the latest call that ended
+    before it under the same agent span (``credit.matched``).
     An evaluation event targets the call it was attached to (or its ``gen_ai.response.id``).
     """
     out: list[Reward] = []
