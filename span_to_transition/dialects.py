@@ -1,12 +1,15 @@
 """GenAI dialect parsers: recognise an LLM call by its attributes and normalise it to OpenAI chat.
 
 These dialects are read (DESIGN.md "GenAI dialects"), each recorded by a real instrumentation
-package in ``tests/span_to_transition/fixtures`` (LiteLLM's built from its source):
+package in ``tests/span_to_transition/fixtures``:
 
 - ``semconv``: OTel GenAI ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (parts format),
   ``gen_ai.system_instructions``, ``gen_ai.tool.definitions`` (OpenLLMetry >= 0.55, contrib
-  openai-v2 with ``gen_ai_latest_experimental``). JSON strings and structured values read alike,
-  because the store keeps structured values as JSON text.
+  openai-v2 with ``gen_ai_latest_experimental``, the Vercel AI SDK's ``OpenTelemetry`` integration,
+  LiteLLM's OTel callback). JSON strings and structured values read alike, because the store keeps
+  structured values as JSON text. LiteLLM's hybrid is read too: OpenAI ``tool_calls`` / ``tool_call_id``
+  beside the parts, the response's tool calls only as flattened ``gen_ai.completion.0.function_call.*``,
+  tools as ``llm.request.functions.*``.
 - ``semconv_events``: the messages as log events joined to the span by span id, either one event
   per message (``gen_ai.{system,user,assistant,tool}.message``, ``gen_ai.choice``) or one
   ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes.
@@ -257,7 +260,7 @@ def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: s
     if FLAT_RESPONSE_CALLS[0] in attrs or FLAT_RESPONSE_CALLS[1] in attrs:
         response = _with_flat_tool_calls(attrs, response)
     tools = get("gen_ai.tool.definitions")
-    tools = load_json(tools) if tools is not None else _flat_tools(attrs) if FLAT_TOOL_KEYS & attrs.keys() else None
+    tools = load_json(tools) if tools is not None else None if FLAT_TOOL_KEYS.isdisjoint(attrs) else _flat_tools(attrs)
     return _common(span, attrs, dialect, messages, response, finish, tools)
 
 
