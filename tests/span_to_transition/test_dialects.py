@@ -7,10 +7,13 @@ from dataclasses import asdict
 
 import pytest
 
+from schemas.parquet import write_table_atomic
+from schemas.store import StoreLayout
+from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig, RolloutInput, convert_rollout
 from span_to_transition.dialects import classify, messages_from_parts, parse_call, unflatten
 from span_to_transition.records import Span
-from span_to_transition.store import logs_from_table, spans_from_table
+from span_to_transition.store import convert_store, logs_from_table, spans_from_table
 
 from .factory import (
     AGENTOPS_FIXTURES,
@@ -290,3 +293,26 @@ def test_litellm_otel_callback_records_the_weather_agents_two_calls(name: str) -
                 list(range(100, 100 + prompt_n)), list(range(500, 500 + response_n)), "span")
         else:  # streamed, the proxy's raw span records only "first stream response received"
             assert (t.prompt_token_ids, t.response_token_ids, t.token_source) == ([], [], "retokenized")
+
+
+NEW_FIXTURES = VERCEL_FIXTURES + AGENTOPS_FIXTURES + [
+    "vercel-ai-team", "vercel-ai-team-stream", "agentops-team", "agentops-team-stream",
+    "litellm", "litellm-stream", "litellm-proxy", "litellm-proxy-stream"]
+
+
+@pytest.mark.parametrize("name", NEW_FIXTURES)
+def test_the_store_pass_keeps_what_the_new_dialects_need(name: str, tmp_path) -> None:
+    """Through ``convert_store`` (column pruning, skeleton spans, the Parquet round trip) a recording converts
+    to the rows ``convert_rollout`` gives it: tool-call child spans, agent spans, reward spans and token-id
+    twins all survive the pruning."""
+    traces, _ = fixture_tables(name)
+    write_table_atomic(traces, StoreLayout.at(tmp_path).partition("spans", "2026-11-21") / "f.parquet", "spans")
+    stats = convert_store(tmp_path, ConvertConfig(), now_ns=2_000_000_000 * 10**9)
+    assert stats.problems == []
+    con = connect_readonly(str(tmp_path))
+    got = con.sql("SELECT step, agent_name, prompt_messages, response_message, tools, prompt_token_ids, "
+                  "response_token_ids, token_source, reward FROM transitions ORDER BY step").fetchall()
+    con.close()
+    want = [(t.step, t.agent_name, t.prompt_messages, t.response_message, t.tools, t.prompt_token_ids,
+             t.response_token_ids, t.token_source, t.reward) for t in convert_fixture(name)]
+    assert got == want
