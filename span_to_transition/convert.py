@@ -162,6 +162,22 @@ def add_child_tool_calls(tree: SpanTree, span: Span, call: LLMCall) -> None:
         call.finish_reason = call.finish_reason or "tool_calls"
 
 
+def _without_content(span: Span, call: LLMCall, out: RolloutOutput) -> bool:
+    """A call record with no messages or no response, and no token ids either: nothing to train on. Reported
+    (content capture is off, or the call failed) and counted; the caller leaves it out."""
+    if (call.messages and call.response is not None) or tokens_from(span, "span", []) is not None:
+        return False
+    out.calls_without_content += 1
+    what = "messages" if not call.messages else "a response (did the call fail?)"
+    out.problems.append(
+        f"LLM call span {span.span_id} ({call.dialect}) in trace {span.trace_id} has no {what}; not "
+        "converted. Turn on content capture (OpenLLMetry: TRACELOOP_TRACE_CONTENT=true; contrib: "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY with "
+        "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"
+    )
+    return True
+
+
 def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
     """Each reward's nearest agent span (the scope ``matched`` credit looks in); None for a reward
     recorded outside the tree (side channel, offline) or under no agent."""
@@ -211,16 +227,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
             continue
         if tree.children[span.key] and (call.response is None or not call.response.get("tool_calls")):
             add_child_tool_calls(tree, span, call)  # (most call spans are leaves: no call at all)
-        if (not call.messages or call.response is None) and tokens_from(span, "span", []) is None:
-            out.calls_without_content += 1
-            what = "messages" if not call.messages else "a response (did the call fail?)"
-            out.problems.append(
-                f"LLM call span {span.span_id} ({call.dialect}) in trace {span.trace_id} has no {what}; not "
-                "converted. Turn on content capture (OpenLLMetry: TRACELOOP_TRACE_CONTENT=true; contrib: "
-                "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY with "
-                "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"
-            )
-            continue
+        if not call.response_id and _without_content(span, call, out):
+            continue  # (with a response id, the check waits: another record of the call may hold the content)
         calls.append(call)
 
     # One call per gen_ai.response.id: two instrumentations (or a framework and a client library)
@@ -242,7 +250,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
             if _call_quality(c, tree.depth((c.trace_id, c.span_id))) > _call_quality(
                     cur, tree.depth((cur.trace_id, cur.span_id))):
                 best[c.response_id] = c
-    unique.extend(best.values())
+    unique.extend(c for c in best.values() if not _without_content(tree.spans[(c.trace_id, c.span_id)], c, out))
     twins = {b.span_id: [tree.spans[(c.trace_id, c.span_id)] for c in records[rid] if c is not b]
              for rid, b in best.items() if len(records[rid]) > 1}
 

@@ -90,8 +90,10 @@ def _int_list(text: str | None, what: str, span: Span, problems: list[str], shap
     value = _decode(text)
     if shape == "first":
         value = value[0] if isinstance(value, list) and value else None
-    elif shape == "choice0":
+    elif shape == "choice0":  # (a response recorded without ids, vLLM not asked for them: no ids, no problem)
         value = value[0].get("token_ids") if isinstance(value, list) and value and isinstance(value[0], dict) else None
+        if value is None:
+            return None
     if isinstance(value, list) and all(type(v) is int for v in value):  # (bool is not: a subclass)
         return value
     problems.append(f"span {span.span_id} in trace {span.trace_id}: {what} is not a JSON list of ints "

@@ -252,3 +252,22 @@ def test_a_call_floating_under_the_root_belongs_to_the_agent_span_enclosing_it_i
         t.leaf("openai.chat.completion", 2, 3, llm([7], [8], "resp-planner"), root)
     [row] = t.convert(credit="matched")
     assert (row.agent_name, row.reward, row.prompt_token_ids) == ("planner", 0.3, [7])
+
+
+def test_a_proxy_call_without_token_ids_is_one_retokenized_row_and_no_problem() -> None:
+    """vLLM not asked for ids: the raw span's choices carry none. It is the request span's twin (same id), not
+    a call whose content capture is off."""
+    t = Trace()
+    with t.span("litellm_request", 1, 3, {"gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "2+2?",
+                                          "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "4",
+                                          "gen_ai.response.id": "chatcmpl-L", "llm.request.type": "chat"}) as req:
+        t.leaf("raw_gen_ai_request", 1.1, 2.9, {"llm.hosted_vllm.id": "chatcmpl-L", "llm.hosted_vllm.choices": str(
+            [{"index": 0, "message": {"role": "assistant", "content": "4"}}])}, req)
+    t.leaf("agentops_reward_operation.task", 4, 5, agentops_reward(1.0))
+    request = encode_spans(t.exporter.get_finished_spans())
+    spans = spans_from_table(trace_request_to_table(request, T0))
+    out = convert_rollout(RolloutInput(spans[0].rollout_id, spans), ConvertConfig())
+    assert (out.problems, out.calls_without_content, out.duplicate_calls) == ([], 0, 1)
+    [row] = out.transitions
+    assert (row.token_source, row.prompt_token_ids, json.loads(row.response_message)["content"]) == (
+        "retokenized", [], "4")
