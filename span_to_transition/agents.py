@@ -19,6 +19,7 @@ AGENT_KEYS = frozenset(
         "agent_name",  # pydantic-ai / logfire
         "crewai.agent.role",  # CrewAI
         "traceloop.entity.name",  # OpenLLMetry frameworks: kind = agent, or a LangGraph node (below)
+        "agentops.span.kind",  # AgentOps @agent: kind = agent, its name in operation.name
     }
 )
 LANGGRAPH_NODE = "traceloop.association.properties.langgraph_node"  # OpenLLMetry's copy of the run metadata
@@ -36,6 +37,8 @@ def agent_of_span(span: Span) -> str | None:
             return a["traceloop.entity.name"]
         if _is_langgraph_node(a):
             return a["traceloop.entity.name"]
+        if a.get("agentops.span.kind") == "agent" and a.get("operation.name"):
+            return a["operation.name"]
     if a.get("gen_ai.operation.name") == "invoke_agent" or span.name.startswith("invoke_agent"):
         rest = span.name[len("invoke_agent"):].strip()
         return rest or None
@@ -53,14 +56,19 @@ def _is_langgraph_node(a: Attrs) -> bool:
             and a.get(LANGGRAPH_INTEGRATION) != "langchain_create_agent")
 
 
-def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None = None) -> str | None:
+AgentRef = tuple[str, Key] | None
+"""The nearest agent of a span: (its name, the key of the agent span), or None."""
+
+
+def nearest_agent(tree: SpanTree, key: Key, memo: dict[Key, AgentRef] | None = None) -> AgentRef:
     """The nearest agent at or above ``key``: nested agents (a checker inside a writer) win.
 
+    The agent span's key scopes ``matched`` credit (two runs of one agent are two scopes).
     ``memo`` (one dict per tree) remembers the answer for every span walked, so calls under the
     same agent do not walk up to it again; the answers are the same with or without it.
     """
     walked: list[Key] = []
-    found: str | None = None
+    found: AgentRef = None
     for k in tree.path_up(key, include_self=True):
         if memo is not None and k in memo:
             found = memo[k]
@@ -68,12 +76,61 @@ def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, str | None] | None
         walked.append(k)
         name = agent_of_span(tree.spans[k])
         if name:
-            found = name
+            found = (name, k)
             break
     if memo is not None:
         for k in walked:  # every span walked below the answer has the same nearest agent
             memo[k] = found
     return found
+
+
+def agent_spans(tree: SpanTree) -> list[tuple[Key, str]]:
+    """Every agent span of the tree and its name (for ``enclosing_agent``; built once per rollout)."""
+    return [(k, name) for k, s in tree.spans.items() if (name := agent_of_span(s))]
+
+
+def enclosing_agent(tree: SpanTree, key: Key, agents: list[tuple[Key, str]]) -> AgentRef:
+    """For a span with no agent above it: the innermost agent span of its trace that encloses it in time.
+
+    When two tracing systems record one run (AgentOps' agent spans and a framework's LLM spans that float
+    under the root), the LLM span is not below its agent at all. Agent Lightning repairs such trees by
+    re-parenting a span under the tightest span that encloses it in time (``TraceTree.repair_hierarchy``);
+    this is the same rule, applied to attribution only: the tree itself is left as recorded."""
+    span = tree.spans[key]
+    best: tuple[int, int, str] | None = None
+    found: AgentRef = None
+    for k, name in agents:
+        s = tree.spans[k]
+        if k[0] == key[0] and k != key and s.start_time_ns <= span.start_time_ns and span.end_time_ns <= s.end_time_ns:
+            order = (s.end_time_ns - s.start_time_ns, -s.start_time_ns, s.span_id)  # tightest, then latest start
+            if best is None or order < best:
+                best, found = order, (name, k)
+    return found
+
+
+class CallAgents:
+    """The agent of a call (or of a reward's span): the nearest agent above it, else (two tracing systems,
+    the span floating under the root) the innermost agent span enclosing it in time. One per rollout: the
+    walks share a memo, and the list of agent spans is built only if some span needs it."""
+
+    def __init__(self, tree: SpanTree) -> None:
+        self.tree = tree
+        self.memo: dict[Key, AgentRef] = {}
+        self.spans: list[tuple[Key, str]] | None = None
+
+    def __call__(self, key: Key) -> AgentRef:
+        found = nearest_agent(self.tree, key, self.memo)
+        if found is None:
+            if self.spans is None:
+                self.spans = agent_spans(self.tree)
+            found = enclosing_agent(self.tree, key, self.spans) if self.spans else None
+        return found
+
+
+def attribute_agent(tree: SpanTree, key: Key, memo: dict[Key, AgentRef] | None = None) -> str | None:
+    """The name of the nearest agent at or above ``key`` (see ``nearest_agent``)."""
+    found = nearest_agent(tree, key, memo)
+    return found[0] if found else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -19,6 +19,7 @@ from schemas.tables import TRANSITIONS_SCHEMA
 from span_to_transition.agents import AGENT_KEYS
 from span_to_transition.dialects import CALL_KEYS, CALL_OPERATIONS
 from span_to_transition.records import LogEvent, Reward, Span, SpanEvent, Transition
+from span_to_transition.rewards import AGL_LEGACY_NAMES, REWARD_KEYS
 from span_to_transition.tokens import GATEWAY_FLAG
 from span_to_transition.tree import END_MARKER
 
@@ -26,15 +27,13 @@ RELEVANT_OPERATIONS = sorted(CALL_OPERATIONS | {"invoke_agent"})
 RELEVANT_KEYS = sorted(
     (CALL_KEYS - {"gen_ai.operation.name", "llm.request.type"})
     | AGENT_KEYS
+    | REWARD_KEYS
     | {
-        "tracerl.reward",
         "tracerl.task_id",
         "traceloop.span.kind",
         GATEWAY_FLAG,
         END_MARKER,
         "reward",
-        "agentlightning.reward.primary",
-        "agentlightning.reward.0.value",
     }
 )
 """A span with any of these attribute keys is materialised with its attributes (see module docstring)."""
@@ -53,7 +52,7 @@ SKELETON_COLUMNS = [
 SPAN_COLUMNS = [*SKELETON_COLUMNS, "attributes", "resource_attributes", "events"]
 """The span columns conversion reads; batches are cut from these alone (a filter of every column costs 2x)."""
 
-RELEVANT_NAME_PREFIXES = ("invoke_agent", "agentlightning.reward")
+RELEVANT_NAME_PREFIXES = ("invoke_agent", *sorted(AGL_LEGACY_NAMES))
 _EMPTY: dict[str, str] = {}  # shared by attribute-less spans; records are never mutated
 
 

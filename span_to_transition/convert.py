@@ -15,12 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from span_to_transition.agents import attribute_agent, compile_agents, is_trainable
+from span_to_transition.agents import CallAgents, compile_agents, is_trainable
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
-from span_to_transition.dialects import classify, parse_call, parse_semconv
+from span_to_transition.dialects import classify, message, parse_call, parse_semconv, tool_calls_from_spans
 from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
 from span_to_transition.rewards import in_band_rewards, rollout_reward
-from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens
+from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens, tokens_from
 from span_to_transition.tree import Key, SpanTree, build_tree
 
 MISSING_REWARD = ("exclude", "fill")
@@ -159,6 +159,44 @@ def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
     return outer
 
 
+def add_child_tool_calls(tree: SpanTree, span: Span, call: LLMCall) -> None:
+    """A response whose tool calls were recorded as child spans (AgentOps ``tool_call.<name>``) gets them,
+    so a tool-call turn never becomes a row with an empty response and no ``tool_calls``."""
+    calls = tool_calls_from_spans(tree.spans[k] for k in tree.children[span.key])
+    if calls:
+        content = call.response.get("content") if call.response else None
+        call.response = message("assistant", content, tool_calls=calls)
+        call.finish_reason = call.finish_reason or "tool_calls"
+
+
+def _without_content(span: Span, call: LLMCall, out: RolloutOutput) -> bool:
+    """A call record with no messages or no response, and no token ids either: nothing to train on. Reported
+    (content capture is off, or the call failed) and counted; the caller leaves it out."""
+    if (call.messages and call.response is not None) or tokens_from(span, "span", []) is not None:
+        return False
+    out.calls_without_content += 1
+    what = "messages" if not call.messages else "a response (did the call fail?)"
+    out.problems.append(
+        f"LLM call span {span.span_id} ({call.dialect}) in trace {span.trace_id} has no {what}; not "
+        "converted. Turn on content capture (OpenLLMetry: TRACELOOP_TRACE_CONTENT=true; contrib: "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY with "
+        "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"
+    )
+    return True
+
+
+def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
+    """Each reward's nearest agent span (the scope ``matched`` credit looks in); None for a reward
+    recorded outside the tree (side channel, offline) or under no agent."""
+    key_of = {k[1]: k for k in tree.spans}
+    scopes: list[object] = []
+    for r in rewards:
+        key = key_of.get(r.span_id) if r.span_id and r.source in ("span", "event") else None
+        found = agent_of(key) if key else None
+        scopes.append(found[1] if found else None)
+    return scopes
+
+
 def _call_quality(call: LLMCall, depth: int) -> tuple:
     return (bool(call.messages), call.response is not None, call.tools is not None, -depth,
             -call.start_time_ns, call.span_id)
@@ -194,26 +232,23 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if not call.response_id and span.key in wrapping:
             out.duplicate_calls += 1  # a framework's record of the request its client library recorded below
             continue
-        if not call.messages or call.response is None:
-            out.calls_without_content += 1
-            what = "messages" if not call.messages else "a response (did the call fail?)"
-            out.problems.append(
-                f"LLM call span {span.span_id} ({call.dialect}) in trace {span.trace_id} has no {what}; not "
-                "converted. Turn on content capture (OpenLLMetry: TRACELOOP_TRACE_CONTENT=true; contrib: "
-                "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY with "
-                "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"
-            )
-            continue
+        if tree.children[span.key] and (call.response is None or not call.response.get("tool_calls")):
+            add_child_tool_calls(tree, span, call)  # (most call spans are leaves: no call at all)
+        if not call.response_id and _without_content(span, call, out):
+            continue  # (with a response id, the check waits: another record of the call may hold the content)
         calls.append(call)
 
     # One call per gen_ai.response.id: two instrumentations (or a framework and a client library)
     # recording the same request must not train on it twice. Keep the most complete record.
+    # The records left out may still hold the call's token ids (LiteLLM: on its raw_gen_ai_request span).
     best: dict[str, LLMCall] = {}
+    records: dict[str, list[LLMCall]] = {}
     unique: list[LLMCall] = []
     for c in calls:
         if not c.response_id:
             unique.append(c)
             continue
+        records.setdefault(c.response_id, []).append(c)
         cur = best.get(c.response_id)
         if cur is None:
             best[c.response_id] = c
@@ -222,7 +257,9 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
             if _call_quality(c, tree.depth((c.trace_id, c.span_id))) > _call_quality(
                     cur, tree.depth((cur.trace_id, cur.span_id))):
                 best[c.response_id] = c
-    unique.extend(best.values())
+    unique.extend(c for c in best.values() if not _without_content(tree.spans[(c.trace_id, c.span_id)], c, out))
+    twins = {b.span_id: [tree.spans[(c.trace_id, c.span_id)] for c in records[rid] if c is not b]
+             for rid, b in best.items() if len(records[rid]) > 1}
 
     claimed: dict[str, Span] = {}
     unclaimed: list[Span] = []
@@ -265,16 +302,18 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         value, source, out.filled_reward = config.fill_reward, "fill", True
         deduped = []
 
-    refs = [CallRef(c.span_id, c.response_id, c.end_time_ns) for c in unique]
-    credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma))
+    agent_of = CallAgents(tree)
+    call_agents = [agent_of((c.trace_id, c.span_id)) for c in unique]
+    refs = [CallRef(c.span_id, c.response_id, c.end_time_ns, a[1] if a else None) for c, a in zip(unique, call_agents)]
+    scopes = _reward_scopes(tree, deduped, agent_of) if config.credit == "matched" else None
+    credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma, scopes))
     task_id = task_id_of(tree, unique)
     n = len(unique)
-    agents: dict[tuple[str, str], str | None] = {}
-    for step, (call, credited) in enumerate(zip(unique, credit)):
+    for step, (call, credited, found) in enumerate(zip(unique, credit, call_agents)):
         span = tree.spans[(call.trace_id, call.span_id)]
         gateway = claimed.get(call.span_id)
-        tokens = resolve_tokens(span, gateway, call, out.problems)
-        agent = attribute_agent(tree, span.key, agents)
+        tokens = resolve_tokens(span, gateway, call, out.problems, twins.get(call.span_id, ()))
+        agent = found[0] if found else None
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens
         if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it
@@ -296,7 +335,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 policy_version=tokens.policy_version,
                 prompt_messages=_dumps(call.messages),
                 tools=_dumps(call.tools) if call.tools else None,
-                response_message=_dumps(call.response),
+                response_message=_dumps(call.response),  # "null": the span recorded token ids only
                 finish_reason=call.finish_reason,
                 prompt_token_ids=tokens.prompt_token_ids,
                 response_token_ids=tokens.response_token_ids,

@@ -21,6 +21,7 @@ class CallRef(NamedTuple):
     span_id: str
     response_id: str | None
     ended_at_ns: int
+    scope: object = None  # the call's nearest agent span (any hashable id); None: no agent
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class CreditRollout:
     reward: float  # the rollout reward (after the missing-reward fill)
     rewards: list[Reward] = field(default_factory=list)  # the individual observations behind it
     gamma: float = 0.9
+    reward_scopes: list[object] | None = None  # per reward: its nearest agent span (None: no agent / not in-band)
 
 
 def identical(r: CreditRollout) -> list[float]:
@@ -54,13 +56,22 @@ def discounted(r: CreditRollout) -> list[float]:
 
 
 def matched(r: CreditRollout) -> list[float]:
-    """Each reward goes to the call it belongs to; the rest is shared as ``identical``.
+    """Each reward goes to the call it belongs to; what belongs to no call is shared as ``identical``.
 
-    A reward that names its call (``span_id`` or ``response_id``) goes to that call. An in-band
-    reward with a time goes to the nearest preceding call (the last call that ended at or
-    before it; the first call if it came before every call). A reward with neither (a side
-    channel or offline score of the whole rollout) is added to every call. With no individual
-    observations (e.g. a filled-in reward) this is ``identical``.
+    The rule, reward by reward in time order:
+
+    1. A reward that names its call (``span_id`` of a call, e.g. an evaluation event on the call span,
+       or its ``response_id``) goes to that call.
+    2. An in-band reward with a time goes to the latest call (in step order) that ended at or before it
+       under the same nearest agent span as the reward; a reward under no agent looks at every call of
+       the rollout. Among those calls, the latest one no earlier reward went to is preferred (Agent
+       Lightning's ``first_occurrence`` match: three rewards after three calls give one each, the later
+       rewards backfilling older calls); when all already have one, the latest takes it too (summed).
+       Never a call that ended after the reward: an action is not credited with what came before it.
+    3. Anything else (no time: a side channel or offline score of the whole rollout; or no call of its
+       agent had ended yet) is added to every call, as ``identical`` does.
+
+    With no individual observations (e.g. a filled-in reward) this is ``identical``.
     """
     n = len(r.calls)
     if not r.rewards:
@@ -68,20 +79,25 @@ def matched(r: CreditRollout) -> list[float]:
     credit = [0.0] * n
     by_span = {c.span_id: t for t, c in enumerate(r.calls)}
     by_response = {c.response_id: t for t, c in enumerate(r.calls) if c.response_id}
-    for rw in r.rewards:
+    scopes = r.reward_scopes if r.reward_scopes is not None else [None] * len(r.rewards)
+    rewarded: set[int] = set()
+    for rw, scope in sorted(zip(r.rewards, scopes), key=lambda p: p[0].at_ns or 0):
+        target: int | None = None
         if rw.span_id in by_span:
-            credit[by_span[rw.span_id]] += rw.value
+            target = by_span[rw.span_id]
         elif rw.response_id in by_response:
-            credit[by_response[rw.response_id]] += rw.value
-        elif rw.at_ns is not None and n:
-            target = 0
-            for t, c in enumerate(r.calls):
-                if c.ended_at_ns <= rw.at_ns:
-                    target = t
-            credit[target] += rw.value
-        else:
+            target = by_response[rw.response_id]
+        elif rw.at_ns is not None:
+            earlier = [t for t, c in enumerate(r.calls)
+                       if c.ended_at_ns <= rw.at_ns and (scope is None or c.scope == scope)]
+            fresh = [t for t in earlier if t not in rewarded]
+            target = (fresh or earlier or [None])[-1]
+        if target is None:
             for t in range(n):
                 credit[t] += rw.value
+        else:
+            credit[target] += rw.value
+            rewarded.add(target)
     return credit
 
 

@@ -1,17 +1,27 @@
 """GenAI dialect parsers: recognise an LLM call by its attributes and normalise it to OpenAI chat.
 
-Four dialects are read (DESIGN.md "GenAI dialects"), each recorded by a real instrumentation
+These dialects are read (DESIGN.md "GenAI dialects"), each recorded by a real instrumentation
 package in ``tests/span_to_transition/fixtures``:
 
 - ``semconv``: OTel GenAI ``gen_ai.input.messages`` / ``gen_ai.output.messages`` (parts format),
   ``gen_ai.system_instructions``, ``gen_ai.tool.definitions`` (OpenLLMetry >= 0.55, contrib
-  openai-v2 with ``gen_ai_latest_experimental``). JSON strings and structured values read alike,
-  because the store keeps structured values as JSON text.
+  openai-v2 with ``gen_ai_latest_experimental``, the Vercel AI SDK's ``OpenTelemetry`` integration,
+  LiteLLM's OTel callback). JSON strings and structured values read alike, because the store keeps
+  structured values as JSON text. LiteLLM's hybrid is read too: OpenAI ``tool_calls`` / ``tool_call_id``
+  beside the parts, the response's tool calls only as flattened ``gen_ai.completion.0.function_call.*``,
+  tools as ``llm.request.functions.*``.
 - ``semconv_events``: the messages as log events joined to the span by span id, either one event
   per message (``gen_ai.{system,user,assistant,tool}.message``, ``gen_ai.choice``) or one
   ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes.
 - ``openllmetry``: flattened ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` with both usage
-  spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``).
+  spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``). AgentOps
+  0.4.x and LiteLLM's OTel callback write the same keys; AgentOps stores a list content as its JSON
+  text (decoded back to parts), tools as ``gen_ai.request.functions.{i}.*`` and a response's tool calls
+  only as child ``tool_call.<name>`` spans (``tool_calls_from_spans``, joined by the converter).
+- ``vercel_ai``: the Vercel AI SDK's ``ai.prompt.messages`` / ``ai.response.text`` /
+  ``ai.response.toolCalls`` / ``ai.prompt.tools`` on its ``ai.*.doGenerate`` / ``doStream`` spans.
+- ``token_ids``: a span with token ids (``tokens.TOKEN_KEYS``: Agent Lightning, LiteLLM's vLLM passthrough)
+  and no messages: a call whose row carries the ids only.
 - ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``.
 
 Spans are classified by attributes, never by span name. Every parser returns the same shape
@@ -26,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.tokens import TOKEN_KEYS, response_id_of
 
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 DETAILS_EVENT = "gen_ai.client.inference.operation.details"
@@ -34,17 +45,33 @@ MESSAGE_EVENTS = frozenset(
      "gen_ai.choice"}
 )
 
+VERCEL_MESSAGES = "ai.prompt.messages"
+"""The Vercel AI SDK's provider-level prompt on each ``ai.*.doGenerate`` / ``ai.*.doStream`` span (``@ai-sdk/otel``
+``LegacyOpenTelemetry``, and the SDK's built-in telemetry before v7)."""
+
+TOOL_CALL_SPAN = {"id": "tool.call.id", "name": "tool.name", "arguments": "tool.parameters"}
+"""AgentOps (0.4.x ``instrumentation/providers/openai/wrappers/chat.py``) records a response's tool calls only
+as child spans ``tool_call.<name>`` of the LLM span, with these attributes; read by ``tool_calls_from_spans``."""
+
+FLAT_TOOL_PREFIXES = ("llm.request.functions.", "gen_ai.request.functions.")
+"""Flattened tool definitions: OpenLLMetry <= 0.47 and LiteLLM spell them ``llm.*``, AgentOps 0.4.x ``gen_ai.*``."""
+FLAT_TOOL_KEYS = frozenset(p + "0.name" for p in FLAT_TOOL_PREFIXES)
+FLAT_RESPONSE_CALLS = ("gen_ai.completion.0.function_call.name", "gen_ai.completion.0.tool_calls.0.name")
+
 # Keys whose presence makes a span worth reading (used by the store shell to filter vectorised).
 CALL_KEYS = frozenset(
     {
         "gen_ai.input.messages", "gen_ai.output.messages", "openinference.span.kind",
         "gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
-        "gen_ai.completion.0.content", "gen_ai.operation.name", "llm.request.type",
+        "gen_ai.completion.0.content", "gen_ai.operation.name", "llm.request.type", VERCEL_MESSAGES,
+        TOOL_CALL_SPAN["id"],
     }
+    | TOKEN_KEYS
 )
 
 FINISH_REASONS = {"tool_call": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
-                  "end_turn": "stop", "stop_sequence": "stop"}
+                  "end_turn": "stop", "stop_sequence": "stop", "tool-calls": "tool_calls",
+                  "content-filter": "content_filter"}
 """Semconv / provider spellings mapped to the OpenAI ``finish_reason`` values the trainer sees."""
 
 
@@ -101,7 +128,7 @@ def normalise_tools(tools: Any) -> list[dict[str, Any]] | None:
         spec: dict[str, Any] = {"name": fn.get("name")}
         if fn.get("description") is not None:
             spec["description"] = fn["description"]
-        params = fn.get("parameters")
+        params = fn.get("parameters", fn.get("inputSchema"))  # (the Vercel AI SDK: inputSchema)
         if isinstance(params, str):
             params = load_json(params)
         if params is not None:
@@ -151,7 +178,7 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
         role = m.get("role") or "user"
         ps = m["parts"]
         if isinstance(ps, list) and len(ps) == 1 and isinstance(ps[0], dict) and ps[0].get("type") == "text" \
-                and not m.get("name"):  # the common case: ``message(role, text)`` without the general loop
+                and not m.get("name") and "tool_call_id" not in m:  # the common case: ``message(role, text)``
             text = ps[0].get("content") or ""
             out.append({"role": role, "content": text if text or role != "assistant" else None})
             continue
@@ -166,10 +193,13 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
                 calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
             elif kind == "tool_call_response":
                 results.append(message("tool", _text(p.get("response", p.get("result"))), tool_call_id=p.get("id")))
+        if m.get("tool_calls"):  # LiteLLM's hybrid: OpenAI ``tool_calls`` / ``tool_call_id`` beside the parts
+            calls += _openai_message({"role": role, "tool_calls": m["tool_calls"]}).get("tool_calls", [])
         if results:
             out.extend(results)
         if texts or calls or not results:
-            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name")))
+            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name"),
+                               tool_call_id=m.get("tool_call_id")))
     return out
 
 
@@ -227,8 +257,31 @@ def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: s
             messages.insert(0, system)
     raw_out = load_json(get("gen_ai.output.messages"))
     response, finish = _first_output(messages_from_parts(raw_out), raw_out)
+    if FLAT_RESPONSE_CALLS[0] in attrs or FLAT_RESPONSE_CALLS[1] in attrs:
+        response = _with_flat_tool_calls(attrs, response)
     tools = get("gen_ai.tool.definitions")
-    return _common(span, attrs, dialect, messages, response, finish, None if tools is None else load_json(tools))
+    tools = load_json(tools) if tools is not None else None if FLAT_TOOL_KEYS.isdisjoint(attrs) else _flat_tools(attrs)
+    return _common(span, attrs, dialect, messages, response, finish, tools)
+
+
+def _flat_tools(attrs: Mapping[str, str]) -> list[dict[str, Any]]:
+    tools: list[dict[str, Any]] = []
+    for prefix in FLAT_TOOL_PREFIXES:
+        tools = tools or unflatten(attrs, prefix)
+    return tools
+
+
+def _with_flat_tool_calls(attrs: Mapping[str, str], response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """LiteLLM's OTel callback writes semconv output messages without the tool calls, which it keeps only
+    as flattened ``gen_ai.completion.0.function_call.*`` (no id) or ``.tool_calls.{j}.*``."""
+    if response is not None and response.get("tool_calls"):
+        return response
+    completions = unflatten(attrs, "gen_ai.completion.")
+    flat = _openllmetry_message({"role": "assistant", **completions[0]}) if completions else {}
+    if not flat.get("tool_calls"):
+        return response
+    content = response.get("content") if response else None
+    return message("assistant", content, tool_calls=flat["tool_calls"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,12 +323,23 @@ def unflatten(attrs: Mapping[str, str], prefix: str) -> list[dict[str, Any]]:
     return [freeze(root[i]) for i in sorted(root)]
 
 
+def _content_parts(content: Any) -> Any:
+    """Flattened dialects store a list content (text + image parts) as its JSON text (AgentOps:
+    ``json.dumps(content)``): decoded back to the OpenAI parts list, so images are kept. A string that is
+    not a JSON list of typed parts stays the text it is."""
+    if isinstance(content, str) and content.startswith("[{"):
+        parts = load_json(content)
+        if isinstance(parts, list) and parts and all(isinstance(p, dict) and "type" in p for p in parts):
+            return parts
+    return content
+
+
 def _openllmetry_message(m: dict[str, Any]) -> dict[str, Any]:
     calls = [tool_call(c.get("id"), c.get("name"), c.get("arguments")) for c in m.get("tool_calls") or []]
     fc = m.get("function_call")
     if isinstance(fc, dict) and not calls:
         calls.append(tool_call(fc.get("id"), fc.get("name"), fc.get("arguments")))
-    return message(m.get("role") or "user", m.get("content"), tool_calls=calls or None,
+    return message(m.get("role") or "user", _content_parts(m.get("content")), tool_calls=calls or None,
                    tool_call_id=m.get("tool_call_id"), name=m.get("name"))
 
 
@@ -285,8 +349,7 @@ def parse_openllmetry(span: Span) -> LLMCall:
     completions = unflatten(attrs, "gen_ai.completion.")
     response = _openllmetry_message({"role": "assistant", **completions[0]}) if completions else None
     finish = completions[0].get("finish_reason") if completions else None
-    tools = unflatten(attrs, "llm.request.functions.")
-    call = _common(span, attrs, "openllmetry", messages, response, finish, tools)
+    call = _common(span, attrs, "openllmetry", messages, response, finish, _flat_tools(attrs))
     if call.input_tokens is None:
         call.input_tokens = as_int(attrs.get("llm.usage.prompt_tokens"))
     if call.output_tokens is None:
@@ -373,6 +436,92 @@ def parse_events(span: Span, events: Iterable[LogEvent]) -> LLMCall | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# the Vercel AI SDK (``ai.*`` attributes; content parts of its LanguageModelV2 prompt)
+
+
+def _vercel_part(p: dict[str, Any]) -> dict[str, Any] | None:
+    """A user content part in OpenAI form (text, image as ``image_url``, file); None for parts the chat
+    template does not see (reasoning)."""
+    kind = p.get("type")
+    if kind == "text":
+        return {"type": "text", "text": p.get("text") or ""}
+    if kind in ("image", "file"):
+        data = p.get("image", p.get("data"))
+        media = p.get("mediaType") or p.get("mimeType") or ("image/*" if kind == "image" else "")
+        url = data if isinstance(data, str) and (":" in data[:12]) else f"data:{media};base64,{data}"
+        if kind == "image" or media.startswith("image/"):
+            return {"type": "image_url", "image_url": {"url": url}}
+        return {"type": "file", "file": {"file_data": url}}
+    return None
+
+
+def _vercel_output(output: Any) -> str | None:
+    """A tool result: ``{"type": "text" | "json" | "error-text" | ..., "value"}`` (v5+) or the raw result (v4)."""
+    if isinstance(output, dict) and "type" in output and "value" in output:
+        output = output["value"]
+    return _text(output)
+
+
+def vercel_messages(items: Any) -> list[dict[str, Any]]:
+    """``ai.prompt.messages`` (the SDK's provider-level prompt) to OpenAI messages."""
+    out: list[dict[str, Any]] = []
+    for m in items if isinstance(items, list) else ():
+        if not isinstance(m, dict):
+            continue
+        role, content = m.get("role") or "user", m.get("content")
+        if not isinstance(content, list):
+            out.append(message(role, content))
+            continue
+        if role == "tool":
+            out.extend(message("tool", _vercel_output(p.get("output", p.get("result"))), tool_call_id=p.get("toolCallId"))
+                       for p in content if isinstance(p, dict) and p.get("type") == "tool-result")
+            continue
+        calls = [tool_call(p.get("toolCallId"), p.get("toolName"), p.get("input", p.get("args")))
+                 for p in content if isinstance(p, dict) and p.get("type") == "tool-call"]
+        parts = [q for q in (_vercel_part(p) for p in content if isinstance(p, dict)) if q is not None]
+        if all(q["type"] == "text" for q in parts):
+            body: Any = _join_text([q["text"] for q in parts])
+        else:
+            body = parts
+        out.append(message(role, body, tool_calls=calls or None))
+    return out
+
+
+def parse_vercel(span: Span) -> LLMCall:
+    attrs = span.attributes
+    get = attrs.get
+    messages = vercel_messages(load_json(get(VERCEL_MESSAGES)))
+    raw_calls = load_json(get("ai.response.toolCalls"))
+    calls = [tool_call(c.get("toolCallId"), c.get("toolName"), c.get("input", c.get("args")))
+             for c in raw_calls if isinstance(c, dict)] if isinstance(raw_calls, list) else []
+    text = get("ai.response.text")
+    response = message("assistant", text, tool_calls=calls or None) if text is not None or calls else None
+    tools = load_json(get("ai.prompt.tools"))
+    if isinstance(tools, list):
+        tools = [load_json(t) if isinstance(t, str) else t for t in tools]  # a string array of JSON tool specs
+    call = _common(span, attrs, "vercel_ai", messages, response, get("ai.response.finishReason"), tools)
+    call.request_model = call.request_model or get("ai.model.id")
+    call.response_model = call.response_model or get("ai.response.model")
+    call.response_id = call.response_id or get("ai.response.id")
+    if call.input_tokens is None:
+        call.input_tokens = _usage(attrs, "ai.usage.inputTokens", "ai.usage.promptTokens")
+    if call.output_tokens is None:
+        call.output_tokens = _usage(attrs, "ai.usage.outputTokens", "ai.usage.completionTokens")
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# tool calls recorded outside the response (AgentOps: child spans of the LLM span)
+
+
+def tool_calls_from_spans(spans: Iterable[Span]) -> list[dict[str, Any]]:
+    """The OpenAI tool calls recorded as spans of their own (``TOOL_CALL_SPAN`` attributes), in start order."""
+    key_id, key_name, key_args = TOOL_CALL_SPAN["id"], TOOL_CALL_SPAN["name"], TOOL_CALL_SPAN["arguments"]
+    return [tool_call(s.attributes[key_id], s.attributes.get(key_name), s.attributes.get(key_args))
+            for s in sorted(spans, key=lambda s: (s.start_time_ns, s.span_id)) if key_id in s.attributes]
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def classify(attrs: Mapping[str, str]) -> str | None:
@@ -384,8 +533,12 @@ def classify(attrs: Mapping[str, str]) -> str | None:
     if any(k in attrs for k in ("gen_ai.prompt.0.role", "gen_ai.prompt.0.content", "gen_ai.completion.0.role",
                                 "gen_ai.completion.0.content")):
         return "openllmetry"
+    if VERCEL_MESSAGES in attrs:
+        return "vercel_ai"
     if attrs.get("gen_ai.operation.name") in CALL_OPERATIONS or attrs.get("llm.request.type") in ("chat", "completion"):
         return "attributes_only"
+    if not TOKEN_KEYS.isdisjoint(attrs):  # Agent Lightning / LiteLLM: token ids on a span without messages
+        return "token_ids"
     return None
 
 
@@ -404,7 +557,11 @@ def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
         return parse_openinference(span)
     if kind == "openllmetry":
         return parse_openllmetry(span)
+    if kind == "vercel_ai":
+        return parse_vercel(span)
     from_events = parse_events(span, events)
     if from_events is not None:
         return from_events
-    return _common(span, span.attributes, "attributes_only", [], None, None, None)
+    call = _common(span, span.attributes, kind, [], None, None, None)
+    call.response_id = call.response_id or response_id_of(span.attributes)
+    return call

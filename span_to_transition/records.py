@@ -62,7 +62,7 @@ class Reward:
     """One reward observation from any channel.
 
     ``span_id`` / ``response_id`` target a specific call (used by the ``matched`` strategy);
-    ``at_ns`` places an in-band reward in time (the nearest preceding call gets it).
+    ``at_ns`` places an in-band reward in time (``matched``: the latest earlier call under its agent).
     """
 
     value: float

@@ -2,7 +2,10 @@
 
 1. In-band: a span with ``tracerl.reward`` (optional ``tracerl.reward.name``);
    ``agentlightning.reward`` spans (``agentlightning.reward.{i}.value`` / ``.name``,
-   ``agentlightning.reward.primary``, or a legacy ``reward`` attribute); and
+   ``agentlightning.reward.primary``, or a legacy ``reward`` attribute on an
+   ``agentlightning.reward`` / ``agentlightning.annotation`` span); AgentOps operation outputs
+   ``{"type": "reward", "value": v}`` in ``agentops.task.output`` / ``agentops.entity.output`` (what
+   Agent Lightning's ``@reward`` decorator records through AgentOps); and
    ``gen_ai.evaluation.result`` events (span events or log records) with
    ``gen_ai.evaluation.score.value``.
 2. Side channel: rows the collector's ``POST /v1/rewards`` wrote into the rewards table.
@@ -18,13 +21,28 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from span_to_transition.records import LogEvent, Reward, Span, as_float
+from span_to_transition.records import LogEvent, Reward, Span, as_float, load_json
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 AGL_PREFIX = "agentlightning.reward"
 AGL_PRIMARY = "agentlightning.reward.primary"
 AGL_FIRST = "agentlightning.reward.0.value"
+AGL_LEGACY_NAMES = frozenset({AGL_PREFIX, "agentlightning.annotation"})  # span names whose ``reward`` attribute counts
+AGENTOPS_OUTPUTS = ("agentops.task.output", "agentops.entity.output")
+REWARD_KEYS = frozenset({"tracerl.reward", AGL_PRIMARY, AGL_FIRST, *AGENTOPS_OUTPUTS})
+"""A span with any of these keys may carry a reward (the store materialises it; with any span event too)."""
 _AGL_INDEXED = re.compile(r"^agentlightning\.reward\.(\d+)\.(value|name)$")
+
+
+def _agentops(span: Span) -> list[Reward]:
+    """``{"type": "reward", "value": v}`` as an AgentOps operation's recorded output (a null value: no reward)."""
+    for key in AGENTOPS_OUTPUTS:
+        out = load_json(span.attributes.get(key))
+        if isinstance(out, dict) and out.get("type") == "reward":
+            value = out.get("value")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return [Reward(float(value), "span", None, span.span_id, None, span.end_time_ns)]
+    return []
 
 
 def _agentlightning(span: Span) -> list[Reward]:
@@ -45,7 +63,7 @@ def _agentlightning(span: Span) -> list[Reward]:
     primary = as_float(a.get("agentlightning.reward.primary"))
     if primary is not None:
         return [Reward(primary, "span", "primary", span.span_id, None, at)]
-    if span.name == AGL_PREFIX:
+    if span.name in AGL_LEGACY_NAMES:
         legacy = as_float(a.get("reward"))
         if legacy is not None:
             return [Reward(legacy, "span", None, span.span_id, None, at)]
@@ -63,18 +81,21 @@ def in_band_rewards(spans: Iterable[Span], logs: Iterable[LogEvent] = ()) -> lis
     """Every reward recorded inside the trace, placed at the time it was emitted.
 
     A reward span is placed at its end time; it targets no call (``span_id`` is the reward
-    span's own id, which no call has), so ``matched`` gives it to the nearest preceding call.
+    span's own id, which no call has), so ``matched`` gives it to the latest call that ended
+    before it under the same agent span (``credit.matched``).
     An evaluation event targets the call it was attached to (or its ``gen_ai.response.id``).
     """
     out: list[Reward] = []
-    carriers = [s for s in spans if "tracerl.reward" in s.attributes or s.events or s.name == AGL_PREFIX
-                or AGL_PRIMARY in s.attributes or AGL_FIRST in s.attributes]  # the spans that can hold a reward
+    carriers = [s for s in spans if s.events or s.name in AGL_LEGACY_NAMES
+                or not REWARD_KEYS.isdisjoint(s.attributes)]  # the spans that can hold a reward
     for s in sorted(carriers, key=lambda s: (s.start_time_ns, s.trace_id, s.span_id)):  # delivery order never matters
         value = as_float(s.attributes.get("tracerl.reward"))
         if value is not None:
             out.append(Reward(value, "span", s.attributes.get("tracerl.reward.name"), s.span_id, None, s.end_time_ns))
-        if s.name == AGL_PREFIX or AGL_PRIMARY in s.attributes or AGL_FIRST in s.attributes:
+        if s.name in AGL_LEGACY_NAMES or AGL_PRIMARY in s.attributes or AGL_FIRST in s.attributes:
             out.extend(_agentlightning(s))
+        if AGENTOPS_OUTPUTS[0] in s.attributes or AGENTOPS_OUTPUTS[1] in s.attributes:
+            out.extend(_agentops(s))
         for e in s.events:
             if e.name == EVALUATION_EVENT:
                 r = _evaluation(e.attributes, e.time_ns, "event", s.span_id)

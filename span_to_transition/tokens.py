@@ -6,17 +6,21 @@ agent's client propagated ``traceparent``; otherwise it shares the call's ``gen_
 A gateway span is never a call of its own when an agent call span claims it (that would count
 the call twice); unclaimed gateway spans (an uninstrumented agent) become calls themselves.
 
-Token sources: ``gateway`` (joined gateway span), ``span`` (the call span carries
-``tracerl.prompt_token_ids``), else ``retokenized``: ids stay empty and the trainer renders the
-messages with the model's chat template. Nothing is guessed: malformed ids are a reported
-problem and the call falls back to ``retokenized``.
+Token sources: ``gateway`` (joined gateway span), ``span`` (the call span, or another record of
+the same call, carries token ids in one of the ``PROMPT_ID_KEYS`` / ``RESPONSE_ID_KEYS`` spellings:
+ours, Agent Lightning's, LiteLLM's vLLM passthrough), else ``retokenized``: the id lists are empty
+and the trainer renders the messages with the model's chat template. Nothing is guessed: malformed
+ids are a reported problem and the call falls back to ``retokenized``.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from span_to_transition.records import LLMCall, Span, Tokens, as_bool, as_int, load_json
 
@@ -26,7 +30,36 @@ RESPONSE_IDS = "tracerl.response_token_ids"
 LOGPROBS = "tracerl.response_logprobs"
 POLICY_VERSION = "tracerl.policy_version"
 
+PROMPT_ID_KEYS = (
+    PROMPT_IDS,
+    "prompt_token_ids",  # Agent Lightning (its vLLM client patch puts the ids on the LLM span)
+    "agentlightning.operation.output.prompt_token_ids",  # Agent Lightning's Weave tracer
+    "llm.hosted_vllm.prompt_token_ids",  # LiteLLM raw_gen_ai_request span (str() of the list)
+)
+RESPONSE_ID_KEYS = (  # (key, where the ids sit in its value)
+    (RESPONSE_IDS, "list"),
+    ("response_token_ids", "list"),
+    ("agentlightning.operation.output.response_token_ids.0", "list"),
+    ("agentlightning.operation.output.choices.0.token_ids", "list"),
+    ("agentlightning.operation.output.choices.0.provider_specific_fields.token_ids", "list"),
+    ("llm.hosted_vllm.response_token_ids", "first"),  # [[ids]]: one list per choice
+    ("llm.hosted_vllm.choices", "choice0"),  # [{"token_ids": ids}, ...]
+)
+"""Where each producer records exact token ids on a span (first valid spelling wins). Agent Lightning
+v0.3.0 ``adapter/triplet.py`` (``span_to_triplet``, ``LlmProxyTraceToTriplet._extract_tokens_from_raw``)
+reads the same spellings."""
+TOKEN_KEYS = frozenset(PROMPT_ID_KEYS) | frozenset(k for k, _ in RESPONSE_ID_KEYS)
+RESPONSE_ID_ATTRS = ("gen_ai.response.id", "agentlightning.operation.output.id", "llm.hosted_vllm.id")
+
 _VERSIONED = re.compile(r"@(\d+)$")
+
+
+def response_id_of(attrs: Mapping[str, str]) -> str | None:
+    """The provider's response id under any of its spellings (dedupes two records of one call)."""
+    for key in RESPONSE_ID_ATTRS:
+        if attrs.get(key):
+            return attrs[key]
+    return None
 
 
 def is_gateway(span: Span) -> bool:
@@ -42,14 +75,39 @@ def parse_policy_version(model: str | None) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _int_list(text: str | None, what: str, span: Span, problems: list[str]) -> list[int] | None:
+def _decode(text: str) -> Any:
+    """JSON text, or the ``str()`` of a Python value (LiteLLM stringifies what it records)."""
+    value = load_json(text)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
+            value = ast.literal_eval(value)
+    return value
+
+
+def _int_list(text: str | None, what: str, span: Span, problems: list[str], shape: str = "list") -> list[int] | None:
     if text is None:
         return None
-    value = load_json(text)
+    value = _decode(text)
+    if shape == "first":
+        value = value[0] if isinstance(value, list) and value else None
+    elif shape == "choice0":  # (a response recorded without ids, vLLM not asked for them: no ids, no problem)
+        value = value[0].get("token_ids") if isinstance(value, list) and value and isinstance(value[0], dict) else None
+        if value is None:
+            return None
     if isinstance(value, list) and all(type(v) is int for v in value):  # (bool is not: a subclass)
         return value
     problems.append(f"span {span.span_id} in trace {span.trace_id}: {what} is not a JSON list of ints "
                     f"({text[:40]!r}); its call is marked retokenized; fix the producer of {what}")
+    return None
+
+
+def _first_ids(a: Mapping[str, str], keys: Iterable[tuple[str, str]], span: Span,
+               problems: list[str]) -> list[int] | None:
+    for key, shape in keys:
+        if key in a:
+            ids = _int_list(a[key], key, span, problems, shape)
+            if ids:  # an empty list records nothing (Agent Lightning writes [] when vLLM returned no ids)
+                return ids
     return None
 
 
@@ -67,10 +125,10 @@ def _float_list(text: str | None, span: Span, problems: list[str]) -> list[float
 def tokens_from(span: Span, source: str, problems: list[str]) -> Tokens | None:
     """Token ids recorded on ``span``, or None when it records none (or they are malformed)."""
     a = span.attributes
-    if PROMPT_IDS not in a and RESPONSE_IDS not in a:
+    if TOKEN_KEYS.isdisjoint(a):
         return None
-    prompt = _int_list(a.get(PROMPT_IDS), PROMPT_IDS, span, problems)
-    response = _int_list(a.get(RESPONSE_IDS), RESPONSE_IDS, span, problems)
+    prompt = _first_ids(a, ((k, "list") for k in PROMPT_ID_KEYS), span, problems)
+    response = _first_ids(a, RESPONSE_ID_KEYS, span, problems)
     if prompt is None or response is None:
         return None
     logprobs = _float_list(a.get(LOGPROBS), span, problems)
@@ -113,15 +171,20 @@ def match_gateways(calls: Iterable[LLMCall], gateways: Iterable[Span],
     return matched, unclaimed
 
 
-def resolve_tokens(call_span: Span, gateway: Span | None, call: LLMCall, problems: list[str]) -> Tokens:
-    """Exact tokens for one call, with the policy version (attribute first, then ``name@k``)."""
+def resolve_tokens(call_span: Span, gateway: Span | None, call: LLMCall, problems: list[str],
+                   twins: Iterable[Span] = ()) -> Tokens:
+    """Exact tokens for one call, with the policy version (attribute first, then ``name@k``).
+
+    ``twins`` are other records of the same call that were deduplicated away (LiteLLM's
+    ``raw_gen_ai_request`` span under its ``litellm_request`` span): their ids count as the call's own."""
     tokens = None
     if gateway is not None:
         tokens = tokens_from(gateway, "gateway", problems)
+    for span in (call_span, *twins):
+        if tokens is None:
+            tokens = tokens_from(span, "span", problems)
     if tokens is None:
-        tokens = tokens_from(call_span, "span", problems)
-    if tokens is None:
-        tokens = Tokens("retokenized")
+        tokens = Tokens("retokenized", [], [])  # empty lists, never null: "no ids" (README)
     if tokens.policy_version is None:
         for span in (gateway, call_span):
             if span is not None and as_int(span.attributes.get(POLICY_VERSION)) is not None:

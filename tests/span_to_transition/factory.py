@@ -23,6 +23,12 @@ from span_to_transition.records import Span, SpanEvent
 FIXTURES = Path(__file__).parent / "fixtures"
 DIALECT_FIXTURES = ["openllmetry", "openllmetry-legacy", "openai-v2", "openai-v2-events", "openai-v2-details",
                     "openinference"]
+# The same agent written with the Vercel AI SDK (TypeScript, ``record_vercel.mjs``): ``ai.*`` attributes
+# (``LegacyOpenTelemetry``) and the SDK's semconv integration (``OpenTelemetry``), each with its streamed twin.
+VERCEL_FIXTURES = ["vercel-ai", "vercel-ai-stream", "vercel-ai-otel", "vercel-ai-otel-stream"]
+# The same agent as Agent Lightning runs it with AgentOps 0.4.21 (an ``@agent`` class, an ``@operation`` reward;
+# tool calls only as ``tool_call.<name>`` child spans), with its streamed twin.
+AGENTOPS_FIXTURES = ["agentops", "agentops-stream"]
 # The same agent recorded with ``stream=True`` (``record.py --stream``), one per dialect fixture.
 STREAM_FIXTURES = [f"{name}-stream" for name in DIALECT_FIXTURES]
 

@@ -7,12 +7,23 @@ from dataclasses import asdict
 
 import pytest
 
+from schemas.parquet import write_table_atomic
+from schemas.store import StoreLayout
+from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig, RolloutInput, convert_rollout
 from span_to_transition.dialects import classify, messages_from_parts, parse_call, unflatten
 from span_to_transition.records import Span
-from span_to_transition.store import logs_from_table, spans_from_table
+from span_to_transition.store import convert_store, logs_from_table, spans_from_table
 
-from .factory import DIALECT_FIXTURES, STREAM_FIXTURES, TraceBuilder, fixture_tables, user
+from .factory import (
+    AGENTOPS_FIXTURES,
+    DIALECT_FIXTURES,
+    STREAM_FIXTURES,
+    VERCEL_FIXTURES,
+    TraceBuilder,
+    fixture_tables,
+    user,
+)
 
 WEATHER_TOOL = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
@@ -34,6 +45,12 @@ EXPECTED = [
         "finish_reason": "stop", "usage": (61, 11),
     },
 ]
+CHART = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8/5+hHgAHggJ/PchI7wAAAABJRU5E"
+         "rkJggg==")
+VERCEL_TOOL = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                   "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}]
 # Which recordings carry tool definitions at all (the contrib instrumentation does not record them).
 RECORDS_TOOLS = {"openllmetry": True, "openllmetry-legacy": True, "openinference": True, "openai-v2": False,
                  "openai-v2-events": False, "openai-v2-details": False}
@@ -67,7 +84,7 @@ def convert_fixture(name: str):
     return out.transitions
 
 
-@pytest.mark.parametrize("name", DIALECT_FIXTURES + STREAM_FIXTURES)
+@pytest.mark.parametrize("name", DIALECT_FIXTURES + STREAM_FIXTURES + VERCEL_FIXTURES + AGENTOPS_FIXTURES)
 def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) -> None:
     transitions = convert_fixture(name)
     assert len(transitions) == 2
@@ -76,11 +93,13 @@ def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) ->
         assert json.loads(t.response_message) == want["response"]
         assert t.finish_reason == want["finish_reason"]
         assert (t.input_tokens, t.output_tokens) == want["usage"]
-        assert t.agent_name == "weather"
+        assert t.agent_name == ("Weather" if name.startswith("agentops") else "weather")
         assert t.model == "policy@3" and t.policy_version == 3
-        assert t.token_source == "retokenized" and t.prompt_token_ids is None
+        assert t.token_source == "retokenized" and t.prompt_token_ids == [] and t.response_token_ids == []
         assert t.reward == 1.0 and t.reward_source == "span"
-        if RECORDS_TOOLS[name.removesuffix("-stream")]:
+        if name.startswith("vercel-ai"):  # the SDK's zod schema, as JSON Schema
+            assert json.loads(t.tools) == VERCEL_TOOL
+        elif name.startswith("agentops") or RECORDS_TOOLS[name.removesuffix("-stream")]:
             assert json.loads(t.tools) == WEATHER_TOOL
         else:
             assert t.tools is None
@@ -91,10 +110,10 @@ def test_each_recorded_dialect_yields_the_weather_agents_two_calls(name: str) ->
 def test_all_dialects_agree_row_for_row() -> None:
     def comparable(name: str) -> list[tuple]:
         return [(t.step, t.prompt_messages, t.response_message, t.finish_reason, t.input_tokens, t.output_tokens,
-                 t.agent_name, t.model, t.task_id, t.reward) for t in convert_fixture(name)]
+                 t.agent_name.lower(), t.model, t.task_id, t.reward) for t in convert_fixture(name)]
 
     reference = comparable(DIALECT_FIXTURES[0])
-    for name in DIALECT_FIXTURES[1:] + STREAM_FIXTURES:
+    for name in DIALECT_FIXTURES[1:] + STREAM_FIXTURES + VERCEL_FIXTURES + AGENTOPS_FIXTURES:
         assert comparable(name) == reference, name
 
 
@@ -225,3 +244,75 @@ def test_call_without_captured_content_is_reported_with_the_fix() -> None:
     out = convert_rollout(RolloutInput("r", t.spans), ConvertConfig())
     assert out.transitions == [] and out.calls_without_content == 1
     assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" in out.problems[0]
+
+
+TEAM_AGENTS = {"agentops-team": ["Weather", "Weather", "Checker"], "vercel-ai-team": ["weather", "weather", "checker"]}
+
+
+@pytest.mark.parametrize("name", ["agentops-team", "agentops-team-stream", "vercel-ai-team", "vercel-ai-team-stream"])
+def test_a_team_run_keeps_agents_multimodal_parts_and_scoped_rewards(name: str) -> None:
+    """Two agents in one trace (AgentOps: ``@agent`` classes under ``agentops.start_trace``; the Vercel AI SDK:
+    two ``generateText`` runs under agent spans), the second asking about an image: three calls, each with its
+    agent; the image part survives (AgentOps' ``json.dumps`` of the content, the SDK's ``file`` part);
+    ``matched`` credit gives each agent's reward to that agent's latest call."""
+    traces, _ = fixture_tables(name)
+    spans = spans_from_table(traces)
+    convert = lambda credit: convert_rollout(  # noqa: E731
+        RolloutInput(spans[0].rollout_id, spans), ConvertConfig(credit=credit)).transitions
+    rows = convert("identical")
+    assert [t.agent_name for t in rows] == TEAM_AGENTS[name.removesuffix("-stream")]
+    assert [json.loads(t.response_message) for t in rows[:2]] == [e["response"] for e in EXPECTED]
+    assert json.loads(rows[2].prompt_messages) == [{"role": "user", "content": [
+        {"type": "text", "text": "Does this chart agree with the forecast?"},
+        {"type": "image_url", "image_url": {"url": CHART}}]}]
+    assert json.loads(rows[2].response_message) == {"role": "assistant", "content": "Yes, it agrees."}
+    assert [t.reward for t in rows] == [1.5, 1.5, 1.5]
+    assert [t.reward for t in convert("matched")] == [0.0, 1.0, 0.5]
+
+
+@pytest.mark.parametrize("name", ["litellm", "litellm-stream", "litellm-proxy", "litellm-proxy-stream"])
+def test_litellm_otel_callback_records_the_weather_agents_two_calls(name: str) -> None:
+    """LiteLLM 1.106.2's own OTel callback, as an SDK and as Agent Lightning's proxy: semconv messages in a
+    hybrid form (OpenAI ``tool_calls`` / ``tool_call_id`` beside the parts), the response's tool call only as
+    flattened ``gen_ai.completion.0.function_call.*`` (LiteLLM records no id for it), tools as
+    ``llm.request.functions``; through the proxy, vLLM's token ids on the ``raw_gen_ai_request`` span."""
+    transitions = convert_fixture(name)
+    first_response = {**EXPECTED[0]["response"], "tool_calls": [{**TOOL_CALL, "id": None}]}
+    for t, want, response in zip(transitions, EXPECTED, [first_response, EXPECTED[1]["response"]], strict=True):
+        assert json.loads(t.prompt_messages) == want["prompt"]
+        assert json.loads(t.response_message) == response
+        assert (t.finish_reason, (t.input_tokens, t.output_tokens)) == (want["finish_reason"], want["usage"])
+        assert json.loads(t.tools) == WEATHER_TOOL and t.model == "policy@3" and t.reward == 1.0
+        # Streamed, the SDK logs from a worker thread outside the caller's context: its spans start traces of
+        # their own (kept in the rollout by tracerl.rollout_id) with no agent span above them. The proxy
+        # continues the agent's trace from traceparent.
+        assert t.agent_name == (None if name == "litellm-stream" else "weather")
+        if name == "litellm-proxy":  # the scripted server returns vLLM's ids: as many as the usage says
+            prompt_n, response_n = want["usage"]
+            assert (t.prompt_token_ids, t.response_token_ids, t.token_source) == (
+                list(range(100, 100 + prompt_n)), list(range(500, 500 + response_n)), "span")
+        else:  # streamed, the proxy's raw span records only "first stream response received"
+            assert (t.prompt_token_ids, t.response_token_ids, t.token_source) == ([], [], "retokenized")
+
+
+NEW_FIXTURES = VERCEL_FIXTURES + AGENTOPS_FIXTURES + [
+    "vercel-ai-team", "vercel-ai-team-stream", "agentops-team", "agentops-team-stream",
+    "litellm", "litellm-stream", "litellm-proxy", "litellm-proxy-stream"]
+
+
+@pytest.mark.parametrize("name", NEW_FIXTURES)
+def test_the_store_pass_keeps_what_the_new_dialects_need(name: str, tmp_path) -> None:
+    """Through ``convert_store`` (column pruning, skeleton spans, the Parquet round trip) a recording converts
+    to the rows ``convert_rollout`` gives it: tool-call child spans, agent spans, reward spans and token-id
+    twins all survive the pruning."""
+    traces, _ = fixture_tables(name)
+    write_table_atomic(traces, StoreLayout.at(tmp_path).partition("spans", "2026-11-21") / "f.parquet", "spans")
+    stats = convert_store(tmp_path, ConvertConfig(), now_ns=2_000_000_000 * 10**9)
+    assert stats.problems == []
+    con = connect_readonly(str(tmp_path))
+    got = con.sql("SELECT step, agent_name, prompt_messages, response_message, tools, prompt_token_ids, "
+                  "response_token_ids, token_source, reward FROM transitions ORDER BY step").fetchall()
+    con.close()
+    want = [(t.step, t.agent_name, t.prompt_messages, t.response_message, t.tools, t.prompt_token_ids,
+             t.response_token_ids, t.token_source, t.reward) for t in convert_fixture(name)]
+    assert got == want

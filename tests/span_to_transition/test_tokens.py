@@ -56,7 +56,7 @@ def test_no_tokens_means_retokenized_with_empty_ids() -> None:
     t.chat(None, [user("hi")], "hello")
     [tr] = convert(t).transitions
     assert (tr.token_source, tr.prompt_token_ids, tr.response_token_ids, tr.response_logprobs) == (
-        "retokenized", None, None, None)
+        "retokenized", [], [], None)
 
 
 def test_malformed_token_ids_are_reported_not_guessed() -> None:
