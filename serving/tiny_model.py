@@ -31,11 +31,14 @@ ADDED_TOKENS = [TOOL_CALL_START, TOOL_CALL_END]
 # ChatML with hermes-style tools, written for this project after the shape of Qwen2.5's template:
 # tools go into the system turn as JSON lines inside <tools></tools>; assistant tool calls are
 # rendered as <tool_call>{json}</tool_call>; tool results become user turns wrapped in
-# <tool_response>. ``add_generation_prompt`` opens an assistant turn.
-CHAT_TEMPLATE = """\
+# <tool_response>. ``add_generation_prompt`` opens an assistant turn. ``@DEFAULT_SYSTEM@`` is a
+# model's own system prompt for conversations that bring none (empty for the tiny model).
+_CHATML_TOOLS_TEMPLATE = """\
+{%- set default_system = '@DEFAULT_SYSTEM@' %}
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}
-{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}
+{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}
+{%- elif default_system %}{{- default_system + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
 {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
@@ -44,6 +47,8 @@ CHAT_TEMPLATE = """\
     '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages[0]['role'] == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- elif default_system %}
+{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}
 {%- if message['role'] == 'system' %}
@@ -68,6 +73,16 @@ CHAT_TEMPLATE = """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
+
+
+def chatml_template(default_system: str = "") -> str:
+    """The ChatML + hermes-tools template; ``default_system`` is used when a conversation has no system turn."""
+    if "'" in default_system or "\\" in default_system:
+        raise ValueError(f"default_system must not contain quotes or backslashes: {default_system!r}")
+    return _CHATML_TOOLS_TEMPLATE.replace("@DEFAULT_SYSTEM@", default_system)
+
+
+CHAT_TEMPLATE = chatml_template()
 
 # Training text for the BPE: chat turns, tool JSON, code-ish and plain English, so common
 # fragments of the test prompts become single tokens and sequences stay short.
