@@ -43,7 +43,7 @@ class ServeConfig:
     max_num_seqs: int = opt(8, "most requests batched into one forward pass (vLLM --max-num-seqs)")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
     seed: int = opt(0, "seed of the sampler for requests without a seed")
-    threads: int = opt(0, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
+    threads: int = opt(1, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
                           "with agent processes, 1 avoids threads spinning while they wait for a core")
 
 
