@@ -34,13 +34,25 @@ def score(task, output):
 
 
 def _serve(model: Path, port: int):
-    return start_tracerl("serve", "--model", str(model), "--listen", f"127.0.0.1:{port}",
-                         health=f"http://127.0.0.1:{port}/health", timeout=300)
+    return start_tracerl(
+        "serve",
+        "--model",
+        str(model),
+        "--listen",
+        f"127.0.0.1:{port}",
+        health=f"http://127.0.0.1:{port}/health",
+        timeout=300,
+    )
 
 
 def _next_call_model(gateway: str, timeout_s: float = 30) -> str:
     """The model that answers the agent's `policy` after a publish (the gateway re-reads /v1/models)."""
-    body = {"model": "policy", "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+    body = {
+        "model": "policy",
+        "max_tokens": 2,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
     deadline = time.monotonic() + timeout_s
     while True:
         served = httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=120).json()["model"]
@@ -54,33 +66,96 @@ def test_one_round_on_the_real_model_trains_a_lora_that_the_next_call_reaches(tm
     model = real_model_dir()
     store = tmp_path / "store"
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"id": f"letter-{c}", "letter": c, "letters": "ae"}) + "\n" for c in "ae"))
+    tasks.write_text(
+        "".join(json.dumps({"id": f"letter-{c}", "letter": c, "letters": "ae"}) + "\n" for c in "ae")
+    )
     (tmp_path / "reward.py").write_text(REWARD)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-    env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai", "DEMO_MAX_TOKENS": "8"})
+    env.update(
+        {
+            "OTEL_SERVICE_NAME": "demo-agent",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai",
+            "DEMO_MAX_TOKENS": "8",
+        }
+    )
     serve_port, gw_port = free_port(), free_port()
     server_url, gateway = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{gw_port}"
     with running_collector(store) as c:
         server = _serve(model, serve_port)
         try:
-            gw = start_tracerl("gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gw_port}",
-                               "--otlp", c.grpc_endpoint, "--models-ttl-s", "0.5", health=f"{gateway}/health")
+            gw = start_tracerl(
+                "gateway",
+                "--upstream",
+                server_url,
+                "--listen",
+                f"127.0.0.1:{gw_port}",
+                "--otlp",
+                c.grpc_endpoint,
+                "--models-ttl-s",
+                "0.5",
+                health=f"{gateway}/health",
+            )
             try:
-                proc = tracerl("rollout", "--tasks", str(tasks), "-n", "4", "--concurrency", "4",
-                               "--store", str(store), "--collector", c.http_endpoint, "--otlp", c.grpc_endpoint,
-                               "--gateway", f"{gateway}/v1", "--reward", f"{tmp_path / 'reward.py'}:score",
-                               "--timeout-s", "240", "--retries", "0",
-                               "--", str(BIN / "opentelemetry-instrument"), sys.executable, str(DEMO / "agent.py"),
-                               env=env, timeout=600)
+                proc = tracerl(
+                    "rollout",
+                    "--tasks",
+                    str(tasks),
+                    "-n",
+                    "4",
+                    "--concurrency",
+                    "4",
+                    "--store",
+                    str(store),
+                    "--collector",
+                    c.http_endpoint,
+                    "--otlp",
+                    c.grpc_endpoint,
+                    "--gateway",
+                    f"{gateway}/v1",
+                    "--reward",
+                    f"{tmp_path / 'reward.py'}:score",
+                    "--timeout-s",
+                    "240",
+                    "--retries",
+                    "0",
+                    "--",
+                    str(BIN / "opentelemetry-instrument"),
+                    sys.executable,
+                    str(DEMO / "agent.py"),
+                    env=env,
+                    timeout=600,
+                )
                 assert "8 rollouts: 8 ok, 0 failed, 0 timeout" in proc.stdout, proc.stdout + proc.stderr
                 (records,) = (store / "rollouts").glob("driver-*.jsonl")
                 ids = [json.loads(line)["rollout_id"] for line in records.read_text().splitlines()]
                 wait_for_round(store, ids, len(ids), 120, lambda: None)  # spans + rewards stored
                 tracerl("convert", "--store", str(store), "--quiet-s", "0", timeout=300)
-                tracerl("train", "--once", "--store", str(store), "--model", str(model), "--server", server_url,
-                        "--lora-rank", "8", "--lr", "1e-4", "--min-rollouts", "2", "--max-prompt-tokens", "128",
-                        "--max-response-tokens", "16", "--pack-tokens", "144", "--no-progress", timeout=600)
+                tracerl(
+                    "train",
+                    "--once",
+                    "--store",
+                    str(store),
+                    "--model",
+                    str(model),
+                    "--server",
+                    server_url,
+                    "--lora-rank",
+                    "8",
+                    "--lr",
+                    "1e-4",
+                    "--min-rollouts",
+                    "2",
+                    "--max-prompt-tokens",
+                    "128",
+                    "--max-response-tokens",
+                    "16",
+                    "--pack-tokens",
+                    "144",
+                    "--no-progress",
+                    timeout=600,
+                )
                 assert _next_call_model(gateway) == "policy@1"
             finally:
                 stop_tracerl(gw)  # flushes the gateway's span batch
