@@ -317,28 +317,28 @@ def run(
             if outcome.status != "published":
                 raise RuntimeError(f"the round did not publish: {outcome.status} {outcome.message}")
             r["train_round_parts_s"] = json.loads(outcome.row.get("timings") or "{}")
-            rows = [row for row in round_transitions(store) if row["rollout_id"] in set(ids)]
+            round_ids = set(ids)
+            rows = [row for row in round_transitions(store) if row["rollout_id"] in round_ids]
             r["generated_tokens"] = sum(len(row["response_token_ids"]) for row in rows)
             r["loop_s"] = r["generation_s"] + r["collect_wait_s"] + r["convert_s"] + r["train_round_s"]
 
             lora.eval()
-            with torch.no_grad():
-                g1, n1 = bare_generate(
-                    lora,
-                    [x["prompt_token_ids"] for x in rows if x["agent_name"] == "writer"],
-                    max_tokens,
-                    max_num_seqs,
-                    tok.pad_token_id,
-                )
-                g2, n2 = bare_generate(
-                    lora,
-                    [x["prompt_token_ids"] for x in rows if x["agent_name"] == "rewriter"],
-                    max_tokens,
-                    max_num_seqs,
-                    tok.pad_token_id,
-                )
+            with torch.no_grad():  # the writers' calls, then the rewriters' (each needs its writer's answer)
+                gens = [
+                    bare_generate(
+                        lora,
+                        [x["prompt_token_ids"] for x in rows if x["agent_name"] == agent_name],
+                        max_tokens,
+                        max_num_seqs,
+                        tok.pad_token_id,
+                    )
+                    for agent_name in ("writer", "rewriter")
+                ]
             lora.train()
-            r["bare_generate_s"], r["bare_generated_tokens"] = g1 + g2, n1 + n2
+            r["bare_generate_s"], r["bare_generated_tokens"] = (
+                sum(g[0] for g in gens),
+                sum(g[1] for g in gens),
+            )
             r["bare_step_s"], r["step_tokens"] = bare_step(lora, rows, lr, autocast)
             r["bare_s"] = r["bare_generate_s"] + r["bare_step_s"]
             r["loop_over_bare"] = r["loop_s"] / r["bare_s"]
