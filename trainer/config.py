@@ -69,7 +69,10 @@ class TrainSettings:
     lora_alpha: float = setting(16.0, "LoRA alpha")
     lora_targets: str = setting("all-linear", "LoRA target modules (comma list or 'all-linear')")
     device: str = setting("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1, ...")
-    bf16: bool = setting(True, "bf16 autocast on GPU (CPU always trains in fp32)")
+    bf16: bool = setting(True, "bf16 autocast on GPU, and on a CPU with bf16 instructions (AVX512-BF16 or AMX; "
+                               "others train in fp32); --no-bf16 trains in fp32 everywhere")
+    threads: int = setting(1, "torch threads of each training process on CPU (0: torch's default, one per core); "
+                              "on cores shared with the agents and the server, more threads wait on each other")
     seed: int = setting(0, "random seed")
     poll_s: float = setting(10.0, "--watch: seconds between checks of the store")
     max_rounds: int = setting(0, "--watch: stop after this many rounds; 0 runs until interrupted")

@@ -9,7 +9,9 @@ that already holds data, Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -17,14 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from tracerl_testing import BIN, free_port, tracerl
+from tracerl_testing import BIN, tracerl
 
 from schemas.store import StoreLayout
 from schemas.views import connect_readonly
 from tracerl.demo import TABLE_HEADER, RoundResult, format_row, parse_table
 from trainer.rounds import read_rounds
-
-FREE_PORTS = ["--serve-port", "0", "--gateway-port", "0", "--grpc-port", "0", "--http-port", "0"]
 
 
 @pytest.mark.slow
@@ -32,7 +32,7 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     work = tmp_path / "work"
     t = time.monotonic()
     proc = tracerl("demo", "--rounds", "2", "--rollouts-per-round", "8", "--workdir", str(work),
-                   "--no-final-eval", *FREE_PORTS, timeout=170)
+                   "--no-final-eval", timeout=170)
     elapsed = time.monotonic() - t
     out = proc.stdout
     store = work / "store"
@@ -80,7 +80,7 @@ def test_a_port_in_use_names_the_flag_to_change(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = tracerl("demo", "--workdir", str(tmp_path), *FREE_PORTS, "--gateway-port", str(port), check=False)
+        proc = tracerl("demo", "--workdir", str(tmp_path), "--gateway-port", str(port), check=False)
     assert proc.returncode == 2, proc.stderr
     assert f"port {port}" in proc.stderr and "--gateway-port" in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was started
@@ -89,12 +89,12 @@ def test_a_port_in_use_names_the_flag_to_change(tmp_path):
 def test_a_store_with_data_is_refused_and_the_fix_named(tmp_path):
     store = tmp_path / "mine"
     (store / "spans").mkdir(parents=True)
-    proc = tracerl("demo", "--workdir", str(tmp_path), "--store", str(store), *FREE_PORTS, check=False)
+    proc = tracerl("demo", "--workdir", str(tmp_path), "--store", str(store), check=False)
     assert proc.returncode == 2 and "already holds data" in proc.stderr and "--store" in proc.stderr
 
 
 def test_bad_rollouts_per_round_is_a_usage_error(tmp_path):
-    proc = tracerl("demo", "--workdir", str(tmp_path), "--rollouts-per-round", "6", *FREE_PORTS, check=False)
+    proc = tracerl("demo", "--workdir", str(tmp_path), "--rollouts-per-round", "6", check=False)
     assert proc.returncode == 2 and "multiple of the 4 tasks" in proc.stderr
 
 
@@ -115,27 +115,44 @@ def _port_closed(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+LEGACY_PORTS = (4317, 4318, 8000, 8100)  # the demo's fixed ports before: a local Jaeger often holds 4317/4318
+
+
+@contextlib.contextmanager
+def occupied(ports: tuple[int, ...]):
+    """Hold each port on 127.0.0.1 with a listening socket; a port someone else holds is occupied already."""
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            s = stack.enter_context(socket.socket())
+            with contextlib.suppress(OSError):
+                s.bind(("127.0.0.1", port))
+                s.listen()
+        yield
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_every_process_the_demo_started(tmp_path):
-    ports = {"--serve-port": free_port(), "--gateway-port": free_port(), "--grpc-port": free_port(),
-             "--http-port": free_port()}
-    args = [a for kv in ports.items() for a in (kv[0], str(kv[1]))]
-    proc = subprocess.Popen([str(BIN / "tracerl"), "demo", "--workdir", str(tmp_path), "--rollouts-per-round", "8",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    try:
-        for line in proc.stdout:  # wait until the round table starts: every server is up
-            seen.append(line)
-            if line.split() == list(TABLE_HEADER.split()):
-                break
-        time.sleep(2)  # agents are running now
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def test_demo_starts_on_free_ports_it_prints_and_ctrl_c_stops_every_process(tmp_path):
+    with occupied(LEGACY_PORTS):
+        proc = subprocess.Popen([str(BIN / "tracerl"), "demo", "--workdir", str(tmp_path), "--rollouts-per-round",
+                                 "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ports: list[int] = []
+        seen = []
+        try:
+            for line in proc.stdout:  # wait until the round table starts: every server is up
+                seen.append(line)
+                if line.startswith("[demo] ports on 127.0.0.1:"):
+                    ports = [int(p) for p in re.findall(r"\b(\d+)\b", line.split(":", 1)[1])]
+                if line.split() == list(TABLE_HEADER.split()):
+                    break
+            time.sleep(2)  # agents are running now
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert proc.returncode == 130, "".join(seen)
-    assert all(_port_closed(p) for p in ports.values())
+    assert len(ports) == 4 and not set(ports) & set(LEGACY_PORTS), "".join(seen)
+    assert all(_port_closed(p) for p in ports)
     agents = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert agents == []  # no server or agent process still runs with the demo's paths

@@ -94,7 +94,7 @@ def test_openrlhf_training_loop_takes_the_same_step_as_the_torch_backend(tiny_mo
     from trainer.backends.torch_backend import TorchBackend
     from trainer.config import TrainSettings
 
-    settings = TrainSettings(model=str(tiny_model_dir), lr=1e-2, max_grad_norm=0.0, progress=False,
+    settings = TrainSettings(model=str(tiny_model_dir), lr=1e-2, max_grad_norm=0.0, progress=False, bf16=False,
                              is_correction="clip", is_low=0.5, is_high=2.0)
     samples = _samples(tokenizer)
     batches = make_batches(samples, pack_tokens=24)  # several micro-batches: accumulation

@@ -24,7 +24,7 @@ EPILOG = """\
 examples:
   tracerl demo                                   # 16 rounds x 16 rollouts on the tiny model, CPU only
   tracerl demo --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
-  tracerl demo --serve-port 0 --gateway-port 0 --grpc-port 0 --http-port 0   # any free ports
+  tracerl demo --grpc-port 4317 --http-port 4318   # fixed collector ports (default: free ones, printed)
   tracerl demo --model ./my-model --server http://127.0.0.1:8000 --lora-rank 8
       # a running vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
       #   --served-model-name policy --enable-lora --max-lora-rank 8

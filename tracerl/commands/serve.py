@@ -52,7 +52,7 @@ class ServeConfig:
                              "endpoints (/pause, /collective_rpc, LoRA loads...) accept besides the bound "
                              "address; needed when clients reach a 0.0.0.0 bind by name", metavar="HOST[,HOST]")
     seed: int = opt(0, "seed of the sampler for requests without a seed")
-    threads: int = opt(0, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
+    threads: int = opt(1, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
                           "with agent processes, 1 avoids threads spinning while they wait for a core")
 
 

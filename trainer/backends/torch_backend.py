@@ -38,6 +38,19 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower."""
+    cpu = torch.cpu
+    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def autocast_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
+    """bf16 autocast where it is native (CUDA, bf16 CPUs: a 135M LoRA step took 11 s instead of 18 s), else None."""
+    if bf16 and (device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16())):
+        return torch.bfloat16
+    return None
+
+
 def loss_config(s: TrainSettings) -> LossConfig:
     return LossConfig(
         clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip, kl_coef=s.kl_coef,
@@ -73,6 +86,8 @@ class TorchBackend:
 
         torch.manual_seed(settings.seed)
         device = pick_device(settings.device)
+        if device.type == "cpu" and settings.threads:
+            torch.set_num_threads(settings.threads)
         tokenizer = AutoTokenizer.from_pretrained(base_model)
         lora = settings.lora_rank > 0 or (parent is not None and is_adapter_checkpoint(parent))
         if lora:
@@ -111,9 +126,8 @@ class TorchBackend:
             group["weight_decay"] = self.settings.weight_decay
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.settings.bf16:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        dtype = autocast_dtype(self.device, self.settings.bf16)
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
     @torch.no_grad()
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
