@@ -86,6 +86,7 @@ class ServeOptions:
     max_body_bytes: int = 8 * 1024 * 1024
     request_timeout_s: float = 600.0
     max_num_seqs: int = 8  # [--max-num-seqs] requests batched into one forward pass
+    batch_wait_ms: float = 50.0  # [--batch-wait-ms] how long a batch's first request waits for company
     max_connections: int = 1024  # open client connections; more are answered 503
     tls_cert: str | None = None  # [--ssl-certfile] PEM chain; with tls_key the server speaks HTTPS only
     tls_key: str | None = None  # [--ssl-keyfile]
@@ -141,7 +142,8 @@ class EmbeddedServer(ShellServer):
             max_connections=options.max_connections, name="tracerl-serve",
             auth_hint="; send the server's --api-key as the client's api_key"))
         self.engine = engine
-        self.worker = EngineWorker(engine, max_batch=options.max_num_seqs)
+        self.worker = EngineWorker(engine, max_batch=options.max_num_seqs,
+                                   batch_wait_s=options.batch_wait_ms / 1000)
         self.options = options
         self.created = int(time.time())
         self.allowed_hosts: frozenset[str] = frozenset()

@@ -294,3 +294,22 @@ def test_logit_bias_min_tokens_and_penalties_shape_sampling_but_not_raw_logprobs
     assert r.choices[0].model_extra["token_ids"] == want
     biased = chat(client, temperature=0, max_tokens=8, logit_bias=bias, extra_body={"return_token_ids": True})
     assert biased.choices[0].model_extra["token_ids"] == [42] * 8 and want[0] == 42 and want.count(42) < 8
+
+
+def test_a_batch_waits_briefly_for_requests_right_behind_its_first(tiny_model_dir, tokenizer):
+    """Agents of a round send their calls milliseconds apart: with the gather window they share one
+    batch instead of a lone first call followed by a batch of the rest (batches are static)."""
+    from serving.engine import EngineWorker, GenerationJob, ModelEngine, SamplingParams
+
+    worker = EngineWorker(ModelEngine(str(tiny_model_dir)), max_batch=4, batch_wait_s=2.0)
+    try:
+        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": "hi"}])
+        futs = []
+        for i in range(3):
+            futs.append(worker.generate(GenerationJob(prompt, SamplingParams(max_tokens=3, seed=i))))
+            time.sleep(0.05)
+        for f in futs:
+            assert len(f.result(timeout=60)) == 1
+        assert list(worker.batches) == [3], worker.batches
+    finally:
+        worker.close()

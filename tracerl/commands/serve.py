@@ -41,6 +41,9 @@ class ServeConfig:
     dev_mode: bool = opt(True, "register /collective_rpc, /pause, /resume, /is_paused, /reset_prefix_cache "
                          "(vLLM VLLM_SERVER_DEV_MODE=1)")
     max_num_seqs: int = opt(8, "most requests batched into one forward pass (vLLM --max-num-seqs)")
+    batch_wait_ms: float = opt(50.0, "how long the first request of a batch waits for others to join it "
+                                     "(batches are static: a request arriving after a batch started waits "
+                                     "for all of it); 0 starts at once")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
     max_connections: int = opt(1024, "most open client connections; more are answered 503")
     tls_cert: str = opt("", "PEM certificate chain: serve HTTPS only (with --tls-key)", metavar="FILE")
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     opts = ServeOptions(api_key=cfg.api_key or None, enable_lora=cfg.enable_lora,
                         enable_lora_updating=cfg.lora_updating, dev_mode=cfg.dev_mode,
                         max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_num_seqs=max(1, cfg.max_num_seqs),
+                        batch_wait_ms=max(0.0, cfg.batch_wait_ms),
                         max_connections=cfg.max_connections, tls_cert=cfg.tls_cert or None,
                         tls_key=cfg.tls_key or None, trust_request_chat_template=cfg.trust_request_chat_template,
                         allowed_hosts=tuple(h for h in cfg.allowed_hosts.split(",") if h.strip()))
