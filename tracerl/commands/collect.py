@@ -89,10 +89,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"tracerl collect: {', '.join(parts)} → {collector.store.root}", flush=True)
     wait_for_stop()
     print("tracerl collect: stopping (flushing the write-ahead log)…", file=sys.stderr, flush=True)
-    collector.stop()
+    problems = collector.stop()
     if loop is not None:
         loop.stop()  # one final pass over everything the collector just flushed
     st = collector.compactor.stats
     print(f"tracerl collect: stopped; stored {st.spans} spans, {st.logs} log records, {st.rewards} rewards "
-          f"({st.duplicates} duplicate deliveries dropped)", file=sys.stderr, flush=True)
-    return 0
+          f"({st.duplicates} duplicate deliveries dropped, {st.quarantined} quarantined)", file=sys.stderr, flush=True)
+    for p in problems:
+        print(f"tracerl collect: not a clean stop: {p}", file=sys.stderr, flush=True)
+    return 1 if problems else 0
