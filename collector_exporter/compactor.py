@@ -397,6 +397,9 @@ class Compactor:
                 finally:
                     if lock_fd is not None:
                         os.close(lock_fd)
+            if self.stats.last_error is not None:
+                log.warning("compaction recovered after %d failed pass(es)", self.stats.failures)
+                self._report(own, None, 0.0)
         return done
 
     def start(self, own: Path | None, interval_s: float = 0.2, max_backoff_s: float = 30.0) -> None:
@@ -412,9 +415,6 @@ class Compactor:
                     delay = min(max_backoff_s, delay * 2)
                     self._report(own, e, delay)
                 else:
-                    if self.stats.last_error is not None:
-                        log.warning("compaction recovered after %d failed pass(es)", self.stats.failures)
-                        self._report(own, None, interval_s)
                     delay = interval_s
                 self._wake.wait(delay)
                 self._wake.clear()

@@ -29,10 +29,17 @@ class Quarantined:
     payload: bytes  # a request holding just this item, in the WAL's encoding for its kind
 
     def to_json(self, writer: str, segment: str) -> str:
-        return json.dumps({
-            "table": self.table, "reason": self.reason, "kind": self.kind, "received_at_ns": self.received_at_ns,
-            "writer": writer, "segment": segment, "payload_b64": base64.b64encode(self.payload).decode(),
-        })
+        return json.dumps(
+            {
+                "table": self.table,
+                "reason": self.reason,
+                "kind": self.kind,
+                "received_at_ns": self.received_at_ns,
+                "writer": writer,
+                "segment": segment,
+                "payload_b64": base64.b64encode(self.payload).decode(),
+            }
+        )
 
 
 def quarantine_dir(store_root: Path) -> Path:

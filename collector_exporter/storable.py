@@ -32,8 +32,11 @@ def column_max(schema: pa.Schema, path: str) -> int:
 
 # proto field → store column (the reason names both, so the sender can find its field)
 SPAN_TIMES = {"start_time_unix_nano": "start_time_ns", "end_time_unix_nano": "end_time_ns"}
-SPAN_COUNTS = {"dropped_attributes_count": "dropped_attributes_count",
-               "dropped_events_count": "dropped_events_count", "dropped_links_count": "dropped_links_count"}
+SPAN_COUNTS = {
+    "dropped_attributes_count": "dropped_attributes_count",
+    "dropped_events_count": "dropped_events_count",
+    "dropped_links_count": "dropped_links_count",
+}
 LOG_TIMES = {"time_unix_nano": "time_ns", "observed_time_unix_nano": "observed_time_ns"}
 LOG_COUNTS = {"flags": "flags", "dropped_attributes_count": "dropped_attributes_count"}
 
@@ -72,7 +75,12 @@ def span_problem(sp: object) -> str | None:
     if sp.events:
         for e in sp.events:
             if e.time_unix_nano > _EVENT_TIME_MAX:
-                return _over(e, {"time_unix_nano": "events.time_ns"}, _EVENT_TIME_MAX, f"span {sp.name!r} event {e.name!r}")
+                return _over(
+                    e,
+                    {"time_unix_nano": "events.time_ns"},
+                    _EVENT_TIME_MAX,
+                    f"span {sp.name!r} event {e.name!r}",
+                )
     return None
 
 
