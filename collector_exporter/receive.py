@@ -62,14 +62,29 @@ def retry_hint_s(backlog_bytes: int, resume_below_bytes: int, drain_bytes_per_s:
 
     It grows with the backlog: the time the compactor needs to drain it below the level where
     the collector accepts again, at the drain rate measured while refusing. When nothing drains
-    (a full disk, a failing compaction), it grows with how long refusals have lasted instead.
-    Clamped to [1, 30] s. The OTel SDK exporters (1.45) wait exactly this long, but give up when
-    it exceeds what is left of their export timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by
-    default); a deployment that must ride out long overloads raises that timeout.
+    (a full disk, a failing compaction) no estimate exists: the hint is 3 s plus the time refusals
+    have lasted, so an exporter that keeps retrying doubles its wait each time. Clamped to [1, 30] s.
+
+    The OTel SDK exporters (1.45) wait exactly this long between their at most 6 attempts, but
+    give up once it exceeds what is left of their export timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``,
+    10 s by default), so no hint lets a default exporter ride out more than about 10 s; with
+    the timeout raised (e.g. 120 s) these hints carry one batch through a 60 s outage
+    (``bench/overload_retry.py`` measures both).
     """
     excess = max(0, backlog_bytes - resume_below_bytes)
-    wait = excess / drain_bytes_per_s if excess and drain_bytes_per_s > 0 else 1 + refusing_for_s / 4
+    wait = excess / drain_bytes_per_s if excess and drain_bytes_per_s > 0 else 3 + refusing_for_s
     return int(min(MAX_RETRY_S, max(MIN_RETRY_S, round(wait))))
+
+
+def fit_to_deadline(retry_after_s: float, deadline_left_s: float | None) -> float:
+    """The hint shortened to fit a client's remaining deadline, when the protocol tells it (gRPC).
+
+    The SDK exporter's deadline covers the whole export, retries included, and it gives up as
+    soon as a hint exceeds what is left of it; a hint just inside keeps it trying until its
+    budget is spent (about 10 s by default) instead of dropping the batch at once."""
+    if deadline_left_s is None or deadline_left_s <= 0.2:
+        return float(retry_after_s)
+    return min(float(retry_after_s), deadline_left_s * 0.9)
 
 
 class Unauthenticated(Exception):

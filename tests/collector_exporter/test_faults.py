@@ -13,14 +13,16 @@ import time
 
 import grpc
 import pytest
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector_exporter.collector import Collector, CollectorSettings
 from collector_exporter.compactor import COMPACTION_ERROR
+from collector_exporter.sdk_exporter import TracerlSpanExporter
 from collector_exporter.testing import running_collector
 from schemas.views import connect_readonly
 
 from .faults import Faults
-from .helpers import trace_request
+from .helpers import make_spans, span_key, trace_request
 from .test_receivers import grpc_export
 
 
@@ -187,3 +189,40 @@ def test_a_kill_during_a_parquet_write_leaves_no_tmp_after_restart(store):
     _restart_is_clean(store)
     assert not dead.exists()
     _assert_stored_exactly_once(store, client)
+
+
+def test_in_process_exporter_follows_the_same_rules(store, monkeypatch):
+    """``OTEL_TRACES_EXPORTER=tracerl``: a failed WAL write is a FAILURE (the SDK keeps no false
+    success), unstorable spans are dropped before the WAL, and a stop that cannot compact leaves
+    the spans for the next writer on the store."""
+    faults = Faults(monkeypatch)
+    exporter = TracerlSpanExporter(str(store), compact_interval_s=0.2)
+    stored: set[tuple[str, str]] = set()
+
+    def export(spans) -> SpanExportResult:
+        result = exporter.export(spans)
+        if result == SpanExportResult.SUCCESS:
+            stored.update(span_key(s) for s in spans)
+        return result
+
+    assert export(make_spans(3)) == SpanExportResult.SUCCESS
+    faults.inject("write", f"{store}/wal/", errno.ENOSPC, short=True)
+    assert export(make_spans(3)) == SpanExportResult.FAILURE
+    faults.clear()
+    assert export(make_spans(3)) == SpanExportResult.SUCCESS
+    poison = make_spans(2)
+    poison[0]._start_time = (1 << 64) - 1  # what a wrong clock source gives
+    assert export(poison) == SpanExportResult.SUCCESS
+    stored.discard(span_key(poison[0]))
+    faults.inject("parquet", f"{store}/spans/", errno.ENOSPC)
+    assert not exporter.force_flush()
+    exporter.shutdown()
+    assert exporter.problems and list((store / "wal").glob("*/seg-*.wal"))
+    faults.clear()
+    _restart_is_clean(store)
+    rows = (
+        connect_readonly(str(store))
+        .execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL")
+        .fetchall()
+    )
+    assert {(t, s) for t, s, _ in rows} == stored and {n for *_, n in rows} == {1}
