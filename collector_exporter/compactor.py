@@ -97,28 +97,36 @@ class DedupeWindow:
 
 @dataclass
 class _Staged:
-    """Keys taken by the segment (or record) being converted, on top of a parent key set.
+    """Keys taken by the segment being converted, checked together with the dedupe window.
 
-    Nothing reaches the dedupe window until ``commit``, which the compactor calls only once the
-    segment's Parquet files are durably written."""
+    Nothing reaches the window until ``commit``, which the compactor calls only once the
+    segment's Parquet files are durably written; ``roll_back`` forgets the keys of a record
+    whose conversion failed part-way."""
 
-    def __init__(self, parent: DedupeWindow | _Staged):
-        self.parent = parent
+    def __init__(self, window: DedupeWindow):
+        self.window = window
         self.keys: set[Hashable] = set()
+        self.order: list[Hashable] = []
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self.keys or key in self.parent
+        return key in self.keys or key in self.window
 
     def add(self, key: Hashable) -> None:
         self.keys.add(key)
+        self.order.append(key)
+
+    def mark(self) -> int:
+        return len(self.order)
+
+    def roll_back(self, mark: int) -> None:
+        for key in self.order[mark:]:
+            self.keys.discard(key)
+        del self.order[mark:]
 
     def commit(self) -> None:
-        if isinstance(self.parent, DedupeWindow):
-            self.parent.update(self.keys)
-            self.parent.end_batch()
-        else:
-            self.parent.keys |= self.keys
-        self.keys = set()
+        self.window.update(self.order)
+        self.window.end_batch()
+        self.keys, self.order = set(), []
 
 
 @dataclass
@@ -176,6 +184,7 @@ class _Signal:
 
     table: str
     parse: Callable[[bytes], object]
+    items: Callable[[object], Iterator[object]]  # the spans, log records or reward rows of a request
     split: Callable[[object], Iterator[tuple[object, object]]]  # (item, a request of just that item)
     problem: Callable[[object], str | None]  # storable.py: the receiver's own rules
     to_table: Callable[[object, int, _Staged], pa.Table]
@@ -183,13 +192,17 @@ class _Signal:
 
 
 _SIGNALS = {
-    Kind.TRACES: _Signal("spans", ExportTraceServiceRequest.FromString, _single_spans, span_problem,
+    Kind.TRACES: _Signal("spans", ExportTraceServiceRequest.FromString,
+                         lambda req: (sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans),
+                         _single_spans, span_problem,
                          lambda req, ts, seen: trace_request_to_table(req, ts, seen=seen),
                          lambda req: req.SerializeToString()),
-    Kind.LOGS: _Signal("logs", ExportLogsServiceRequest.FromString, _single_logs, log_problem,
+    Kind.LOGS: _Signal("logs", ExportLogsServiceRequest.FromString,
+                       lambda req: (r for rl in req.resource_logs for sl in rl.scope_logs for r in sl.log_records),
+                       _single_logs, log_problem,
                        lambda req, ts, seen: _filter_new(logs_request_to_table(req, ts), "log_id", seen),
                        lambda req: req.SerializeToString()),
-    Kind.REWARDS: _Signal("rewards", json.loads, lambda rows: ((row, [row]) for row in rows), lambda row: None,
+    Kind.REWARDS: _Signal("rewards", json.loads, iter, lambda rows: ((row, [row]) for row in rows), lambda row: None,
                           lambda rows, ts, seen: _filter_new(rewards_to_table(rows, ts), "reward_id", seen),
                           lambda rows: json.dumps(rows).encode()),
 }
@@ -207,30 +220,33 @@ def _convert(rec: Record, staged: dict[str, _Staged]) -> tuple[str, list[pa.Tabl
     seen = staged[signal.table]
     try:
         msg = signal.parse(rec.payload)
-        items = list(signal.split(msg))
+        n_items, storable = 0, True
+        for item in signal.items(msg):
+            n_items += 1
+            storable = storable and signal.problem(item) is None
     except Exception as e:  # passed the CRC yet does not parse: keep the bytes, say why
         reason = f"record does not parse: {type(e).__name__}: {e}"
         return signal.table, [], [Quarantined(signal.table, reason, rec.kind, rec.received_at_ns, rec.payload)], 0
-    if all(signal.problem(item) is None for item, _ in items):
-        trial = _Staged(seen)
+    if storable:
+        mark = seen.mark()
         try:
-            table = signal.to_table(msg, rec.received_at_ns, trial)
+            table = signal.to_table(msg, rec.received_at_ns, seen)
         except Exception:
+            seen.roll_back(mark)
             log.exception("converting a %s record failed; retrying item by item", signal.table)
         else:
-            trial.commit()
-            return signal.table, [table], [], len(items) - table.num_rows
+            return signal.table, [table], [], n_items - table.num_rows
     tables, bad, dups = [], [], 0
-    for item, one in items:
+    for item, one in signal.split(msg):
         why = signal.problem(item)
         if why is None:
-            trial = _Staged(seen)
+            mark = seen.mark()
             try:
-                table = signal.to_table(one, rec.received_at_ns, trial)
+                table = signal.to_table(one, rec.received_at_ns, seen)
             except Exception as e:
+                seen.roll_back(mark)
                 why = f"conversion failed: {type(e).__name__}: {e}"
             else:
-                trial.commit()
                 tables.append(table)
                 dups += 1 - table.num_rows
                 continue

@@ -47,6 +47,9 @@ _LOG_TIME_MAX = min(column_max(LOGS_SCHEMA, c) for c in LOG_TIMES.values())
 _LOG_COUNT_MAX = min(column_max(LOGS_SCHEMA, c) for c in LOG_COUNTS.values())
 
 
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
+
+
 def _bad_id(raw: bytes, size: int) -> bool:
     return len(raw) != size or raw == bytes(size)
 
@@ -59,9 +62,22 @@ def _over(msg: object, fields: dict[str, str], limit: int, what: str) -> str:
 def span_problem(sp: object) -> str | None:
     """Why this span cannot be stored, naming the field; None when it can.
 
-    On the ack path for every span: the common case is a handful of attribute reads and two
-    comparisons (ORing the fields first means one comparison per group).
+    On the ack path for every span, so the common case is one expression: each field read once,
+    the integer fields ORed so each group costs one comparison, spans with events looked at closer.
     """
+    tid, sid = sp.trace_id, sp.span_id
+    if (
+        len(tid) == 16
+        and len(sid) == 8
+        and tid != _ZERO_TRACE
+        and sid != _ZERO_SPAN
+        and len(sp.parent_span_id) in (0, 8)
+        and (sp.start_time_unix_nano | sp.end_time_unix_nano) <= _SPAN_TIME_MAX
+        and (sp.dropped_attributes_count | sp.dropped_events_count | sp.dropped_links_count)
+        <= _SPAN_COUNT_MAX
+        and not sp.events
+    ):
+        return None
     if _bad_id(sp.trace_id, 16):
         return f"span {sp.name!r}: trace_id must be 16 non-zero bytes, got {len(sp.trace_id)}"
     if _bad_id(sp.span_id, 8):
