@@ -20,6 +20,7 @@ from collector_exporter.compactor import COMPACTION_ERROR
 from collector_exporter.sdk_exporter import TracerlSpanExporter
 from collector_exporter.testing import running_collector
 from schemas.views import connect_readonly
+from tracerl.commands.status import collect_status
 
 from .faults import Faults
 from .helpers import make_spans, span_key, trace_request
@@ -152,6 +153,11 @@ def test_compaction_faults_keep_the_segment_report_and_retry(store, monkeypatch,
             _poll(lambda: (c.wal_dir / COMPACTION_ERROR).exists(), what="the error to be reported")
             assert c.compactor.stats.failures >= 1 and "Errno" in c.compactor.stats.last_error
             assert list(c.wal_dir.glob("seg-*.wal")), "the segment must be kept while its compaction fails"
+            errors = collect_status(str(store))["wal"]["compaction_errors"]  # what `tracerl status` prints
+            assert (
+                "No space left" in errors[c.wal_dir.name]["error"]
+                or "Input/output" in errors[c.wal_dir.name]["error"]
+            )
         else:
             assert c.wal.write_errors >= 1 and list(c.wal_dir.glob("seg-*.open"))
         faults.clear()
