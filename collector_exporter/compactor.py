@@ -157,25 +157,26 @@ def _filter_new(table: pa.Table, column: str, seen: _Staged) -> pa.Table:
     return table if len(keep) == len(keys) else table.take(pa.array(keep, type=pa.int64()))
 
 
-def _single_spans(req: ExportTraceServiceRequest) -> Iterator[tuple[object, ExportTraceServiceRequest]]:
-    """Each span alone in a request with its resource and scope (the unit of quarantine)."""
-    for rs in req.resource_spans:
-        for ss in rs.scope_spans:
-            for sp in ss.spans:
-                one = ExportTraceServiceRequest()
-                r = one.resource_spans.add(resource=rs.resource, schema_url=rs.schema_url)
-                r.scope_spans.add(scope=ss.scope, schema_url=ss.schema_url).spans.append(sp)
-                yield sp, one
+_SPAN_PATH = ("resource_spans", "scope_spans", "spans")
+_LOG_PATH = ("resource_logs", "scope_logs", "log_records")
 
 
-def _single_logs(req: ExportLogsServiceRequest) -> Iterator[tuple[object, ExportLogsServiceRequest]]:
-    for rl in req.resource_logs:
-        for sl in rl.scope_logs:
-            for rec in sl.log_records:
-                one = ExportLogsServiceRequest()
-                r = one.resource_logs.add(resource=rl.resource, schema_url=rl.schema_url)
-                r.scope_logs.add(scope=sl.scope, schema_url=sl.schema_url).log_records.append(rec)
-                yield rec, one
+def _items(req: object, path: tuple[str, str, str]) -> Iterator[object]:
+    """The spans (or log records) of an OTLP request, through its resource and scope levels."""
+    outer, inner, leaf = path
+    return (item for r in getattr(req, outer) for s in getattr(r, inner) for item in getattr(s, leaf))
+
+
+def _single_items(req: object, path: tuple[str, str, str]) -> Iterator[tuple[object, object]]:
+    """Each span (or log record) alone in a request with its resource and scope: the unit of quarantine."""
+    outer, inner, leaf = path
+    for r in getattr(req, outer):
+        for s in getattr(r, inner):
+            for item in getattr(s, leaf):
+                one = type(req)()
+                level = getattr(one, outer).add(resource=r.resource, schema_url=r.schema_url)
+                getattr(getattr(level, inner).add(scope=s.scope, schema_url=s.schema_url), leaf).append(item)
+                yield item, one
 
 
 @dataclass(frozen=True)
@@ -192,14 +193,12 @@ class _Signal:
 
 
 _SIGNALS = {
-    Kind.TRACES: _Signal("spans", ExportTraceServiceRequest.FromString,
-                         lambda req: (sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans),
-                         _single_spans, span_problem,
+    Kind.TRACES: _Signal("spans", ExportTraceServiceRequest.FromString, lambda req: _items(req, _SPAN_PATH),
+                         lambda req: _single_items(req, _SPAN_PATH), span_problem,
                          lambda req, ts, seen: trace_request_to_table(req, ts, seen=seen),
                          lambda req: req.SerializeToString()),
-    Kind.LOGS: _Signal("logs", ExportLogsServiceRequest.FromString,
-                       lambda req: (r for rl in req.resource_logs for sl in rl.scope_logs for r in sl.log_records),
-                       _single_logs, log_problem,
+    Kind.LOGS: _Signal("logs", ExportLogsServiceRequest.FromString, lambda req: _items(req, _LOG_PATH),
+                       lambda req: _single_items(req, _LOG_PATH), log_problem,
                        lambda req, ts, seen: _filter_new(logs_request_to_table(req, ts), "log_id", seen),
                        lambda req: req.SerializeToString()),
     Kind.REWARDS: _Signal("rewards", json.loads, iter, lambda rows: ((row, [row]) for row in rows), lambda row: None,

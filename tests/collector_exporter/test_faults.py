@@ -170,16 +170,26 @@ def test_compaction_faults_keep_the_segment_report_and_retry(store, monkeypatch,
     _assert_stored_exactly_once(store, client)
 
 
-def test_stop_while_the_disk_is_full_reports_failure_and_the_next_start_recovers(store, monkeypatch):
+@pytest.mark.parametrize(
+    ("op", "where", "said"),
+    [("parquet", "/spans/", "final compaction failed"), ("replace", "/wal/", "could not seal")],
+    ids=["parquet write", "WAL seal"],
+)
+def test_stop_while_the_disk_fails_reports_it_and_the_next_start_recovers(
+    store, monkeypatch, op, where, said
+):
     faults = Faults(monkeypatch)
-    c = Collector(CollectorSettings(store=str(store), grpc="127.0.0.1:0", http=None)).start()
+    # segments stay open until the stop, so the stop itself has sealing (and compacting) to do
+    c = Collector(
+        CollectorSettings(store=str(store), grpc="127.0.0.1:0", http=None, max_segment_age_s=600)
+    ).start()
     client = Client(c.grpc_endpoint)
     for _ in range(3):
         assert client.send()
-    faults.inject("parquet", f"{store}/spans/", errno.ENOSPC)
+    faults.inject(op, f"{store}{where}", errno.ENOSPC)
     problems = c.stop()
-    assert problems and "final compaction failed" in problems[0]  # `tracerl collect` exits 1 on this
-    assert list(c.wal_dir.glob("seg-*.wal")), "acknowledged data must stay in the WAL"
+    assert problems and said in problems[0], problems  # `tracerl collect` exits 1 on this
+    assert list(c.wal_dir.glob("seg-*")), "acknowledged data must stay in the WAL"
     faults.clear()
     _restart_is_clean(store)
     _assert_stored_exactly_once(store, client)
