@@ -112,11 +112,13 @@ def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
     for b in bodies:
         ExportTraceServiceRequest().ParseFromString(b)
     bare_decode = (time.process_time() - t0) / n * 1e6
-    parsed = [ExportTraceServiceRequest.FromString(b) for b in bodies]
-    t0 = time.process_time()
-    for req in parsed:
-        drop_unstorable_spans(req)
-    validate = (time.process_time() - t0) / n * 1e6
+    validate = float("inf")
+    for _ in range(5):  # the best of 5: validation is ~1 µs/span, so noise from other load would dominate
+        parsed = [ExportTraceServiceRequest.FromString(b) for b in bodies]
+        t0 = time.process_time()
+        for req in parsed:
+            drop_unstorable_spans(req)
+        validate = min(validate, (time.process_time() - t0) / n * 1e6)
     store = StoreLayout.at(tempfile.mkdtemp(prefix="bench-split-"))
     wal = WriteAheadLog(store.wal / "bench", max_segment_age_s=3600)
     ingest = Ingest(wal)
