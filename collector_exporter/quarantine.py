@@ -72,5 +72,5 @@ def quarantine_counts(store_root: Path) -> dict[str, int]:
         for path in d.glob("*.jsonl"):
             for line in path.read_text(encoding="utf-8").splitlines():
                 if line.strip():
-                    counts[json.loads(line)["table"]] += 1
+                    counts[json.loads(line).get("table", "unknown")] += 1
     return dict(counts)
