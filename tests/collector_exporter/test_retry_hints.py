@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 import pytest
 from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector_exporter.receive import MAX_RETRY_S, fit_to_deadline, retry_hint_s
 from collector_exporter.testing import running_collector
+from schemas.views import connect_readonly
 
-from .helpers import trace_request
+from .helpers import make_spans, trace_request
 from .test_receivers import EXPORT
 
 
@@ -42,3 +49,35 @@ def test_grpc_refusal_carries_a_hint_inside_the_client_deadline(store):
     info = RetryInfo.FromString(dict(e.value.trailing_metadata())["google.rpc.retryinfo-bin"])
     delay = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
     assert 1 < delay < 20  # 30 s by policy, cut to fit: the SDK exporter retries instead of giving up
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_real_sdk_exporter_waits_out_a_refusal_and_delivers(store, protocol):
+    """OTLPSpanExporter 1.45 with default settings: refused (as if the disk were full), it waits the
+    hint and retries; the disk frees meanwhile, and the batch is delivered, not dropped."""
+    with running_collector(store, min_free_disk_bytes=1 << 60) as c:
+        exporter = (
+            GrpcExporter(endpoint=c.grpc_endpoint.removeprefix("http://"), insecure=True)
+            if protocol == "grpc"
+            else HttpExporter(endpoint=c.http_endpoint + "/v1/traces")
+        )
+        spans = make_spans(20)
+        result: list[SpanExportResult] = []
+        worker = threading.Thread(target=lambda: result.append(exporter.export(spans)))
+        worker.start()
+        deadline = time.monotonic() + 30
+        while c.ingest.stats.refused_overload == 0:  # the first attempt was refused with a hint
+            assert time.monotonic() < deadline and worker.is_alive()
+            time.sleep(0.02)
+        guard = c.ingest.overload
+        guard.min_free, guard._at = 0, 0.0  # space again: the next measurement accepts
+        worker.join(timeout=60)
+        exporter.shutdown()
+        assert result == [SpanExportResult.SUCCESS]
+        c.flush()
+    stored = (
+        connect_readonly(str(store))
+        .execute("SELECT count(DISTINCT (trace_id, span_id)) FROM spans")
+        .fetchone()[0]
+    )
+    assert stored == 20
