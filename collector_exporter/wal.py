@@ -129,8 +129,10 @@ def recover(wal_dir: Path) -> None:
 
 class WalWriteError(OSError):
     """The record could not be made durable (disk full, I/O error, short write); it was not
-    acknowledged and nothing of it is left in the segment. The writer keeps serving: a later
-    append succeeds once the cause clears."""
+    acknowledged, and the segment is cut back to its last whole record. (If even that truncate
+    fails, the segment is sealed as it is: replay cuts a torn tail, and a record that did land
+    whole is stored once, its client's retry dropped as a duplicate.) The writer keeps serving:
+    a later append succeeds once the cause clears."""
 
 
 def write_all(fd: int, data: bytes) -> None:
