@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -18,10 +17,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector_exporter.compactor import Compactor, backlog_bytes
+from collector_exporter.compactor import Compactor, backlog_bytes, drain
 from collector_exporter.grpc_server import start_grpc
 from collector_exporter.http_server import start_http
-from collector_exporter.receive import Ingest
+from collector_exporter.receive import Ingest, retry_hint_s
 from collector_exporter.wal import WriteAheadLog
 from schemas.store import StoreLayout
 
@@ -60,13 +59,17 @@ class CollectorSettings:
 
 class OverloadGuard:
     """Answers "should we refuse new data now?" from WAL backlog and free disk, re-measured at
-    most every ``every_s`` so the check costs nothing on the hot path."""
+    most every ``every_s`` so the check costs nothing on the hot path; and how long a refused
+    client should wait (``retry_after_s``), from the backlog and the drain rate seen while refusing."""
 
     def __init__(self, store: StoreLayout, max_backlog: int, min_free: int, every_s: float = 0.5):
         self.store, self.max_backlog, self.min_free, self.every_s = store, max_backlog, min_free, every_s
         self._at = 0.0
         self._reason: str | None = None
         self._lock = threading.Lock()
+        self._backlog = 0
+        self._drain_bytes_per_s = 0.0
+        self._refusing_since: float | None = None
 
     def __call__(self) -> str | None:
         now = time.monotonic()
@@ -74,12 +77,29 @@ class OverloadGuard:
             return self._reason
         with self._lock:
             if now - self._at >= self.every_s:
-                self._reason = self._measure()
+                self._reason = self._measure(now)
                 self._at = now
         return self._reason
 
-    def _measure(self) -> str | None:
+    def retry_after_s(self) -> int:
+        since = self._refusing_since
+        return retry_hint_s(self._backlog, int(self.max_backlog * 0.9), self._drain_bytes_per_s,
+                            0.0 if since is None else time.monotonic() - since)
+
+    def _measure(self, now: float) -> str | None:
         backlog = backlog_bytes(self.store)
+        if self._reason is not None and self._at:  # refusing: what left the backlog was drained
+            rate = max(0.0, self._backlog - backlog) / max(now - self._at, 1e-3)
+            self._drain_bytes_per_s = rate if not self._drain_bytes_per_s else 0.5 * (self._drain_bytes_per_s + rate)
+        self._backlog = backlog
+        reason = self._why_refuse(backlog)
+        if reason is None:
+            self._refusing_since, self._drain_bytes_per_s = None, 0.0
+        elif self._refusing_since is None:
+            self._refusing_since = now
+        return reason
+
+    def _why_refuse(self, backlog: int) -> str | None:
         if backlog > self.max_backlog:
             return f"WAL backlog {backlog >> 20} MiB exceeds {self.max_backlog >> 20} MiB; compaction is behind, retry"
         st = os.statvfs(self.store.root)
@@ -101,7 +121,7 @@ class Collector:
             self.wal_dir, max_segment_bytes=settings.max_segment_bytes, max_segment_age_s=settings.max_segment_age_s
         )
         guard = OverloadGuard(self.store, settings.max_backlog_bytes, settings.min_free_disk_bytes)
-        self.ingest = Ingest(self.wal, guard)
+        self.ingest = Ingest(self.wal, guard, guard.retry_after_s)
         self.grpc_port: int | None = None
         self.http_port: int | None = None
         self._grpc = None
@@ -140,16 +160,18 @@ class Collector:
         self.wal.seal()
         self.compactor.run_once(own=self.wal_dir)
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = 10.0) -> list[str]:
+        """Stop gracefully; returns what could not be finished (empty on a clean stop).
+
+        A non-empty list means acknowledged data is still only in the WAL (a full disk, an I/O
+        error): it is kept there and the next start on this store compacts it; the caller
+        should exit non-zero."""
         if self._stopped:
-            return
+            return []
         self._stopped = True
         if self._http is not None:
             self._http.stop(grace_s)
         if self._grpc is not None:
             self._grpc.stop(grace_s).wait()
-        self.wal.close()
-        self.compactor.stop()
-        self.compactor.run_once(own=self.wal_dir)
-        if not any(self.wal_dir.glob("seg-*")):
-            shutil.rmtree(self.wal_dir, ignore_errors=True)
+        return drain(self.wal, self.compactor, self.wal_dir)
+

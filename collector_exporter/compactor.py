@@ -5,6 +5,13 @@ Idempotent by construction: the files a segment produces are named after it
 crash between writing them and deleting the segment only means the same files are written
 again on replay. Exporter retries (an ack lost on the wire) are dropped by a dedupe window
 keyed on (trace_id, span_id) for spans, ``log_id`` for logs and ``reward_id`` for rewards.
+
+Nothing acknowledged is lost or blocks the pipeline:
+- the window learns a segment's keys only after its Parquet files are durably in place, so a
+  failed write is retried with the same rows instead of being mistaken for duplicates;
+- an item that cannot be converted goes to ``quarantine/`` with its reason (``quarantine.py``);
+- an environmental failure (ENOSPC, EIO) keeps the segment; the background loop retries with
+  backoff and reports the error (``CompactorStats.last_error``, the log, ``tracerl status``).
 """
 
 from __future__ import annotations
@@ -13,23 +20,22 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import threading
-from collections import deque
-from collections.abc import Hashable, Iterable
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
-from collector_exporter.rewards import rewards_to_table
+from collector_exporter.quarantine import Quarantined, quarantine_dir, write_quarantine
+from collector_exporter.records import DedupeWindow, StagedKeys, convert_record
 from collector_exporter.wal import (
-    Kind,
-    Record,
+    WalError,
+    WriteAheadLog,
     iter_wal_dirs,
     read_records,
     recover,
@@ -41,41 +47,8 @@ from schemas.store import StoreLayout
 
 log = logging.getLogger("tracerl.collector")
 
-
-class DedupeWindow:
-    """The most recent ``max_keys`` keys, evicted a whole segment at a time.
-
-    Keys are exact (no hashing), so a collision can never drop a real span. Retries arrive
-    within the exporter's timeout and backoff (seconds to about a minute), far inside the window.
-    """
-
-    def __init__(self, max_keys: int = 1_000_000):
-        self.max_keys = max_keys
-        self._keys: set[Hashable] = set()
-        self._batches: deque[list[Hashable]] = deque()
-        self._current: list[Hashable] = []
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._keys
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-    def add(self, key: Hashable) -> None:
-        self._keys.add(key)
-        self._current.append(key)
-
-    def update(self, keys: Iterable[Hashable]) -> None:
-        for k in keys:
-            self.add(k)
-
-    def end_batch(self) -> None:
-        if self._current:
-            self._batches.append(self._current)
-            self._current = []
-        while len(self._keys) > self.max_keys and len(self._batches) > 1:
-            for k in self._batches.popleft():
-                self._keys.discard(k)
+COMPACTION_ERROR = "compaction-error.json"
+"""Written into a live writer's WAL directory while its compaction is failing; read by ``tracerl status``."""
 
 
 @dataclass
@@ -85,7 +58,10 @@ class CompactorStats:
     logs: int = 0
     rewards: int = 0
     duplicates: int = 0
+    quarantined: int = 0
     files: int = 0
+    bytes: int = 0  # WAL bytes compacted
+    failures: int = 0  # passes that failed (the segment was kept and retried)
     last_error: str | None = None
 
 
@@ -93,16 +69,45 @@ def _date_of(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
-def _filter_new(table: pa.Table, column: str, window: DedupeWindow) -> tuple[pa.Table, int]:
-    keys = table.column(column).to_pylist()
-    keep = []
-    for i, k in enumerate(keys):
-        if k not in window:
-            window.add(k)
-            keep.append(i)
-    if len(keep) == len(keys):
-        return table, 0
-    return table.take(pa.array(keep, type=pa.int64())), len(keys) - len(keep)
+_TMP = re.compile(r"^\.part-(?P<writer>.+)-\d+\.parquet\.[0-9a-f]{32}\.tmp$")
+
+
+def remove_stale_tmp(store: StoreLayout) -> int:
+    """Delete temp files a killed compaction left (``.part-*.tmp``; ``.tmp`` in ``quarantine/``).
+
+    A temp file is stale when no live process holds its writer's WAL lock: a live adopter of a dead
+    writer's directory holds that lock while it compacts, so files still being written are spared."""
+    removed = 0
+    live: dict[str, bool] = {}
+    for name in ("spans", "logs", "rewards"):
+        root = store.table(name)
+        for tmp in root.rglob(".part-*.tmp") if root.exists() else ():
+            m = _TMP.match(tmp.name)
+            if m is None:
+                continue
+            writer = m["writer"]
+            if writer not in live:
+                live[writer] = _writer_is_live(store.wal / writer)
+            if not live[writer]:
+                tmp.unlink(missing_ok=True)
+                removed += 1
+    qdir = quarantine_dir(store.root)
+    for tmp in qdir.glob(".*.tmp") if qdir.exists() else ():
+        writer = tmp.name[1:].rsplit("-", 1)[0]
+        if not live.setdefault(writer, _writer_is_live(store.wal / writer)):
+            tmp.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _writer_is_live(wal_dir: Path) -> bool:
+    if not wal_dir.is_dir():
+        return False
+    fd = try_lock(wal_dir)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
 
 
 class Compactor:
@@ -111,13 +116,12 @@ class Compactor:
     def __init__(self, store: StoreLayout, *, dedupe_keys: int = 1_000_000):
         self.store = store
         self.stats = CompactorStats()
-        self._spans_seen = DedupeWindow(dedupe_keys)
-        self._logs_seen = DedupeWindow(dedupe_keys)
-        self._rewards_seen = DedupeWindow(dedupe_keys)
+        self._windows = {name: DedupeWindow(dedupe_keys) for name in ("spans", "logs", "rewards")}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.stale_tmp_removed = remove_stale_tmp(store)
         self._load_windows()
 
     # -- dedupe window bootstrap -----------------------------------------------------------
@@ -133,11 +137,8 @@ class Compactor:
         retry of a span stored just before the crash), skipping files that a pending segment
         is about to rewrite: their rows must be rewritten, not deduped against themselves."""
         pending = self._pending_names()
-        for table, column, window in (
-            ("spans", ("trace_id", "span_id"), self._spans_seen),
-            ("logs", ("log_id",), self._logs_seen),
-            ("rewards", ("reward_id",), self._rewards_seen),
-        ):
+        for table, column in (("spans", ("trace_id", "span_id")), ("logs", ("log_id",)), ("rewards", ("reward_id",))):
+            window = self._windows[table]
             root = self.store.table(table)
             if not root.exists():
                 continue
@@ -164,41 +165,44 @@ class Compactor:
 
     # -- one segment -----------------------------------------------------------------------
     def compact_segment(self, writer: str, segment: Path) -> None:
+        """Parquet files (and a quarantine file) for one sealed segment, then delete it.
+
+        An OSError (disk full, I/O error) propagates with the segment and the dedupe windows
+        untouched, so the next attempt writes the same rows."""
         records, _ = read_records(segment)
         seg_id = segment.stem.split("-", 1)[1]
+        staged = {name: StagedKeys(w) for name, w in self._windows.items()}
         tables: dict[tuple[str, str], list[pa.Table]] = {}
+        quarantined: list[Quarantined] = []
+        dups = 0
         for rec in records:
-            name, table, dups = self._decode(rec)
-            self.stats.duplicates += dups
-            if table.num_rows:
-                tables.setdefault((name, _date_of(rec.received_at_ns)), []).append(table)
+            name, parts, bad, n_dups = convert_record(rec, staged)
+            quarantined += bad
+            dups += n_dups
+            for t in parts:
+                if t.num_rows:
+                    tables.setdefault((name, _date_of(rec.received_at_ns)), []).append(t)
+        rows = {}
         for (name, date), parts in sorted(tables.items()):
             table = pa.concat_tables(parts)
-            path = self.store.partition(name, date) / f"part-{writer}-{seg_id}.parquet"
-            write_table_atomic(table, path, name)
-            self.stats.files += 1
-            setattr(self.stats, name, getattr(self.stats, name) + table.num_rows)
-        for w in (self._spans_seen, self._logs_seen, self._rewards_seen):
-            w.end_batch()
+            write_table_atomic(table, self.store.partition(name, date) / f"part-{writer}-{seg_id}.parquet", name)
+            rows[name] = rows.get(name, 0) + table.num_rows
+        if quarantined:
+            write_quarantine(self.store.root, writer, seg_id, quarantined)
+            for q in quarantined:
+                log.error("quarantined a %s item of %s/%s: %s", q.table, writer, segment.name, q.reason)
+        for s in staged.values():  # the files are durably in place: only now may the windows learn the keys
+            s.commit()
+        size = segment.stat().st_size
         segment.unlink()
-        self.stats.segments += 1
-
-    def _decode(self, rec: Record) -> tuple[str, pa.Table, int]:
-        """One WAL record as (table name, new rows, duplicates dropped)."""
-        if rec.kind == Kind.TRACES:
-            req = ExportTraceServiceRequest()
-            req.ParseFromString(rec.payload)
-            n_in = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
-            table = trace_request_to_table(req, rec.received_at_ns, seen=self._spans_seen)
-            return "spans", table, n_in - table.num_rows
-        if rec.kind == Kind.LOGS:
-            req = ExportLogsServiceRequest()
-            req.ParseFromString(rec.payload)
-            table, dups = _filter_new(logs_request_to_table(req, rec.received_at_ns), "log_id", self._logs_seen)
-            return "logs", table, dups
-        rows = json.loads(rec.payload)
-        table, dups = _filter_new(rewards_to_table(rows, rec.received_at_ns), "reward_id", self._rewards_seen)
-        return "rewards", table, dups
+        st = self.stats
+        st.files += len(tables)
+        for name, n in rows.items():
+            setattr(st, name, getattr(st, name) + n)
+        st.duplicates += dups
+        st.quarantined += len(quarantined)
+        st.bytes += size
+        st.segments += 1
 
     # -- passes ------------------------------------------------------------------------------
     def run_once(self, own: Path | None = None) -> int:
@@ -218,27 +222,57 @@ class Compactor:
                         self.compact_segment(wal_dir.name, seg)
                         done += 1
                     if lock_fd is not None and not any(wal_dir.glob("seg-*")):
+                        (wal_dir / COMPACTION_ERROR).unlink(missing_ok=True)
                         (wal_dir / "LOCK").unlink(missing_ok=True)
                         os.rmdir(wal_dir)
                 finally:
                     if lock_fd is not None:
                         os.close(lock_fd)
+            if self.stats.last_error is not None:
+                log.warning("compaction recovered after %d failed pass(es)", self.stats.failures)
+                self._report(own, None, 0.0)
         return done
 
-    def start(self, own: Path | None, interval_s: float = 0.2) -> None:
+    def start(self, own: Path | None, interval_s: float = 0.2, max_backoff_s: float = 30.0) -> None:
+        """Compact in the background every ``interval_s``; after a failure, back off (doubling up
+        to ``max_backoff_s``) and retry the same segment, reporting the error until it clears."""
+
         def loop() -> None:
+            delay = interval_s
             while not self._stop.is_set():
                 try:
                     self.run_once(own)
-                    self.stats.last_error = None
                 except Exception as e:  # keep serving; the segment stays and is retried
-                    self.stats.last_error = f"{type(e).__name__}: {e}"
-                    log.exception("compaction failed; will retry")
-                self._wake.wait(interval_s)
+                    delay = min(max_backoff_s, delay * 2)
+                    self._report(own, e, delay)
+                else:
+                    delay = interval_s
+                self._wake.wait(delay)
                 self._wake.clear()
 
         self._thread = threading.Thread(target=loop, name="tracerl-compactor", daemon=True)
         self._thread.start()
+
+    def _report(self, own: Path | None, error: BaseException | None, retry_in_s: float) -> None:
+        """Record the compaction error (or its end) in the stats, the log, and a small file in this
+        writer's WAL directory that ``tracerl status`` reads (best effort: the disk may be full)."""
+        st = self.stats
+        if error is None:
+            st.last_error = None
+        else:
+            st.failures += 1
+            st.last_error = f"{type(error).__name__}: {error}"
+            log.error("compaction failed (%s); the WAL segment is kept, retrying in %.1fs", st.last_error, retry_in_s,
+                      exc_info=not isinstance(error, OSError))
+        if own is None:
+            return
+        path = own / COMPACTION_ERROR
+        with contextlib.suppress(OSError):
+            if error is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_text(json.dumps({"error": st.last_error, "failures": st.failures, "at": time.time(),
+                                            "retry_in_s": retry_in_s}))
 
     def wake(self) -> None:
         self._wake.set()
@@ -259,3 +293,27 @@ def backlog_bytes(store: StoreLayout) -> int:
                 total += p.stat().st_size
     return total
 
+
+def drain(wal: WriteAheadLog, compactor: Compactor, wal_dir: Path) -> list[str]:
+    """Close the WAL (sealing it), stop the background compactor and compact everything left.
+
+    The one shutdown sequence of every writer (collector, in-process exporter). Returns the
+    problems that kept it from finishing; the WAL directory is removed only when it is empty."""
+    problems = []
+    try:
+        wal.close()
+    except WalError as e:
+        problems.append(str(e))
+    compactor.stop()
+    try:
+        compactor.run_once(own=wal_dir)
+    except Exception as e:
+        problems.append(f"final compaction failed ({type(e).__name__}: {e}); the WAL in {wal_dir} is kept "
+                        "and compacted on the next start")
+    if not any(wal_dir.glob("seg-*")):
+        shutil.rmtree(wal_dir, ignore_errors=True)
+    elif not problems:
+        problems.append(f"{wal_dir} still holds segments after the final compaction; the next start compacts them")
+    for p in problems:
+        log.error("stop: %s", p)
+    return problems

@@ -14,7 +14,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc.error_details_pb2 import RetryInfo
 
 from collector_exporter.auth import check_bearer
-from collector_exporter.receive import MAX_BODY_BYTES, Ingest, failure_for
+from collector_exporter.receive import MAX_BODY_BYTES, Ingest, failure_for, fit_to_deadline
 
 _SERVICES = {
     "opentelemetry.proto.collector.trace.v1.TraceService": "traces",
@@ -34,7 +34,9 @@ def _handler(ingest: Ingest, method: str, token: str | None):
             f = failure_for(exc)
             if f.retry_after_s is not None:
                 # The OTel SDK exporter reads this trailer for its backoff (exporter.py, 1.45).
-                info = RetryInfo(retry_delay=Duration(seconds=f.retry_after_s))
+                delay = Duration()
+                delay.FromNanoseconds(int(fit_to_deadline(f.retry_after_s, context.time_remaining()) * 1e9))
+                info = RetryInfo(retry_delay=delay)
                 context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
             context.abort(getattr(grpc.StatusCode, f.grpc_code), f.message)
 

@@ -32,7 +32,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collector_exporter.rewards import RewardError, parse_rewards
-from collector_exporter.wal import Kind, WalClosed, WriteAheadLog
+from collector_exporter.storable import drop_unstorable_logs, drop_unstorable_spans
+from collector_exporter.wal import Kind, WalClosed, WalWriteError, WriteAheadLog
 
 MAX_BODY_BYTES = 64 << 20  # the gRPC max receive size; HTTP bodies and gunzipped bodies alike
 
@@ -51,6 +52,39 @@ class Overloaded(Exception):
     def __init__(self, message: str, retry_after_s: int = 2):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+MIN_RETRY_S, MAX_RETRY_S = 1, 30
+
+
+def retry_hint_s(backlog_bytes: int, resume_below_bytes: int, drain_bytes_per_s: float, refusing_for_s: float) -> int:
+    """Seconds a refused client should wait before retrying: the RetryInfo / Retry-After value.
+
+    It grows with the backlog: the time the compactor needs to drain it below the level where
+    the collector accepts again, at the drain rate measured while refusing. When nothing drains
+    (a full disk, a failing compaction) no estimate exists: the hint is 3 s plus the time refusals
+    have lasted, so an exporter that keeps retrying doubles its wait each time. Clamped to [1, 30] s.
+
+    The OTel SDK exporters (1.45) wait exactly this long between their at most 6 attempts, but
+    give up once it exceeds what is left of their export timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``,
+    10 s by default), so no hint lets a default exporter ride out more than about 10 s; with
+    the timeout raised (e.g. 120 s) these hints carry one batch through a 60 s outage
+    (``bench/overload_retry.py`` measures both).
+    """
+    excess = max(0, backlog_bytes - resume_below_bytes)
+    wait = excess / drain_bytes_per_s if excess and drain_bytes_per_s > 0 else 3 + refusing_for_s
+    return int(min(MAX_RETRY_S, max(MIN_RETRY_S, round(wait))))
+
+
+def fit_to_deadline(retry_after_s: float, deadline_left_s: float | None) -> float:
+    """The hint shortened to fit a client's remaining deadline, when the protocol tells it (gRPC).
+
+    The SDK exporter's deadline covers the whole export, retries included, and it gives up as
+    soon as a hint exceeds what is left of it; a hint just inside keeps it trying until its
+    budget is spent (about 10 s by default) instead of dropping the batch at once."""
+    if deadline_left_s is None or deadline_left_s <= 0.2:
+        return float(retry_after_s)
+    return min(float(retry_after_s), deadline_left_s * 0.9)
 
 
 class Unauthenticated(Exception):
@@ -121,74 +155,27 @@ def decode(body: bytes, cls: type[Message], *, is_json: bool) -> Message:
     if is_json:
         try:
             data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadRequest(f"body is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, an int past Python's digit limit, too deep
+            raise BadRequest(f"body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
         if not isinstance(data, dict):
             raise BadRequest(f"OTLP/JSON body must be an object, got {type(data).__name__}")
-        if cls is ExportTraceServiceRequest:
-            _fix_trace_json(data)
-        elif cls is ExportLogsServiceRequest:
-            _fix_logs_json(data)
         try:
+            if cls is ExportTraceServiceRequest:
+                _fix_trace_json(data)
+            elif cls is ExportLogsServiceRequest:
+                _fix_logs_json(data)
             json_format.ParseDict(data, msg, ignore_unknown_fields=True)
-        except json_format.ParseError as e:
-            raise BadRequest(f"body is not a valid OTLP/JSON {cls.__name__}: {e}") from None
+        except BadRequest:
+            raise
+        except (json_format.ParseError, AttributeError, TypeError, ValueError, RecursionError) as e:
+            # wrong shapes (a list where an object belongs, a number where a list does) land here
+            raise BadRequest(f"body is not a valid OTLP/JSON {cls.__name__}: {type(e).__name__}: {str(e)[:300]}") from None
         return msg
     try:
         msg.ParseFromString(body)
     except DecodeError as e:
         raise BadRequest(f"body is not a valid protobuf {cls.__name__}: {e}") from None
     return msg
-
-
-# -- validation ----------------------------------------------------------------------------------
-
-def _bad_id(raw: bytes, size: int) -> bool:
-    return len(raw) != size or raw == bytes(size)
-
-
-def drop_invalid_spans(req: ExportTraceServiceRequest) -> tuple[int, int, str]:
-    """Remove spans whose ids are unusable (wrong length, all zero); (kept, rejected, reason)."""
-    kept = rejected = 0
-    reason = ""
-    for rs in req.resource_spans:
-        for ss in rs.scope_spans:
-            bad = []
-            for i, sp in enumerate(ss.spans):
-                if _bad_id(sp.trace_id, 16):
-                    bad.append(i)
-                    reason = reason or f"span {sp.name!r}: trace_id must be 16 non-zero bytes, got {len(sp.trace_id)}"
-                elif _bad_id(sp.span_id, 8):
-                    bad.append(i)
-                    reason = reason or f"span {sp.name!r}: span_id must be 8 non-zero bytes, got {len(sp.span_id)}"
-                elif sp.parent_span_id and len(sp.parent_span_id) != 8:
-                    bad.append(i)
-                    reason = reason or f"span {sp.name!r}: parent_span_id must be empty or 8 bytes"
-            for i in reversed(bad):
-                del ss.spans[i]
-            rejected += len(bad)
-            kept += len(ss.spans)
-    return kept, rejected, reason
-
-
-def drop_invalid_logs(req: ExportLogsServiceRequest) -> tuple[int, int, str]:
-    """Log records may lack trace context, but ids that are present must have the right size."""
-    kept = rejected = 0
-    reason = ""
-    for rl in req.resource_logs:
-        for sl in rl.scope_logs:
-            bad = [
-                i
-                for i, rec in enumerate(sl.log_records)
-                if (rec.trace_id and len(rec.trace_id) != 16) or (rec.span_id and len(rec.span_id) != 8)
-            ]
-            if bad and not reason:
-                reason = "log record trace_id/span_id must be 16/8 bytes when present"
-            for i in reversed(bad):
-                del sl.log_records[i]
-            rejected += len(bad)
-            kept += len(sl.log_records)
-    return kept, rejected, reason
 
 
 def _check_size(body: bytes) -> None:
@@ -207,22 +194,33 @@ class IngestStats:
 
 
 class Ingest:
-    """Receiver core used by every transport. ``overload`` returns a reason to refuse, or None."""
+    """Receiver core used by every transport. ``overload`` returns a reason to refuse, or None;
+    ``retry_after`` the hint (seconds) to send with a refusal (see ``retry_hint_s``)."""
 
-    def __init__(self, wal: WriteAheadLog, overload: Callable[[], str | None] = lambda: None):
+    def __init__(self, wal: WriteAheadLog, overload: Callable[[], str | None] = lambda: None,
+                 retry_after: Callable[[], int] = lambda: 2):
         self.wal = wal
         self.overload = overload
+        self.retry_after = retry_after
         self.stats = IngestStats()
 
     def _check_capacity(self) -> None:
         reason = self.overload()
         if reason:
             self.stats.refused_overload += 1
-            raise Overloaded(reason)
+            raise Overloaded(reason, self.retry_after())
+
+    def _append(self, kind: Kind, payload: bytes) -> None:
+        """WAL append; a write that failed (disk full, I/O error) is a retryable refusal, never an ack."""
+        try:
+            self.wal.append(kind, payload, time.time_ns())
+        except WalWriteError as e:
+            self.stats.refused_overload += 1
+            raise Overloaded(f"{e}; retry", self.retry_after()) from e
 
     def traces(self, body: bytes, *, is_json: bool = False) -> ExportTraceServiceResponse:
         resp = ExportTraceServiceResponse()
-        kept, rejected, reason = self._export(body, is_json, ExportTraceServiceRequest, drop_invalid_spans, Kind.TRACES)
+        kept, rejected, reason = self._export(body, is_json, ExportTraceServiceRequest, drop_unstorable_spans, Kind.TRACES)
         if rejected:
             resp.partial_success.rejected_spans = rejected
             resp.partial_success.error_message = f"{rejected} span(s) rejected: {reason}"
@@ -231,7 +229,7 @@ class Ingest:
 
     def logs(self, body: bytes, *, is_json: bool = False) -> ExportLogsServiceResponse:
         resp = ExportLogsServiceResponse()
-        kept, rejected, reason = self._export(body, is_json, ExportLogsServiceRequest, drop_invalid_logs, Kind.LOGS)
+        kept, rejected, reason = self._export(body, is_json, ExportLogsServiceRequest, drop_unstorable_logs, Kind.LOGS)
         if rejected:
             resp.partial_success.rejected_log_records = rejected
             resp.partial_success.error_message = f"{rejected} log record(s) rejected: {reason}"
@@ -251,7 +249,7 @@ class Ingest:
         if kept:
             self._check_capacity()
             payload = body if (not rejected and not is_json) else req.SerializeToString()
-            self.wal.append(kind, payload, time.time_ns())
+            self._append(kind, payload)
         self.stats.rejected += rejected
         self.stats.requests += 1
         return kept, rejected, reason
@@ -270,6 +268,6 @@ class Ingest:
         except RewardError as e:
             raise BadRequest(str(e)) from None
         self._check_capacity()
-        self.wal.append(Kind.REWARDS, json.dumps(rows).encode(), time.time_ns())
+        self._append(Kind.REWARDS, json.dumps(rows).encode())
         self.stats.rewards += len(rows)
         return {"accepted": len(rows), "reward_ids": [r["reward_id"] for r in rows]}

@@ -17,6 +17,7 @@ import pyarrow as pa
 from schemas.tables import REWARDS_SCHEMA, TS
 
 MAX_REWARDS_PER_REQUEST = 10_000
+_TEXT_FIELDS = ("rollout_id", "name", "response_id", "source", "reward_id")
 _FIELDS = ("reward_id", "rollout_id", "trace_id", "span_id", "response_id", "name", "value", "source")
 
 
@@ -36,6 +37,29 @@ def _hex_id(value: Any, n: int, what: str, i: int) -> str | None:
     return value.lower()
 
 
+def _is_text(value: Any, *, allow_empty: bool) -> bool:
+    """A string the store can hold: at most 256 characters and encodable as UTF-8 (JSON lets a
+    client send a lone surrogate such as ``"\\ud800"``, which Arrow would refuse at compaction)."""
+    if not isinstance(value, str) or len(value) > 256 or (not value and not allow_empty):
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (bools, strings, NaN, ±inf, ints too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def parse_rewards(body: bytes) -> list[dict[str, Any]]:
     """Validate a side-channel body: one JSON object or a list of them.
 
@@ -44,8 +68,8 @@ def parse_rewards(body: bytes) -> list[dict[str, Any]]:
     """
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RewardError(f"body is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:  # bad JSON or UTF-8, an int past Python's digit limit, too deep
+        raise RewardError(f"body is not valid JSON: {type(e).__name__}: {str(e)[:200]}") from None
     items = data if isinstance(data, list) else [data]
     if not items:
         raise RewardError("no rewards in body: send an object or a non-empty list of objects")
@@ -58,32 +82,30 @@ def parse_rewards(body: bytes) -> list[dict[str, Any]]:
         unknown = set(item) - set(_FIELDS)
         if unknown:
             raise RewardError(f"reward {i}: unknown field(s) {sorted(unknown)}; allowed: {list(_FIELDS)}")
-        value = item.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RewardError(f"reward {i}: 'value' must be a finite number, got {value!r}")
-        rollout_id = item.get("rollout_id")
-        if rollout_id is not None and (not isinstance(rollout_id, str) or not rollout_id or len(rollout_id) > 256):
-            raise RewardError(f"reward {i}: 'rollout_id' must be a non-empty string of at most 256 characters")
+        value = _finite(item.get("value"))
+        if value is None:
+            raise RewardError(f"reward {i}: 'value' must be a finite number, got {str(item.get('value'))[:60]!r}")
+        text = {key: item.get(key) for key in _TEXT_FIELDS}
+        text["name"] = item.get("name", "reward")
+        for key, v in text.items():
+            if (v is not None or key == "name") and not _is_text(v, allow_empty=key in ("name", "source", "response_id")):
+                raise RewardError(f"reward {i}: {key!r} must be a string of at most 256 characters in valid UTF-8 "
+                                  f"(rollout_id and reward_id non-empty), got {type(v).__name__} {str(v)[:60]!r}")
         trace_id = _hex_id(item.get("trace_id"), 16, "trace_id", i)
-        if rollout_id is None and trace_id is None:
+        if text["rollout_id"] is None and trace_id is None:
             raise RewardError(f"reward {i}: give 'rollout_id' or 'trace_id' so the reward can be joined to a rollout")
-        name = item.get("name", "reward")
-        if not isinstance(name, str) or len(name) > 256:
-            raise RewardError(f"reward {i}: 'name' must be a string of at most 256 characters")
         row = {
-            "rollout_id": rollout_id,
+            "rollout_id": text["rollout_id"],
             "trace_id": trace_id,
             "span_id": _hex_id(item.get("span_id"), 8, "span_id", i),
-            "response_id": item.get("response_id"),
-            "name": name,
-            "value": float(value),
-            "source": item.get("source") or "side_channel",
+            "response_id": text["response_id"],
+            "name": text["name"],
+            "value": value,
+            "source": text["source"] or "side_channel",
         }
-        reward_id = item.get("reward_id")
+        reward_id = text["reward_id"]
         if reward_id is None:
             reward_id = hashlib.blake2b(json.dumps(row, sort_keys=True).encode(), digest_size=16).hexdigest()
-        elif not isinstance(reward_id, str) or not reward_id or len(reward_id) > 256:
-            raise RewardError(f"reward {i}: 'reward_id' must be a non-empty string of at most 256 characters")
         row["reward_id"] = reward_id
         rows.append(row)
     return rows

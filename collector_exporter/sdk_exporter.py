@@ -12,8 +12,8 @@ Settings: ``TRACERL_STORE`` (default ``./tracerl-store``).
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
 import socket
 import uuid
 from collections.abc import Sequence
@@ -22,9 +22,12 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from collector_exporter.compactor import Compactor
+from collector_exporter.compactor import Compactor, drain
+from collector_exporter.storable import drop_unstorable_spans
 from collector_exporter.wal import Kind, WriteAheadLog
 from schemas.store import StoreLayout, default_store
+
+log = logging.getLogger("tracerl.exporter")
 
 
 class TracerlSpanExporter(SpanExporter):
@@ -36,27 +39,38 @@ class TracerlSpanExporter(SpanExporter):
         self.wal = WriteAheadLog(self.wal_dir, max_segment_age_s=compact_interval_s)
         self.compactor.start(own=self.wal_dir, interval_s=compact_interval_s)
         self._shutdown = False
+        self.problems: list[str] = []  # what shutdown could not finish (see collector.drain)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Store the batch durably, with the collector's rules: spans the store cannot hold are
+        dropped (and logged) before the WAL, a failed write is a FAILURE, never a success."""
         if self._shutdown:
             return SpanExportResult.FAILURE
+        req = encode_spans(spans)
+        kept, rejected, reason = drop_unstorable_spans(req)
+        if rejected:
+            log.warning("tracerl exporter: %d span(s) cannot be stored and were dropped: %s", rejected, reason)
+        if not kept:
+            return SpanExportResult.SUCCESS
         try:
-            self.wal.append(Kind.TRACES, encode_spans(spans).SerializeToString())
-        except Exception:
+            self.wal.append(Kind.TRACES, req.SerializeToString())
+        except Exception as e:
+            log.warning("tracerl exporter: batch of %d span(s) not stored: %s", kept, e)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Make what was exported visible in Parquet now; False when compaction failed (the WAL keeps it)."""
         self.wal.seal()
-        self.compactor.run_once(own=self.wal_dir)
+        try:
+            self.compactor.run_once(own=self.wal_dir)
+        except Exception as e:
+            log.warning("tracerl exporter: flush could not compact (%s); the WAL keeps the spans", e)
+            return False
         return True
 
     def shutdown(self) -> None:
         if self._shutdown:
             return
         self._shutdown = True
-        self.wal.close()
-        self.compactor.stop()
-        self.compactor.run_once(own=self.wal_dir)
-        if not any(self.wal_dir.glob("seg-*")):
-            shutil.rmtree(self.wal_dir, ignore_errors=True)
+        self.problems = drain(self.wal, self.compactor, self.wal_dir)  # logged; the next writer replays the WAL

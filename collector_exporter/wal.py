@@ -17,7 +17,10 @@ requests (measured here: ~2 ms p50 per fdatasync).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
+import logging
 import os
 import struct
 import threading
@@ -30,6 +33,8 @@ from pathlib import Path
 
 from schemas.parquet import fsync_dir
 
+log = logging.getLogger("tracerl.collector")
+
 HEADER = struct.Struct("<IIBQ")
 _CRC_OFFSET = 8  # crc covers bytes from kind onwards
 
@@ -40,11 +45,18 @@ class Kind(IntEnum):
     REWARDS = 3  # JSON list of reward rows
 
 
+_KINDS = frozenset(int(k) for k in Kind)
+
+
 @dataclass(frozen=True)
 class Record:
-    kind: Kind
+    kind: int  # a Kind; a kind this version does not know stays a plain int (the compactor quarantines it)
     received_at_ns: int
     payload: bytes
+
+
+class WalError(Exception):
+    """The WAL could not finish cleanly; what it holds is replayed on the next start."""
 
 
 class WalClosed(Exception):
@@ -74,7 +86,7 @@ def read_records(path: Path) -> tuple[list[Record], int]:
         if zlib.crc32(body) != crc:
             break
         kind, ts = struct.unpack_from("<BQ", body, 0)
-        out.append(Record(Kind(kind), ts, body[9:]))
+        out.append(Record(Kind(kind) if kind in _KINDS else kind, ts, body[9:]))
         pos = end
     return out, pos
 
@@ -115,8 +127,31 @@ def recover(wal_dir: Path) -> None:
     fsync_dir(wal_dir)
 
 
+class WalWriteError(OSError):
+    """The record could not be made durable (disk full, I/O error, short write); it was not
+    acknowledged, and the segment is cut back to its last whole record. (If even that truncate
+    fails, the segment is sealed as it is: replay cuts a torn tail, and a record that did land
+    whole is stored once, its client's retry dropped as a duplicate.) The writer keeps serving:
+    a later append succeeds once the cause clears."""
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written: a short write is continued, never mistaken for done."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write returned {n} with {len(view)} bytes left")
+        view = view[n:]
+
+
 class WriteAheadLog:
-    """The durable append path. ``append`` returns only once the record is fsynced."""
+    """The durable append path. ``append`` returns only once the record is fsynced.
+
+    A failed write or fsync fails only the appends of that batch (``WalWriteError``): the segment is
+    truncated back to the last good record and the writer goes on, so it serves again as soon as
+    the disk does. ``close`` raises ``WalError`` when it could not seal what it holds.
+    """
 
     def __init__(self, wal_dir: Path, *, max_segment_bytes: int = 32 << 20, max_segment_age_s: float = 1.0):
         self.dir = Path(wal_dir)
@@ -131,15 +166,19 @@ class WriteAheadLog:
         self._cv = threading.Condition()
         self._queue: list[bytes] = []
         self._queued_seq = 0  # sequence number of the last queued record
-        self._durable_seq = 0  # every record up to this one is fsynced
-        self._error: BaseException | None = None
+        self._resolved_seq = 0  # every record up to this one is fsynced, or failed (then it is in _failed)
+        self._failed: dict[int, OSError] = {}
+        self._error: BaseException | None = None  # the writer thread itself died (a bug): fail everything
         self._closed = False
         self._seal_requested = False
         self._fd: int | None = None
         self._seg_path: Path | None = None
-        self._seg_bytes = 0
+        self._seg_bytes = 0  # bytes of whole, fsynced records in the open segment
         self._seg_opened = 0.0
+        self._unsealed: list[Path] = []  # segments whose rename to .wal failed; retried every pass
         self.bytes_written = 0
+        self.write_errors = 0
+        self.last_write_error: str | None = None
         self._thread = threading.Thread(target=self._run, name="tracerl-wal", daemon=True)
         self._thread.start()
 
@@ -153,9 +192,12 @@ class WriteAheadLog:
             self._queued_seq += 1
             seq = self._queued_seq
             self._cv.notify_all()
-            while self._durable_seq < seq and self._error is None:
+            while self._resolved_seq < seq and self._error is None:
                 self._cv.wait()
-            if self._error is not None and self._durable_seq < seq:
+            failed = self._failed.pop(seq, None)
+            if failed is not None:
+                raise WalWriteError(failed.errno, f"write-ahead log could not store the request: {failed}") from failed
+            if self._error is not None and self._resolved_seq < seq:
                 raise OSError(f"write-ahead log failed: {self._error}") from self._error
 
     def seal(self) -> None:
@@ -167,7 +209,10 @@ class WriteAheadLog:
                 self._cv.wait(0.05)
 
     def close(self) -> None:
-        """Drain the queue, seal the open segment, release the lock."""
+        """Drain the queue, seal the open segment, release the lock.
+
+        Raises ``WalError`` when a segment could not be sealed: its records are durable and the
+        next process to open the store replays them, but this stop was not clean."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -175,54 +220,98 @@ class WriteAheadLog:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._error is not None:
+            raise WalError(f"the WAL writer stopped on {self._error!r}; {self.dir} is replayed on the next start")
+        if self._unsealed or self._seg_path is not None:
+            raise WalError(f"could not seal {[p.name for p in self._unsealed]} in {self.dir} ({self.last_write_error}); "
+                           "the next start replays it")
 
     # -- the writer thread ---------------------------------------------------------------
     def _open_segment(self) -> None:
-        self._seg_path = self.dir / f"seg-{self._next_segment:012d}.open"
+        path = self.dir / f"seg-{self._next_segment:012d}.open"
         self._next_segment += 1
-        self._fd = os.open(self._seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        fsync_dir(self.dir)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._seg_path = path
         self._seg_bytes = 0
         self._seg_opened = time.monotonic()
+        fsync_dir(self.dir)
 
     def _seal_segment(self) -> None:
         if self._fd is None or self._seg_path is None:
             return
-        os.close(self._fd)
-        self._fd = None
+        fd, path, self._fd, self._seg_path = self._fd, self._seg_path, None, None
+        with contextlib.suppress(OSError):  # close reports write-back errors; every acked byte was fsynced
+            os.close(fd)
         if self._seg_bytes:
-            os.replace(self._seg_path, self._seg_path.with_suffix(".wal"))
+            self._unsealed.append(path)
         else:
-            self._seg_path.unlink()
-        fsync_dir(self.dir)
-        self._seg_path = None
+            path.unlink(missing_ok=True)
+        self._retry_unsealed()
+
+    def _retry_unsealed(self) -> None:
+        while self._unsealed:
+            path = self._unsealed[0]
+            try:
+                os.replace(path, path.with_suffix(".wal"))
+                fsync_dir(self.dir)
+            except OSError as e:
+                self._note_error("sealing", e)
+                return
+            self._unsealed.pop(0)
+
+    def _note_error(self, what: str, e: OSError) -> None:
+        self.write_errors += 1
+        self.last_write_error = f"{what} {self.dir.name}: {type(e).__name__}: {e}"
+        log.warning("write-ahead log: %s failed (%s); not acknowledged, will retry", what, e)
+
+    def _write_durably(self, data: bytes) -> OSError | None:
+        """Write and fdatasync ``data``; on any failure cut the segment back to its last whole record."""
+        try:
+            if self._fd is None:
+                self._open_segment()
+            write_all(self._fd, data)
+            os.fdatasync(self._fd)
+        except OSError as e:
+            self._note_error("append", e)
+            self._roll_back()
+            return e
+        self._seg_bytes += len(data)
+        self.bytes_written += len(data)
+        return None
+
+    def _roll_back(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, self._seg_bytes)
+        except OSError as e:  # cannot cut the tail: seal the segment as is; replay drops what is torn
+            self._note_error("truncate", e)
+            self._seal_segment()
 
     def _run(self) -> None:
         try:
             while True:
                 with self._cv:
                     while not self._queue and not self._closed and not self._seal_requested:
-                        timeout = None
+                        timeout = 1.0 if self._unsealed else None
                         if self._fd is not None and self._seg_bytes:
                             timeout = max(0.0, self._seg_opened + self.max_segment_age_s - time.monotonic())
                             if timeout == 0.0:
                                 break
-                        self._cv.wait(timeout)
+                        if not self._cv.wait(timeout) and self._unsealed:
+                            break
                     batch, self._queue = self._queue, []
-                    last_seq = self._queued_seq
+                    first_seq, last_seq = self._resolved_seq + 1, self._queued_seq
                     closing = self._closed
                     seal_now = self._seal_requested
                 if batch:
-                    if self._fd is None:
-                        self._open_segment()
-                    data = b"".join(batch)
-                    os.write(self._fd, data)
-                    os.fdatasync(self._fd)
-                    self._seg_bytes += len(data)
-                    self.bytes_written += len(data)
+                    err = self._write_durably(b"".join(batch))
                     with self._cv:
-                        self._durable_seq = last_seq
+                        if err is not None:
+                            self._failed.update(dict.fromkeys(range(first_seq, last_seq + 1), err))
+                        self._resolved_seq = last_seq
                         self._cv.notify_all()
+                self._retry_unsealed()
                 age = time.monotonic() - self._seg_opened
                 if self._fd is not None and (
                     closing or seal_now or self._seg_bytes >= self.max_segment_bytes
@@ -236,7 +325,7 @@ class WriteAheadLog:
                 if closing and not batch:
                     self._seal_segment()
                     return
-        except BaseException as e:  # disk full, I/O error: fail every waiter loudly, never ack
+        except BaseException as e:  # a bug, not the disk (those are handled above): fail every waiter loudly
             with self._cv:
                 self._error = e
                 self._cv.notify_all()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from schemas.store import default_store
 from span_to_transition.convert import ConvertConfig
 from tracerl.options import UsageError, add_options, from_args, opt
-from tracerl.signals import wait_for_stop
+from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\
 point an unmodified agent at it:
@@ -86,13 +86,16 @@ def run(args: argparse.Namespace) -> int:
         parts.append(f"OTLP/HTTP {collector.http_endpoint}")
     if loop is not None:
         parts.append(f"converting every {cfg.convert_every_s:g}s")
+    stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
     print(f"tracerl collect: {', '.join(parts)} → {collector.store.root}", flush=True)
-    wait_for_stop()
+    wait_for_stop(stop)
     print("tracerl collect: stopping (flushing the write-ahead log)…", file=sys.stderr, flush=True)
-    collector.stop()
+    problems = collector.stop()
     if loop is not None:
         loop.stop()  # one final pass over everything the collector just flushed
     st = collector.compactor.stats
     print(f"tracerl collect: stopped; stored {st.spans} spans, {st.logs} log records, {st.rewards} rewards "
-          f"({st.duplicates} duplicate deliveries dropped)", file=sys.stderr, flush=True)
-    return 0
+          f"({st.duplicates} duplicate deliveries dropped, {st.quarantined} quarantined)", file=sys.stderr, flush=True)
+    for p in problems:
+        print(f"tracerl collect: not a clean stop: {p}", file=sys.stderr, flush=True)
+    return 1 if problems else 0

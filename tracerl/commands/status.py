@@ -1,8 +1,10 @@
-"""Row counts per table, write-ahead-log backlog, and the time of the newest span."""
+"""Row counts per table, write-ahead-log backlog, quarantined records, compaction errors, and the
+time of the newest span."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -21,6 +23,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def collect_status(store: str) -> dict:
+    import time
+
+    from collector_exporter.compactor import COMPACTION_ERROR
+    from collector_exporter.quarantine import quarantine_counts
     from collector_exporter.wal import iter_wal_dirs
     from schemas.tables import TABLES
     from schemas.views import connect_readonly
@@ -29,16 +35,28 @@ def collect_status(store: str) -> dict:
     con = connect_readonly(store)
     counts = {name: con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in TABLES}
     last_received, last_end = con.execute("SELECT max(received_at), max(end_time_ns) FROM spans").fetchone()
-    writers, segments, backlog = [], 0, 0
+    writers, segments, backlog, errors, oldest = [], 0, 0, {}, None
     for d in iter_wal_dirs(layout.wal):
         segs = list(d.glob("seg-*"))
         writers.append(d.name)
         segments += len(segs)
-        backlog += sum(p.stat().st_size for p in segs if p.exists())
+        for p in segs:
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # compacted meanwhile
+                continue
+            backlog += st.st_size
+            if p.suffix == ".wal":
+                oldest = st.st_mtime if oldest is None else min(oldest, st.st_mtime)
+        with contextlib.suppress(OSError, ValueError):  # absent unless that writer's compaction is failing
+            errors[d.name] = json.loads((d / COMPACTION_ERROR).read_text())
     return {
         "store": str(layout.root),
         "rows": counts,
-        "wal": {"writers": writers, "segments": segments, "backlog_bytes": backlog},
+        "quarantined": quarantine_counts(layout.root),
+        "wal": {"writers": writers, "segments": segments, "backlog_bytes": backlog,
+                "oldest_sealed_segment_age_s": None if oldest is None else round(time.time() - oldest, 1),
+                "compaction_errors": errors},
         "last_span_received_at": str(last_received) if last_received is not None else None,
         "last_span_end_time_ns": last_end,
     }
@@ -58,5 +76,16 @@ def run(args: argparse.Namespace) -> int:
     w = s["wal"]
     print(f"wal    {w['segments']} segment(s), {w['backlog_bytes']:,} bytes not yet compacted, "
           f"{len(w['writers'])} writer(s)")
+    if w["oldest_sealed_segment_age_s"] is not None:
+        print(f"       oldest sealed segment waiting {w['oldest_sealed_segment_age_s']:g}s for compaction")
+    for writer, err in w["compaction_errors"].items():
+        print(f"       COMPACTION FAILING in {writer}: {err['error']} ({err['failures']} failed pass(es); "
+              f"retrying every {err['retry_in_s']:g}s; nothing is lost, the WAL keeps the data)")
+    q = s["quarantined"]
+    if q:
+        print(f"quarantine {sum(q.values()):,} record(s) kept in {s['store']}/quarantine with their reason: "
+              + ", ".join(f"{n:,} {t}" for t, n in sorted(q.items())))
+    else:
+        print("quarantine 0 records")
     print(f"last span received at {s['last_span_received_at'] or '-'}")
     return 0

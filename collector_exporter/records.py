@@ -1,0 +1,237 @@
+"""One WAL record → Arrow rows, or quarantined items with their reason.
+
+Pure logic under the compactor (``compactor.py`` does the I/O): a request is converted whole
+when every item passes ``storable.py`` (the fast path); otherwise, or when conversion fails,
+item by item, so one bad item costs only itself. Dedupe keys are staged (``StagedKeys``) and
+reach the window only when the compactor commits them, after the Parquet files are durable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
+from collector_exporter.quarantine import Quarantined
+from collector_exporter.rewards import rewards_to_table
+from collector_exporter.storable import log_problem, span_problem
+from collector_exporter.wal import Kind, Record
+
+log = logging.getLogger("tracerl.collector")
+
+
+class DedupeWindow:
+    """The most recent ``max_keys`` keys, evicted a whole segment at a time.
+
+    Keys are exact (no hashing), so a collision can never drop a real span. Retries arrive
+    within the exporter's timeout and backoff (seconds to about a minute), far inside the window.
+    """
+
+    def __init__(self, max_keys: int = 1_000_000):
+        self.max_keys = max_keys
+        self._keys: set[Hashable] = set()
+        self._batches: deque[list[Hashable]] = deque()
+        self._current: list[Hashable] = []
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: Hashable) -> None:
+        self._keys.add(key)
+        self._current.append(key)
+
+    def update(self, keys: Iterable[Hashable]) -> None:
+        for k in keys:
+            self.add(k)
+
+    def end_batch(self) -> None:
+        if self._current:
+            self._batches.append(self._current)
+            self._current = []
+        while len(self._keys) > self.max_keys and len(self._batches) > 1:
+            for k in self._batches.popleft():
+                self._keys.discard(k)
+
+
+class StagedKeys:
+    """Keys taken by the segment being converted, checked together with the dedupe window.
+
+    Nothing reaches the window until ``commit``, which the compactor calls only once the
+    segment's Parquet files are durably written; ``roll_back`` forgets the keys of a record
+    whose conversion failed part-way."""
+
+    def __init__(self, window: DedupeWindow):
+        self.window = window
+        self.keys: set[Hashable] = set()
+        self.order: list[Hashable] = []
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.keys or key in self.window
+
+    def add(self, key: Hashable) -> None:
+        self.keys.add(key)
+        self.order.append(key)
+
+    def mark(self) -> int:
+        return len(self.order)
+
+    def roll_back(self, mark: int) -> None:
+        for key in self.order[mark:]:
+            self.keys.discard(key)
+        del self.order[mark:]
+
+    def commit(self) -> None:
+        self.window.update(self.order)
+        self.window.end_batch()
+        self.keys, self.order = set(), []
+
+
+def _filter_new(table: pa.Table, column: str, seen: StagedKeys) -> pa.Table:
+    keys = table.column(column).to_pylist()
+    keep = []
+    for i, k in enumerate(keys):
+        if k not in seen:
+            seen.add(k)
+            keep.append(i)
+    return table if len(keep) == len(keys) else table.take(pa.array(keep, type=pa.int64()))
+
+
+_SPAN_PATH = ("resource_spans", "scope_spans", "spans")
+_LOG_PATH = ("resource_logs", "scope_logs", "log_records")
+
+
+def _items(req: object, path: tuple[str, str, str]) -> Iterator[object]:
+    """The spans (or log records) of an OTLP request, through its resource and scope levels."""
+    outer, inner, leaf = path
+    return (item for r in getattr(req, outer) for s in getattr(r, inner) for item in getattr(s, leaf))
+
+
+def _single_items(req: object, path: tuple[str, str, str]) -> Iterator[tuple[object, object]]:
+    """Each span (or log record) alone in a request with its resource and scope: the unit of quarantine."""
+    outer, inner, leaf = path
+    for r in getattr(req, outer):
+        for s in getattr(r, inner):
+            for item in getattr(s, leaf):
+                one = type(req)()
+                level = getattr(one, outer).add(resource=r.resource, schema_url=r.schema_url)
+                getattr(getattr(level, inner).add(scope=s.scope, schema_url=s.schema_url), leaf).append(item)
+                yield item, one
+
+
+@dataclass(frozen=True)
+class _Signal:
+    """How one WAL record kind becomes rows, and how it splits into items when it does not."""
+
+    table: str
+    parse: Callable[[bytes], object]
+    items: Callable[[object], Iterator[object]]  # the spans, log records or reward rows of a request
+    split: Callable[[object], Iterator[tuple[object, object]]]  # (item, a request of just that item)
+    problem: Callable[[object], str | None]  # storable.py: the receiver's own rules
+    to_table: Callable[[object, int, StagedKeys], pa.Table]
+    encode: Callable[[object], bytes]
+
+
+_SIGNALS = {
+    Kind.TRACES: _Signal(
+        "spans",
+        ExportTraceServiceRequest.FromString,
+        lambda req: _items(req, _SPAN_PATH),
+        lambda req: _single_items(req, _SPAN_PATH),
+        span_problem,
+        lambda req, ts, seen: trace_request_to_table(req, ts, seen=seen),
+        lambda req: req.SerializeToString(),
+    ),
+    Kind.LOGS: _Signal(
+        "logs",
+        ExportLogsServiceRequest.FromString,
+        lambda req: _items(req, _LOG_PATH),
+        lambda req: _single_items(req, _LOG_PATH),
+        log_problem,
+        lambda req, ts, seen: _filter_new(logs_request_to_table(req, ts), "log_id", seen),
+        lambda req: req.SerializeToString(),
+    ),
+    Kind.REWARDS: _Signal(
+        "rewards",
+        json.loads,
+        iter,
+        lambda rows: ((row, [row]) for row in rows),
+        lambda row: None,
+        lambda rows, ts, seen: _filter_new(rewards_to_table(rows, ts), "reward_id", seen),
+        lambda rows: json.dumps(rows).encode(),
+    ),
+}
+
+
+def convert_record(
+    rec: Record, staged: dict[str, StagedKeys]
+) -> tuple[str, list[pa.Table], list[Quarantined], int]:
+    """One WAL record as (table name, tables of new rows, quarantined items, items seen before).
+
+    The whole request is converted at once when every item is storable (the fast path); otherwise,
+    or when conversion fails, item by item, so one bad item costs only itself."""
+    signal = _SIGNALS.get(rec.kind)
+    if signal is None:
+        return (
+            "unknown",
+            [],
+            [
+                Quarantined(
+                    "unknown",
+                    f"unknown WAL record kind {rec.kind}",
+                    int(rec.kind),
+                    rec.received_at_ns,
+                    rec.payload,
+                )
+            ],
+            0,
+        )
+    seen = staged[signal.table]
+    try:
+        msg = signal.parse(rec.payload)
+        n_items, storable = 0, True
+        for item in signal.items(msg):
+            n_items += 1
+            storable = storable and signal.problem(item) is None
+    except Exception as e:  # passed the CRC yet does not parse: keep the bytes, say why
+        reason = f"record does not parse: {type(e).__name__}: {e}"
+        return (
+            signal.table,
+            [],
+            [Quarantined(signal.table, reason, rec.kind, rec.received_at_ns, rec.payload)],
+            0,
+        )
+    if storable:
+        mark = seen.mark()
+        try:
+            table = signal.to_table(msg, rec.received_at_ns, seen)
+        except Exception:
+            seen.roll_back(mark)
+            log.exception("converting a %s record failed; retrying item by item", signal.table)
+        else:
+            return signal.table, [table], [], n_items - table.num_rows
+    tables, bad, dups = [], [], 0
+    for item, one in signal.split(msg):
+        why = signal.problem(item)
+        if why is None:
+            mark = seen.mark()
+            try:
+                table = signal.to_table(one, rec.received_at_ns, seen)
+            except Exception as e:
+                seen.roll_back(mark)
+                why = f"conversion failed: {type(e).__name__}: {e}"
+            else:
+                tables.append(table)
+                dups += 1 - table.num_rows
+                continue
+        bad.append(Quarantined(signal.table, why, rec.kind, rec.received_at_ns, signal.encode(one)))
+    return signal.table, tables, bad, dups
