@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracerl.options import UsageError, add_options, from_args, opt
-from tracerl.signals import wait_for_stop
+from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\
 example:
@@ -96,9 +96,10 @@ def run(args: argparse.Namespace) -> int:
     server = EmbeddedServer.start(cfg.model, host=host, port=port, served_model_name=cfg.served_model_name,
                                   logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
                                   options=opts, seed=cfg.seed)
+    stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
     print(f"serving {cfg.model} as {cfg.served_model_name!r} on {server.url}/v1", flush=True)
     try:
-        wait_for_stop()
+        wait_for_stop(stop)
     finally:
         server.stop()
     return 0
