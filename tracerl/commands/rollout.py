@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     tasks = load_tasks(cfg.tasks)
     reward_fn = load_reward_fn(cfg.reward) if cfg.reward else None
     driver = Driver(command=command, tasks=tasks, n=cfg.n, concurrency=cfg.concurrency, collector=cfg.collector,
-                    otlp=cfg.otlp, gateway=cfg.gateway, reward_fn=reward_fn, reward_name=cfg.reward_name,
-                    reward_retries=cfg.reward_retries,
+                    otlp=cfg.otlp, otlp_protocol=cfg.otlp_protocol, gateway=cfg.gateway, reward_fn=reward_fn,
+                    reward_name=cfg.reward_name, reward_retries=cfg.reward_retries,
                     timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store)
     records, path = run_rollouts(driver)
     summary = summarize(records)
