@@ -117,6 +117,7 @@ def test_generate_text_steps_become_gateway_joined_transitions_over_otlp_http(
         assert len(calls) == len(requests) == n_tools + 1 and len({r["rollout_id"] for r in calls}) == 1
         assert [r["step"] for r in calls] == list(range(n_tools + 1))
         assert [r["is_last"] for r in calls] == [False] * n_tools + [True]
+        assert {r["agent_name"] for r in calls} == {"units"}  # generateText's telemetry.functionId
 
         for i, row in enumerate(calls):
             prompt = json.loads(row["prompt_messages"])
@@ -165,9 +166,12 @@ def test_generate_text_steps_become_gateway_joined_transitions_over_otlp_http(
         for g in gateways:
             fetch = by_id[g["parent_span_id"]]
             assert fetch["name"] == "POST" and fetch["attributes"]["url.full"].endswith("/chat/completions")
-            assert by_id[fetch["parent_span_id"]]["span_id"] in {r["span_id"] for r in calls}
-        tools = [s for s in mine if s["attributes"].get("gen_ai.tool.name") == "convert"]
-        assert len(tools) == n_tools
+            call = by_id[fetch["parent_span_id"]]
+            assert call["name"] == "chat policy" and call["span_id"] in {r["span_id"] for r in calls}
+        tools = [s for s in mine if s["name"] == "execute_tool convert"]
+        assert len(tools) == n_tools and {by_id[s["parent_span_id"]]["name"] for s in tools} <= {
+            f"step {i + 1}" for i in range(n_tools)
+        }
 
     # Every span of the agent (Node) came in over OTLP/HTTP; the gateway's (Python) over gRPC.
     node = {s["span_id"] for s in spans if s["resource_attributes"].get("telemetry.sdk.language") == "nodejs"}
