@@ -29,6 +29,10 @@ example (collector, server and gateway already running):
   tracerl rollout --tasks tasks.jsonl -n 4 --concurrency 8 --reward examples/demo/reward.py:score \\
       -- opentelemetry-instrument python examples/demo/agent.py
 
+a Node agent (the JavaScript SDK exports OTLP/HTTP; see examples/vercel_agent):
+  tracerl rollout --tasks tasks.jsonl --otlp-protocol http/protobuf --otlp http://127.0.0.1:4318 \\
+      -- node --import ./instrumentation.mjs agent.mjs
+
 tasks.jsonl: one JSON object per line; `id` (string or integer) names the task, else a hash of the
 line is used. A bad line stops the run before any agent starts, with FILE:LINE and the problem.
 """
