@@ -423,15 +423,24 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 1.0) -> None:
 
 
 class _Running:
-    """The process groups alive right now, so an interrupted driver leaves no agent behind."""
+    """The process groups alive right now, so an interrupted driver leaves no agent behind.
+
+    ``kill_all`` also closes the set: an agent a worker thread started just before it (between
+    ``Popen`` and ``add``, or after its last ``stopping`` check) is killed as it is added, instead
+    of running on until ``--timeout-s`` while the driver waits for it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
+        self._closed = False
 
     def add(self, p: subprocess.Popen) -> None:
         with self._lock:
-            self._procs.add(p)
+            if not self._closed:
+                self._procs.add(p)
+                return
+        _kill_group(p, grace_s=0.2)
 
     def discard(self, p: subprocess.Popen) -> None:
         with self._lock:
@@ -439,6 +448,7 @@ class _Running:
 
     def kill_all(self) -> None:
         with self._lock:
+            self._closed = True
             procs = list(self._procs)
         for p in procs:
             _kill_group(p, grace_s=0.2)
