@@ -47,6 +47,17 @@ def example_venv(name: str) -> Path:
     return venv / "bin"
 
 
+def stored_spans(store: Path) -> list[dict]:
+    """The stored spans' identity, names and attribute maps (as dicts), for checking a run's span tree."""
+    from schemas.parquet import read_table
+    from schemas.store import StoreLayout
+
+    table = read_table(StoreLayout.at(store).table("spans"), "spans")
+    columns = ["rollout_id", "trace_id", "span_id", "parent_span_id", "name", "attributes", "resource_attributes"]
+    return [{**row, "attributes": dict(row["attributes"]), "resource_attributes": dict(row["resource_attributes"])}
+            for row in table.select(columns).to_pylist()]
+
+
 # -- a scripted OpenAI-compatible engine (vLLM-shaped answers) --------------------------------
 
 Script = Callable[[dict], dict]
@@ -59,7 +70,8 @@ def token_ids(text: str) -> list[int]:
     return list(text.encode())
 
 
-def _message_text(message: dict) -> str:
+def answer_text(message: dict) -> str:
+    """What the scripted engine 'tokenizes' as an answer: the content, then the tool calls as canonical JSON."""
     content = message.get("content") or ""
     calls = json.dumps(message.get("tool_calls"), sort_keys=True) if message.get("tool_calls") else ""
     return content + calls
@@ -89,7 +101,7 @@ class ScriptedEngine:
             self._n += 1
             n = self._n
         message = {"role": "assistant", "content": None, **self.script(body)}
-        text = _message_text(message)
+        text = answer_text(message)
         ids = token_ids(text)
         choice: dict[str, Any] = {"index": 0, "message": message,
                                   "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
@@ -179,25 +191,31 @@ class Stack:
     provider: Any
     engine: ScriptedEngine
 
-    def rollout(self, bin_dir: Path, agent: list[str], tasks: list[dict], *, n: int = 1,
-                extra_env: dict[str, str] | None = None, timeout_s: float = 120,
-                rollout_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    def rollout(self, bin_dir: Path, agent: list[str], tasks: list[dict], **kw: Any) -> subprocess.CompletedProcess:
         """``tracerl rollout --tasks … -- <bin_dir>/opentelemetry-instrument <agent…>``, as a user runs it.
 
         ``agent`` is the command after ``opentelemetry-instrument``; its first word is looked up in
-        ``bin_dir`` (the example's virtualenv) when it is there.
+        ``bin_dir`` (the example's virtualenv) when it is there. ``kw`` as for ``run_rollout``.
         """
-        tasks_file = self.store.parent / "tasks.jsonl"
-        tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
         exe = bin_dir / agent[0]
         cmd = [str(bin_dir / "opentelemetry-instrument"), str(exe) if exe.exists() else agent[0], *agent[1:]]
+        return self.run_rollout(cmd, tasks, **kw)
+
+    def run_rollout(self, cmd: list[str], tasks: list[dict], *, n: int = 1,
+                    extra_env: dict[str, str] | None = None, timeout_s: float = 120,
+                    rollout_args: tuple[str, ...] = (), otlp_protocol: str = "grpc") -> subprocess.CompletedProcess:
+        """``tracerl rollout --tasks … -- <cmd…>`` against this stack; the agent exports its spans over
+        ``otlp_protocol`` (to the collector's gRPC port, or its HTTP port for ``http/*``)."""
+        tasks_file = self.store.parent / "tasks.jsonl"
+        tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
         env.update({"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_METRICS_EXPORTER": "none",
                     "OPENAI_API_KEY": "sk-local", **(extra_env or {})})
+        otlp = self.collector.grpc_endpoint if otlp_protocol == "grpc" else self.collector.http_endpoint
         proc = subprocess.run(
             [str(BIN / "tracerl"), "rollout", "--store", str(self.store), "--tasks", str(tasks_file), "-n", str(n),
              "--concurrency", "2", "--timeout-s", str(timeout_s), "--retries", "0",
-             "--otlp", self.collector.grpc_endpoint, "--collector", self.collector.http_endpoint,
+             "--otlp", otlp, "--otlp-protocol", otlp_protocol, "--collector", self.collector.http_endpoint,
              "--gateway", f"{self.gateway.url}/v1", *rollout_args, "--", *cmd],
             env=env, capture_output=True, text=True, timeout=timeout_s * len(tasks) * n + 120)
         assert proc.returncode == 0, f"rollout failed:\n{proc.stdout}\n{proc.stderr}"

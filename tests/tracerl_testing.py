@@ -60,3 +60,39 @@ def stop_tracerl(proc: subprocess.Popen) -> None:
         proc.kill()
         proc.wait()
     assert proc.returncode == 0, proc.stderr.read()
+
+
+def _npm_unavailable(why: str) -> None:
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}; CI must run this test (install Node 20 + npm, e.g. apt-get install nodejs npm)")
+    pytest.skip(why)
+
+
+def npm_ci(project: Path) -> Path:
+    """``npm ci`` in ``project`` (its package.json + package-lock.json, pinned), once per lock hash.
+
+    The stamp lives in the ``node_modules`` that ``npm ci`` replaces, so a failed install leaves none
+    and the next run retries. Skips when node/npm or the registry cannot be reached, fails under ``CI``.
+    """
+    import hashlib
+    import shutil
+
+    import pytest
+
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        _npm_unavailable("node/npm are not installed")
+    files = [project / "package.json", project / "package-lock.json"]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
+    stamp = project / "node_modules" / f".installed-{digest}"
+    if not stamp.exists():
+        npm = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=project,
+                             capture_output=True, text=True, timeout=600)
+        if npm.returncode != 0:
+            ping = subprocess.run(["npm", "ping"], cwd=project, capture_output=True, timeout=120)
+            if ping.returncode != 0:
+                _npm_unavailable("the npm registry cannot be reached")
+            pytest.fail(f"npm ci in {project} failed:\n{npm.stderr[-3000:]}")
+        stamp.touch()
+    return project

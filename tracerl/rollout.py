@@ -39,6 +39,8 @@ from urllib.parse import quote, unquote
 from tracerl.options import UsageError, opt
 
 TASK_VIA = ("stdin", "arg", "env")
+OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")  # the values of OTEL_EXPORTER_OTLP_PROTOCOL
+DEFAULT_OTLP = "http://127.0.0.1:4317"
 STDERR_TAIL_CHARS = 2000
 # Keys of OTEL_RESOURCE_ATTRIBUTES the driver owns; a value already in the environment is replaced.
 ROLLOUT_KEY, TASK_KEY = "tracerl.rollout_id", "tracerl.task_id"
@@ -56,8 +58,11 @@ class RolloutConfig:
     concurrency: int = opt(4, "agent processes running at once")
     collector: str = opt("http://127.0.0.1:4318", "collector OTLP/HTTP URL, for POST /v1/rewards "
                          "('' to only record rewards)", metavar="URL")
-    otlp: str = opt("http://127.0.0.1:4317", "OTLP/gRPC endpoint given to the agent "
-                    "(OTEL_EXPORTER_OTLP_ENDPOINT)", metavar="URL")
+    otlp: str = opt(DEFAULT_OTLP, "OTLP endpoint given to the agent (OTEL_EXPORTER_OTLP_ENDPOINT): the collector's "
+                    "gRPC port, or its HTTP port (the --collector URL) with an http/* --otlp-protocol", metavar="URL")
+    otlp_protocol: str = opt("grpc", "OTLP protocol given to the agent (OTEL_EXPORTER_OTLP_PROTOCOL); "
+                             "http/protobuf is the default of the JavaScript SDK (Vercel AI SDK agents)",
+                             choices=list(OTLP_PROTOCOLS))
     gateway: str = opt("http://127.0.0.1:8100/v1", "OpenAI base URL given to the agent (OPENAI_BASE_URL); "
                        "'' leaves the agent's own", metavar="URL")
     reward: str = opt("", "reward function `module:function` or `path/file.py:function`, called as "
@@ -211,18 +216,20 @@ def parse_resource_attributes(value: str) -> dict[str, str]:
 
 
 def agent_env(base: Mapping[str, str], *, rollout_id: str, task_id: str, task_json: str,
-              otlp: str, gateway: str) -> dict[str, str]:
+              otlp: str, gateway: str, otlp_protocol: str = "grpc") -> dict[str, str]:
     """The complete environment of one agent run: the driver's own, plus what points it at tracerl.
 
-    The OTLP protocol is pinned to gRPC because ``--otlp`` is the collector's gRPC port; a
-    signal-specific traces endpoint in the parent environment would override ours, so it is dropped.
+    The OTLP protocol is set with the endpoint (``--otlp`` is the collector's gRPC port, or its HTTP
+    port for ``http/*``), never left to the SDK's default, which differs by language (Python: grpc,
+    JavaScript: http/protobuf); a signal-specific traces endpoint or protocol in the parent
+    environment would override ours, so they are dropped.
     """
     env = dict(base)
     env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
     env.pop("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", None)
     env.update({
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": otlp_protocol,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_RESOURCE_ATTRIBUTES": merge_resource_attributes(
@@ -416,15 +423,24 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 1.0) -> None:
 
 
 class _Running:
-    """The process groups alive right now, so an interrupted driver leaves no agent behind."""
+    """The process groups alive right now, so an interrupted driver leaves no agent behind.
+
+    ``kill_all`` also closes the set: an agent a worker thread started just before it (between
+    ``Popen`` and ``add``, or after its last ``stopping`` check) is killed as it is added, instead
+    of running on until ``--timeout-s`` while the driver waits for it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: set[subprocess.Popen] = set()
+        self._closed = False
 
     def add(self, p: subprocess.Popen) -> None:
         with self._lock:
-            self._procs.add(p)
+            if not self._closed:
+                self._procs.add(p)
+                return
+        _kill_group(p, grace_s=0.2)
 
     def discard(self, p: subprocess.Popen) -> None:
         with self._lock:
@@ -432,6 +448,7 @@ class _Running:
 
     def kill_all(self) -> None:
         with self._lock:
+            self._closed = True
             procs = list(self._procs)
         for p in procs:
             _kill_group(p, grace_s=0.2)
@@ -472,7 +489,8 @@ class Driver:
     n: int = 1
     concurrency: int = 4
     collector: str = ""
-    otlp: str = "http://127.0.0.1:4317"
+    otlp: str = DEFAULT_OTLP
+    otlp_protocol: str = "grpc"
     gateway: str = ""
     reward_fn: RewardFn | None = None
     reward_name: str = "reward"
@@ -503,6 +521,12 @@ def validate(d: Driver) -> None:
     for name, url in (("--collector", d.collector), ("--otlp", d.otlp), ("--gateway", d.gateway)):
         if url and not url.startswith(("http://", "https://")):
             raise UsageError(f"{name} must be an http:// or https:// URL, got {url!r}")
+    if d.otlp_protocol not in OTLP_PROTOCOLS:
+        raise UsageError(f"--otlp-protocol must be one of {', '.join(OTLP_PROTOCOLS)}, got {d.otlp_protocol!r}")
+    if d.otlp_protocol != "grpc" and d.otlp == DEFAULT_OTLP:
+        raise UsageError(f"--otlp-protocol {d.otlp_protocol} sends to the collector's OTLP/HTTP port, but --otlp is "
+                         f"its gRPC default {DEFAULT_OTLP}; pass --otlp with the HTTP URL, e.g. "
+                         f"--otlp {d.collector or 'http://127.0.0.1:4318'}")
 
 
 def run_rollouts(d: Driver, out=None) -> tuple[list[RolloutRecord], Path]:
@@ -537,7 +561,7 @@ def run_rollouts(d: Driver, out=None) -> tuple[list[RolloutRecord], Path]:
                 raise RuntimeError("driver stopping")
             rid = rollout_id_for(run_id, job, attempt)
             env = agent_env(d.base_env, rollout_id=rid, task_id=job.task.id, task_json=task_json,
-                            otlp=d.otlp, gateway=d.gateway)
+                            otlp=d.otlp, gateway=d.gateway, otlp_protocol=d.otlp_protocol)
             res = run_agent(agent_argv(d.command, task_json, d.task_via), env,
                             task_json + "\n" if d.task_via == "stdin" else None, d.timeout_s, running)
             total_s += res.duration_s

@@ -9,7 +9,6 @@ Skipped only when the npm registry cannot be reached, and never under ``CI``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tracerl_testing import npm_ci
 
 from collector_exporter.testing import running_collector
 from schemas.views import connect_readonly
@@ -25,34 +25,12 @@ HERE = Path(__file__).resolve().parent / "js_otel"
 CACHE = Path(__file__).resolve().parents[2] / ".node-otel" / "collector-js"
 
 
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"{why}; CI must run this test (install Node 20 + npm, e.g. apt-get install nodejs npm)")
-    pytest.skip(why)
-
-
 def js_sdk() -> Path:
     """A directory with the JS SDK installed and ``export.mjs`` beside its node_modules."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        _unavailable("node/npm are not installed")
-    files = [HERE / "package.json", HERE / "package-lock.json"]
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
-    stamp = CACHE / f".installed-{digest}"
-    if not stamp.exists():
-        shutil.rmtree(CACHE, ignore_errors=True)
-        CACHE.mkdir(parents=True)
-        for f in files:
-            shutil.copy(f, CACHE / f.name)
-        npm = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=CACHE,
-                             capture_output=True, text=True, timeout=600)
-        if npm.returncode != 0:
-            ping = subprocess.run(["npm", "ping"], cwd=CACHE, capture_output=True, timeout=120)
-            if ping.returncode != 0:
-                _unavailable("the npm registry cannot be reached")
-            pytest.fail(f"npm ci failed:\n{npm.stderr[-3000:]}")
-        stamp.touch()
-    shutil.copy(HERE / "export.mjs", CACHE / "export.mjs")
-    return CACHE
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for name in ("package.json", "package-lock.json", "export.mjs"):
+        shutil.copy(HERE / name, CACHE / name)
+    return npm_ci(CACHE)
 
 
 @pytest.mark.slow

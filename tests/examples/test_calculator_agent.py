@@ -14,7 +14,7 @@ import subprocess
 from types import ModuleType
 
 import pytest
-from example_rig import EXAMPLES, ROOT, example_venv, prompt_text, token_ids
+from example_rig import EXAMPLES, ROOT, answer_text, example_venv, prompt_text, stored_spans, token_ids
 
 pytestmark = pytest.mark.slow
 
@@ -61,20 +61,6 @@ def script(body: dict) -> dict:
         "name": "calculator", "arguments": json.dumps({"expression": EXPRESSION[task_id]})}}]}
 
 
-def _engine_text(message: dict) -> str:
-    """What the scripted engine tokenised as the answer (example_rig: content + canonical tool calls)."""
-    calls = json.dumps(message["tool_calls"], sort_keys=True) if message.get("tool_calls") else ""
-    return (message.get("content") or "") + calls
-
-
-def _spans(store) -> list[dict]:
-    from schemas.parquet import read_table
-    from schemas.store import StoreLayout
-
-    table = read_table(StoreLayout.at(store).table("spans"), "spans")
-    return table.select(["rollout_id", "trace_id", "span_id", "parent_span_id", "name", "attributes"]).to_pylist()
-
-
 @pytest.mark.parametrize("runtime_tracing", ["on", "off"])
 def test_solver_tool_call_and_verifier_become_three_gateway_joined_transitions_per_rollout(
         stack_factory, runtime_tracing: str, tmp_path) -> None:
@@ -94,7 +80,7 @@ def test_solver_tool_call_and_verifier_become_three_gateway_joined_transitions_p
     for row in rows:
         by_task.setdefault(row["task_id"], []).append(row)
     assert sorted(by_task) == ["apples", "pens"]
-    spans = _spans(stack.store)
+    spans = stored_spans(stack.store)
     for task in TASKS:
         tid = task["id"]
         calls = sorted(by_task[tid], key=lambda r: r["step"])
@@ -139,7 +125,7 @@ def test_solver_tool_call_and_verifier_become_three_gateway_joined_transitions_p
         for row, request in zip(calls, requests, strict=True):
             assert row["token_source"] == "gateway"
             assert row["prompt_token_ids"] == token_ids(prompt_text(request))
-            assert row["response_token_ids"] == token_ids(_engine_text(json.loads(row["response_message"])))
+            assert row["response_token_ids"] == token_ids(answer_text(json.loads(row["response_message"])))
 
         # The reward came from the agent's stdout via `tracerl rollout --reward` and is on every call.
         want = 1.0 if tid == "pens" else 0.0

@@ -202,3 +202,21 @@ def test_ctrl_c_stops_the_driver_and_leaves_no_agent_behind(tmp_path):
             assert not _alive(pid), f"process {pid} survived the interrupted driver"
     (path,) = (tmp_path / "store" / "rollouts").glob("driver-*.jsonl")
     assert path.read_text() == "", "interrupted rollouts must not be recorded as if they had finished"
+
+
+def test_an_agent_started_while_the_driver_stops_is_killed_as_it_is_registered():
+    """The race behind a Ctrl-C that hung for --timeout-s: a worker thread had started an agent
+    (``Popen`` returned) but not yet registered it when the interrupted driver killed the running
+    ones. Registering it after ``kill_all`` now kills it at once."""
+    import signal
+    import subprocess
+
+    from tracerl.rollout import _Running
+
+    running = _Running()
+    before = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    running.add(before)
+    running.kill_all()
+    late = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    running.add(late)
+    assert before.wait(timeout=10) == late.wait(timeout=10) == -signal.SIGTERM

@@ -10,6 +10,7 @@ import pytest
 
 from tracerl.options import UsageError
 from tracerl.rollout import (
+    Driver,
     RolloutRecord,
     Task,
     agent_argv,
@@ -27,6 +28,7 @@ from tracerl.rollout import (
     should_retry,
     summarize,
     task_id_for,
+    validate,
 )
 
 
@@ -89,6 +91,17 @@ def test_agent_env_points_the_agent_at_tracerl_and_keeps_the_rest():
     kept = agent_env({"OPENAI_API_KEY": "sk-1", "OPENAI_BASE_URL": "http://mine"}, rollout_id="r", task_id="t",
                      task_json="{}", otlp="http://o", gateway="")
     assert (kept["OPENAI_API_KEY"], kept["OPENAI_BASE_URL"]) == ("sk-1", "http://mine")
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+
+
+def test_agent_env_sets_the_otlp_protocol_with_the_endpoint():
+    """The JS SDK defaults to http/protobuf and Python's to grpc: the driver always says which."""
+    base = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}
+    env = agent_env(base, rollout_id="r", task_id="t", task_json="{}", otlp="http://127.0.0.1:4318",
+                    gateway="", otlp_protocol="http/protobuf")
+    assert (env["OTEL_EXPORTER_OTLP_ENDPOINT"], env["OTEL_EXPORTER_OTLP_PROTOCOL"]) == (
+        "http://127.0.0.1:4318", "http/protobuf")
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in env
 
 
 def test_task_is_appended_as_the_last_argument_only_for_task_via_arg():
@@ -138,3 +151,13 @@ def test_summary_counts_statuses_and_averages_rewards():
     assert "1 reward(s) not posted" in text and "1 reward function error(s)" in text
     assert summarize([]).mean_reward is None
 
+
+
+def test_an_http_otlp_protocol_with_the_grpc_default_endpoint_is_a_usage_error_naming_the_fix():
+    with pytest.raises(UsageError, match=r"--otlp http://127\.0\.0\.1:4318"):
+        validate(Driver(command=["node", "agent.mjs"], tasks=[], otlp_protocol="http/protobuf",
+                        collector="http://127.0.0.1:4318"))
+    with pytest.raises(UsageError, match="--otlp-protocol must be one of grpc, http/protobuf, http/json"):
+        validate(Driver(command=["node", "agent.mjs"], tasks=[], otlp_protocol="http"))
+    validate(Driver(command=["node", "agent.mjs"], tasks=[], otlp="http://127.0.0.1:4318",
+                    otlp_protocol="http/protobuf"))

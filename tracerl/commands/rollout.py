@@ -29,6 +29,10 @@ example (collector, server and gateway already running):
   tracerl rollout --tasks tasks.jsonl -n 4 --concurrency 8 --reward examples/demo/reward.py:score \\
       -- opentelemetry-instrument python examples/demo/agent.py
 
+a Node agent (the JavaScript SDK exports OTLP/HTTP; see examples/vercel_agent):
+  tracerl rollout --tasks tasks.jsonl --otlp-protocol http/protobuf --otlp http://127.0.0.1:4318 \\
+      -- node --import ./instrumentation.mjs agent.mjs
+
 tasks.jsonl: one JSON object per line; `id` (string or integer) names the task, else a hash of the
 line is used. A bad line stops the run before any agent starts, with FILE:LINE and the problem.
 """
@@ -51,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     tasks = load_tasks(cfg.tasks)
     reward_fn = load_reward_fn(cfg.reward) if cfg.reward else None
     driver = Driver(command=command, tasks=tasks, n=cfg.n, concurrency=cfg.concurrency, collector=cfg.collector,
-                    otlp=cfg.otlp, gateway=cfg.gateway, reward_fn=reward_fn, reward_name=cfg.reward_name,
-                    reward_retries=cfg.reward_retries,
+                    otlp=cfg.otlp, otlp_protocol=cfg.otlp_protocol, gateway=cfg.gateway, reward_fn=reward_fn,
+                    reward_name=cfg.reward_name, reward_retries=cfg.reward_retries,
                     timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store)
     records, path = run_rollouts(driver)
     summary = summarize(records)
