@@ -35,6 +35,7 @@ import hmac
 import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class GatewayConfig:
     tls_key: str | None = None
     latest_alias: bool = True  # "policy" -> newest "policy@k" the upstream serves
     models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
+    reuse_port: bool = False  # other processes serve the same port (--workers, serving/workers.py)
 
 
 def normalise_upstream(url: str) -> str:
@@ -126,7 +128,10 @@ def make_tracer_provider(otlp_endpoint: str, service_name: str = "tracerl-gatewa
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     insecure = otlp_endpoint.startswith("http://") or "://" not in otlp_endpoint
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    # process.pid tells the spans of --workers processes apart (each exports its own)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name, "process.pid": os.getpid()})
+    )
     provider.add_span_processor(
         BatchSpanProcessor(
             OTLPSpanExporter(endpoint=otlp_endpoint, insecure=insecure), schedule_delay_millis=500
@@ -163,6 +168,7 @@ class Gateway(ShellServer):
                 tls_key=config.tls_key,
                 max_body_bytes=config.max_body_bytes,
                 max_connections=config.max_connections,
+                reuse_port=config.reuse_port,
                 name="tracerl-gateway",
             )
         )
