@@ -180,18 +180,22 @@ def serve_process(args: argparse.Namespace) -> int:
     else:
         from serving.gateway import Gateway, GatewayConfig
 
-        port, extra = 0, {}
-        if args.workers > 1:
-            from serving.workers import fork_workers
+        if os.environ.get("BENCH_GATEWAY_ROOT"):  # an older checkout's gateway: one process
+            provider, exporter = recording_provider()
+            try:
+                config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
+            except TypeError:  # older still: no connection cap
+                config = GatewayConfig(upstreams=[args.upstream])
+            server = Gateway(("127.0.0.1", 0), config, provider).start_background()
+        else:  # this tree's, run as `tracerl gateway --workers N` runs it
+            from serving.workers import calm_gc, fork_workers
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
-            port, extra = worker.port, {"reuse_port": True}
-        provider, exporter = recording_provider()
-        try:
-            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS, **extra)
-        except TypeError:  # an older gateway (--gateway-root) without a connection cap
-            config = GatewayConfig(upstreams=[args.upstream])
-        server = Gateway(("127.0.0.1", port), config, provider).start_background()
+            provider, exporter = recording_provider()  # after the fork: each process exports its own
+            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS,
+                                   reuse_port=args.workers > 1)
+            server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
+            calm_gc()
     got = []
     signal.signal(signal.SIGTERM, lambda *_: got.append(1))
     if worker is not None:

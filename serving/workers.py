@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -104,3 +105,17 @@ def _die_with(parent: int) -> None:
         return  # not Linux: the parent's SIGTERM on a clean stop is all there is
     if os.getppid() != parent:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def calm_gc() -> None:
+    """Tune the cyclic garbage collector for a relaying process; call once it is serving.
+
+    Relaying allocates a few thousand short-lived dicts and lists per streamed call (every chunk is
+    parsed), so with the default gen-0 threshold (700) the collector ran several times per call and
+    took 16% of the gateway's samples (py-spy, 128 streams). Objects that exist at startup (modules,
+    the app) are frozen out of every collection, and gen 0 is collected every 20,000 allocations:
+    CPU per streamed call fell by about 12% (``bench/gateway.py``). Cycles are still collected.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 10, 10)

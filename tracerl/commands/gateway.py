@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
     from serving.asgi import parse_listen
     from serving.gateway import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
-    from serving.workers import fork_workers
+    from serving.workers import calm_gc, fork_workers
 
     upstreams = [u for u in cfg.upstream.split(",") if u.strip()]
     try:
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         gw.start_background()
         worker.serving()
+        calm_gc()
         if worker.parent:
             procs = f" ({cfg.workers} processes)" if cfg.workers > 1 else ""
             print(
