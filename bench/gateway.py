@@ -16,13 +16,16 @@ BatchSpanProcessor (exporting to memory here, so no collector is needed).
    and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99 added <= 5 ms and
    throughput >= 0.9x direct at 256; no errors at 1024.
 
-Reading it on a shared machine: the gateway is one event-loop thread, so when the cores are
+Reading it on a shared machine: a gateway process is one event-loop thread, so when the cores are
 oversubscribed the scheduler gives it about cores/load of one core (``gw %``), whatever it needs; a
-thread-per-connection server (``--gateway-root`` of an older checkout) gets a share per thread. The
-CPU ms per call (``gw cpu``) is the figure that does not depend on the neighbours.
+thread-per-connection server (``--gateway-root`` of an older checkout) gets a share per thread.
+``--workers N`` runs N gateway processes on one port, as ``tracerl gateway --workers N`` does. The
+CPU ms per call (``gw cpu``, all gateway processes together) is the figure that does not depend on
+the neighbours.
 
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
+    python bench/gateway.py --calls 0 --workers 2         # sweep, two gateway processes
 """
 
 from __future__ import annotations
@@ -167,30 +170,49 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
 
 
 def serve_process(args: argparse.Namespace) -> int:
-    """``--serve upstream|gateway``: one server in this process; prints its URL, runs until SIGTERM, and
-    (gateway) prints how many spans it recorded."""
+    """``--serve upstream|gateway``: one server in this process (``--workers`` gateway processes, as
+    ``tracerl gateway --workers`` runs them); prints its URL, runs until SIGTERM, and (gateway) each
+    process prints how many spans it recorded."""
+    worker = None
     if args.serve == "upstream":
         server = streaming_upstream(args.tokens, args.token_ms).start_background()
         provider = exporter = None
     else:
         from serving.gateway import Gateway, GatewayConfig
 
-        provider, exporter = recording_provider()
-        try:
-            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
-        except TypeError:  # an older gateway (--gateway-root) without a connection cap
-            config = GatewayConfig(upstreams=[args.upstream])
-        server = Gateway(("127.0.0.1", 0), config, provider).start_background()
-    print(server.url, flush=True)
+        if os.environ.get("BENCH_GATEWAY_ROOT"):  # an older checkout's gateway: one process
+            provider, exporter = recording_provider()
+            try:
+                config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
+            except TypeError:  # older still: no connection cap
+                config = GatewayConfig(upstreams=[args.upstream])
+            server = Gateway(("127.0.0.1", 0), config, provider).start_background()
+        else:  # this tree's, run as `tracerl gateway --workers N` runs it
+            from serving.workers import calm_gc, fork_workers
+
+            worker = fork_workers(args.workers, "127.0.0.1", 0)
+            provider, exporter = recording_provider()  # after the fork: each process exports its own
+            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS,
+                                   reuse_port=args.workers > 1)
+            server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
+            calm_gc()
     got = []
     signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+    if worker is not None:
+        worker.serving()
+    if worker is None or worker.parent:
+        print(server.url, flush=True)
     while not got:
         time.sleep(0.05)
-    server.stop()
-    if provider is not None:
-        provider.force_flush()
-        print(len(exporter.get_finished_spans()), flush=True)
-        provider.shutdown()
+    try:
+        server.stop()
+        if provider is not None:
+            provider.force_flush()
+            print(len(exporter.get_finished_spans()), flush=True)
+            provider.shutdown()
+    finally:
+        if worker is not None:
+            worker.finish()
     return 0
 
 
@@ -272,7 +294,8 @@ async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Ph
 
 def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "") -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", role, "--tokens", str(args.tokens),
-           "--token-ms", str(args.token_ms), "--upstream", upstream]
+           "--token-ms", str(args.token_ms), "--upstream", upstream,
+           "--workers", str(1 if root or role == "upstream" else args.workers)]
     env = dict(os.environ)
     if root:
         env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
@@ -281,16 +304,23 @@ def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: 
     return proc, proc.stdout.readline().strip()
 
 
-def stop_server(proc: subprocess.Popen) -> str:
+def stop_server(proc: subprocess.Popen) -> list[int]:
+    """Stop a server process; the span counts its processes printed (none for the upstream)."""
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
-    return out.strip()
+    return [int(line) for line in out.split() if line.isdigit()]
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process (/proc/PID/stat fields 14 and 15, in clock ticks)."""
+    """utime + stime of a live process and its children (--workers), from /proc/PID/stat fields 14
+    and 15 (clock ticks) and /proc/PID/task/PID/children."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    return own + sum(cpu_seconds(c) for c in children)
 
 
 def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen]) -> Phase:
@@ -318,7 +348,7 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:
-        spans = {name: stop_server(proc) for name, (proc, _) in gateways.items()}
+        spans = {name: sum(stop_server(proc)) for name, (proc, _) in gateways.items()}
         stop_server(up)
     for r in rows:
         r["spans"] = spans
@@ -331,7 +361,8 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
           f"gateway spans recorded: {rows[0]['spans'] if rows else {}}")
     names = [k for k in ("gateway", "other") if rows and k in rows[0]]
     for name in names:
-        label = "this gateway" if name == "gateway" else f"gateway of {args.gateway_root}"
+        procs = f" ({args.workers} processes)" if args.workers > 1 else ""
+        label = f"this gateway{procs}" if name == "gateway" else f"gateway of {args.gateway_root}"
         print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
               f"gw %: the gateway process's share of one core during the phase)")
         print(f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
@@ -361,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per sweep phase (default: %(default)s)")
     ap.add_argument("--tokens", type=int, default=16, help="chunks per scripted stream (default: %(default)s)")
     ap.add_argument("--token-ms", type=float, default=25.0, help="ms between chunks (default: %(default)s)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="sweep: gateway processes on one port, as `tracerl gateway --workers` (default: %(default)s)")
     ap.add_argument("--gateway-root", default="", metavar="DIR",
                     help="sweep: run the gateway of another checkout (e.g. the last release) in the same run")
     ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)

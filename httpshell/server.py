@@ -104,6 +104,9 @@ class ServerOptions:
     """Idle keep-alive connections are closed after this long."""
     graceful_s: float = 10.0
     """On ``stop()``, in-flight requests get this long to finish before they are cancelled."""
+    reuse_port: bool = False
+    """Bind with ``SO_REUSEPORT``: several processes serve one port and the kernel spreads the
+    connections over them (``tracerl gateway --workers``). Only processes of the same user can join."""
     blocking_threads: int = 64
     """Threads of the loop's default executor, where ``run_blocking`` runs work (an fsync, an engine
     call); concurrent blocking calls beyond this wait for a thread."""
@@ -402,12 +405,12 @@ class _GuardedHttpTools(HttpToolsProtocol):
 # -- running ------------------------------------------------------------------------------------------
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """The listening socket, with Nagle's algorithm off: accepted connections inherit TCP_NODELAY
     (Linux), which asyncio would not set itself (``create_server`` gives ``proto`` 0), and without it
     an answer written as head + body waits for the client's delayed ACK (40 ms per call, measured)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock = socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -478,7 +481,7 @@ def start(app: Callable, options: ServerOptions, render: ErrorRenderer = plain_e
         ssl_keyfile=options.tls_key,
     )
     config.load()
-    sock = _bind(options.host, options.port)
+    sock = _bind(options.host, options.port, options.reuse_port)
     server = _Server(config, options)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"{options.name}-http", daemon=True

@@ -21,7 +21,7 @@ the served one in ``gen_ai.response.model`` / ``tracerl.policy_version``. After 
 reload the served name stays ``policy``; the publisher then sets the server's weight version
 (``/update_weight_version``) and the gateway reads it from ``GET /weight_info`` (same cache), so
 ``tracerl.policy_version`` is known for full reloads too, within ``models_ttl_s`` of the switch.
-The gateway is asynchronous end to end (ASGI on ``httpshell``, ``httpx.AsyncClient`` upstream):
+The gateway is asynchronous end to end (ASGI on ``httpshell``, ``aiohttp`` upstream, see upstream.py):
 a waiting call costs a coroutine and two sockets, not a thread, so a training round's thousands of
 concurrent agent calls fit in one process; streams are relayed chunk by chunk as they arrive.
 Upstream errors are passed through with their status; an unreachable upstream is a 502 and a
@@ -35,12 +35,13 @@ import hmac
 import itertools
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -83,7 +84,7 @@ from serving.protocol import (
     strip_response,
     trace_id_from_traceparent,
 )
-from serving.upstream import UpstreamClients
+from serving.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name, is_timeout
 
 log = logging.getLogger("tracerl.gateway")
 ROLLOUT_HEADER = "X-Tracerl-Rollout-Id"
@@ -108,6 +109,7 @@ class GatewayConfig:
     tls_key: str | None = None
     latest_alias: bool = True  # "policy" -> newest "policy@k" the upstream serves
     models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
+    reuse_port: bool = False  # other processes serve the same port (--workers, serving/workers.py)
 
 
 def normalise_upstream(url: str) -> str:
@@ -126,9 +128,15 @@ def make_tracer_provider(otlp_endpoint: str, service_name: str = "tracerl-gatewa
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     insecure = otlp_endpoint.startswith("http://") or "://" not in otlp_endpoint
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint, insecure=insecure),
-                                                   schedule_delay_millis=500))
+    # process.pid tells the spans of --workers processes apart (each exports its own)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name, "process.pid": os.getpid()})
+    )
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=otlp_endpoint, insecure=insecure), schedule_delay_millis=500
+        )
+    )
     return provider
 
 
@@ -141,27 +149,34 @@ class UpstreamState:
     weight_version: str | None
 
 
-
-_NOT_SERVED = "is not served by the tracerl gateway (POST /v1/chat/completions, /v1/completions; GET /v1/models)"
+_NOT_SERVED = (
+    "is not served by the tracerl gateway (POST /v1/chat/completions, /v1/completions; GET /v1/models)"
+)
 
 
 class Gateway(ShellServer):
     """The proxy, an ASGI app. ``tracer_provider`` is injected so tests can read spans in memory."""
 
-    def __init__(self, address: tuple[str, int], config: GatewayConfig, tracer_provider: TracerProvider,
-                 client: httpx.AsyncClient | None = None):
+    def __init__(self, address: tuple[str, int], config: GatewayConfig, tracer_provider: TracerProvider):
         if not config.upstreams:
             raise ValueError("no upstreams configured; pass --upstream URL[,URL...]")
-        super().__init__(ServerOptions(
-            host=address[0], port=address[1], tls_cert=config.tls_cert, tls_key=config.tls_key,
-            max_body_bytes=config.max_body_bytes, max_connections=config.max_connections,
-            name="tracerl-gateway"))
+        super().__init__(
+            ServerOptions(
+                host=address[0],
+                port=address[1],
+                tls_cert=config.tls_cert,
+                tls_key=config.tls_key,
+                max_body_bytes=config.max_body_bytes,
+                max_connections=config.max_connections,
+                reuse_port=config.reuse_port,
+                name="tracerl-gateway",
+            )
+        )
         self.config = config
         self.upstreams = [normalise_upstream(u) for u in config.upstreams]
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("tracerl.gateway")
-        self.clients = UpstreamClients(httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-                                       config.max_connections, client=client)
+        self.client = UpstreamClient(config.timeout_s, config.connect_timeout_s, config.max_connections)
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
         self._state_lock: asyncio.Lock | None = None
@@ -173,7 +188,9 @@ class Gateway(ShellServer):
         n = len(self.upstreams)
         return [(first + k) % n for k in range(n)]
 
-    async def upstream_state(self, upstream: str, headers: dict[str, str], refresh: bool = False) -> UpstreamState:
+    async def upstream_state(
+        self, upstream: str, headers: dict[str, str], refresh: bool = False
+    ) -> UpstreamState:
         """The upstream's served names and weight version, cached ``models_ttl_s`` (stale on errors)."""
         got = self._state.get(upstream)
         if got is not None and not refresh and time.monotonic() - got.at < self.config.models_ttl_s:
@@ -186,12 +203,13 @@ class Gateway(ShellServer):
             if got is not None and got.at >= asked:
                 return got  # another call refreshed it while this one waited
             try:
-                async with self.clients.client() as client:
-                    r = await client.get(upstream + "/v1/models", headers=headers)
-                    names = [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
-                    w = await client.get(upstream + "/weight_info", headers=headers)  # vLLM dev mode, main > 0.12
-                version = w.json().get("weight_version") if w.status_code == 200 else None
-            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+                status, _, raw = await self.client.get(upstream + "/v1/models", headers)
+                names = [m["id"] for m in json.loads(raw).get("data", [])] if status == 200 else []
+                status, _, raw = await self.client.get(
+                    upstream + "/weight_info", headers
+                )  # vLLM dev mode, main > 0.12
+                version = json.loads(raw).get("weight_version") if status == 200 else None
+            except (*TRANSPORT_ERRORS, ValueError, KeyError, TypeError, AttributeError):
                 return got or UpstreamState(0.0, [], None)
             state = UpstreamState(time.monotonic(), names, str(version) if version is not None else None)
             self._state[upstream] = state
@@ -214,13 +232,18 @@ class Gateway(ShellServer):
             elif method == "POST" and path in OPERATIONS:
                 response = await self._proxy(request, path, OPERATIONS[path], replace_auth)
             else:
-                raise HTTPError(404 if method in ("GET", "POST") else 405, f"{method} {path} {_NOT_SERVED}",
-                                "NotFoundError")
+                raise HTTPError(
+                    404 if method in ("GET", "POST") else 405,
+                    f"{method} {path} {_NOT_SERVED}",
+                    "NotFoundError",
+                )
         except HTTPError as e:
             response = error_response(e)
         except Exception as e:  # a bug or an upstream surprise must still get an answer
             log.exception("gateway error on %s %s", method, path)
-            response = json_response(500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500))
+            response = json_response(
+                500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500)
+            )
         await response(scope, receive, send)
 
     # -- auth and headers ------------------------------------------------------------------
@@ -258,14 +281,19 @@ class Gateway(ShellServer):
         last: Exception | None = None
         for i in self.upstream_order(None):
             try:
-                async with self.clients.client() as up:
-                    r = await up.get(self.upstreams[i] + path, headers=self._upstream_headers(client, replace_auth))
-            except httpx.TransportError as e:
+                status, media_type, raw = await self.client.get(
+                    self.upstreams[i] + path, self._upstream_headers(client, replace_auth)
+                )
+            except TRANSPORT_ERRORS as e:
                 last = e
                 continue
-            return Response(r.content, r.status_code, media_type=r.headers.get("content-type", "application/json"))
-        raise HTTPError(502, f"no upstream reachable ({type(last).__name__}: {last}); check that the model "
-                             f"server is running at {', '.join(self.upstreams)}", "upstream_unreachable")
+            return Response(raw, status, media_type=media_type)
+        raise HTTPError(
+            502,
+            f"no upstream reachable ({type(last).__name__}: {last}); check that the model "
+            f"server is running at {', '.join(self.upstreams)}",
+            "upstream_unreachable",
+        )
 
     # -- the proxied call ------------------------------------------------------------------
 
@@ -274,43 +302,49 @@ class Gateway(ShellServer):
         body = parse_json(await request.body())
         model = body.get("model")
         client_headers = request.headers
-        parent = _PROPAGATOR.extract(carrier={"traceparent": client_headers.get("traceparent", ""),
-                                              "tracestate": client_headers.get("tracestate", "")})
-        span = self.tracer.start_span(f"tracerl.gateway {model}", context=parent, kind=SpanKind.CLIENT,
-                                      start_time=start)
+        parent = _PROPAGATOR.extract(
+            carrier={
+                "traceparent": client_headers.get("traceparent", ""),
+                "tracestate": client_headers.get("tracestate", ""),
+            }
+        )
+        span = self.tracer.start_span(
+            f"tracerl.gateway {model}", context=parent, kind=SpanKind.CLIENT, start_time=start
+        )
         call = _Call(self, span, body, op)
         try:
-            call.take_client()
             up_body, wants = prepare_upstream_body(body, op)
             call.wants = wants
             headers = self._upstream_headers(client_headers, replace_auth)
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-            key = (client_headers.get(ROLLOUT_HEADER) or rollout_from_baggage(client_headers.get("baggage"))
-                   or trace_id_from_traceparent(client_headers.get("traceparent")))
+            key = (
+                client_headers.get(ROLLOUT_HEADER)
+                or rollout_from_baggage(client_headers.get("baggage"))
+                or trace_id_from_traceparent(client_headers.get("traceparent"))
+            )
             last: Exception | None = None
             for i in self.upstream_order(key):
                 call.upstream = self.upstreams[i]
                 try:
-                    resp = await self._send(call.client, call.upstream, path, body, up_body, headers)
-                except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nothing ran there: try the next one
+                    resp = await self._send(call.upstream, path, body, up_body, headers)
+                except CONNECT_ERRORS as e:  # nothing ran there: try the next one
                     last = e
                     continue
-                except httpx.TimeoutException as e:
-                    raise _UpstreamFailure(504, "upstream_timeout", type(e).__name__,
-                                           f"upstream {call.upstream} did not answer within its timeout "
-                                           f"({type(e).__name__}); raise --timeout-s if generations are long") from e
-                except httpx.TransportError as e:
-                    raise _UpstreamFailure(502, "upstream_error", type(e).__name__,
-                                           f"upstream {call.upstream} failed: {type(e).__name__}: {e}") from e
-                if resp.status_code == 200 and wants.stream:
+                except TRANSPORT_ERRORS as e:
+                    raise _transport_failure(call.upstream, e, "failed") from e
+                if resp.status == 200 and wants.stream:
                     return call.stream(resp)  # the stream now owns the span and the upstream response
                 try:
                     return await call.whole(resp)
                 finally:
-                    await resp.aclose()
-            raise _UpstreamFailure(502, "upstream_unreachable", type(last).__name__,
-                                   f"no upstream reachable ({type(last).__name__}: {last}); check that the "
-                                   f"model server is running at {', '.join(self.upstreams)}")
+                    resp.release()
+            raise _UpstreamFailure(
+                502,
+                "upstream_unreachable",
+                error_name(last),
+                f"no upstream reachable ({type(last).__name__}: {last}); check that the "
+                f"model server is running at {', '.join(self.upstreams)}",
+            )
         except _UpstreamFailure as f:
             call.fail(f)
             return f.response or json_response(f.status, error_body(f.message, f.err_type, f.status))
@@ -324,8 +358,9 @@ class Gateway(ShellServer):
             if not call.streaming:
                 call.end()
 
-    async def _send(self, client: httpx.AsyncClient, upstream: str, path: str, client_body: dict, up_body: dict,
-                    headers: dict[str, str]) -> httpx.Response:
+    async def _send(
+        self, upstream: str, path: str, client_body: dict, up_body: dict, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
         """POST to one upstream (response not yet read), retrying once for each of two recoverable refusals.
 
         A 404 for a latest-version alias means the version was unloaded since the gateway looked:
@@ -337,30 +372,44 @@ class Gateway(ShellServer):
         refreshed = False
         while True:
             body = client_body if plain else up_body
-            state = await self.upstream_state(upstream, headers, refreshed)  # cached; also feeds the span's version
+            state = await self.upstream_state(
+                upstream, headers, refreshed
+            )  # cached; also feeds the span's version
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             payload = json.dumps({**body, "model": alias} if alias else body, separators=(",", ":")).encode()
-            resp = await client.send(client.build_request("POST", upstream + path, content=payload, headers=headers),
-                                     stream=True)
-            if alias and resp.status_code == 404 and not refreshed:  # unloaded since we looked: look again
-                await resp.aclose()
+            resp = await self.client.post(upstream + path, payload, headers)
+            if alias and resp.status == 404 and not refreshed:  # unloaded since we looked: look again
+                resp.release()
                 refreshed = True
                 continue
-            if resp.status_code == 400 and not plain and \
-                    "return_token_ids" in (await resp.aread()).decode("utf-8", "replace"):
-                log.warning("upstream %s refuses return_token_ids (not vLLM >= 0.10.2); proxying its calls "
-                            "unchanged, so their spans carry no token ids", upstream)
+            if (
+                resp.status == 400
+                and not plain
+                and "return_token_ids" in (await resp.read()).decode("utf-8", "replace")
+            ):
+                log.warning(
+                    "upstream %s refuses return_token_ids (not vLLM >= 0.10.2); proxying its calls "
+                    "unchanged, so their spans carry no token ids",
+                    upstream,
+                )
                 self.plain_upstreams.add(upstream)
-                await resp.aclose()
+                resp.release()
                 plain = True
                 continue
             return resp
 
     def warn_if_no_ids(self, rec: CallRecord, upstream: str) -> None:
-        if not rec.prompt_token_ids and upstream not in self.plain_upstreams and upstream not in self.warned_no_ids:
+        if (
+            not rec.prompt_token_ids
+            and upstream not in self.plain_upstreams
+            and upstream not in self.warned_no_ids
+        ):
             self.warned_no_ids.add(upstream)
-            log.warning("upstream %s answered without prompt_token_ids although asked (vLLM < 0.10.2 ignores "
-                        "return_token_ids); upgrade vLLM for exact tokens", upstream)
+            log.warning(
+                "upstream %s answered without prompt_token_ids although asked (vLLM < 0.10.2 ignores "
+                "return_token_ids); upgrade vLLM for exact tokens",
+                upstream,
+            )
 
 
 class _Call:
@@ -372,15 +421,6 @@ class _Call:
         self.wants: ClientWants | None = None
         self.record: CallRecord | None = None
         self.streaming = False
-        self.shard: int | None = None
-
-    def take_client(self) -> None:
-        self.shard = self.gw.clients.acquire()
-
-    @property
-    def client(self) -> httpx.AsyncClient:
-        assert self.shard is not None
-        return self.gw.clients.clients[self.shard]
 
     def fail(self, f: _UpstreamFailure) -> None:
         self.record = f.record or self.record
@@ -391,40 +431,52 @@ class _Call:
         self.span.set_status(Status(StatusCode.ERROR, message))
 
     def end(self) -> None:
-        """Record the call on its span and end it; give the upstream client back."""
-        if self.shard is not None:
-            self.gw.clients.release(self.shard)
-            self.shard = None
+        """Record the call on its span and end it."""
         state = self.gw._state.get(self.upstream)
         rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
-        self.span.set_attributes(span_attributes(rec, self.upstream,
-                                                 weight_version=state.weight_version if state else None))
+        self.span.set_attributes(
+            span_attributes(rec, self.upstream, weight_version=state.weight_version if state else None)
+        )
         self.span.end()
 
-    async def whole(self, resp: httpx.Response) -> Response:
+    async def whole(self, resp: aiohttp.ClientResponse) -> Response:
         """A non-streamed answer (or any error answer): read it all, record it, answer the client."""
-        raw = await resp.aread()
-        if resp.status_code != 200:
+        try:
+            raw = await resp.read()
+        except TRANSPORT_ERRORS as e:
+            raise _transport_failure(self.upstream, e, "failed") from e
+        if resp.status != 200:
             try:
                 err = json.loads(raw)
             except json.JSONDecodeError:
                 err = None
             msg = error_message(err) if err is not None else raw.decode("utf-8", "replace")[:500]
-            out = err if isinstance(err, dict) and isinstance(err.get("error"), dict) else \
-                error_body(msg or f"upstream answered HTTP {resp.status_code}", "upstream_error", resp.status_code)
-            raise _UpstreamFailure(resp.status_code, "upstream_error", str(resp.status_code),
-                                   f"upstream {self.upstream} answered {resp.status_code}: {msg}",
-                                   response=json_response(resp.status_code, out))
+            out = (
+                err
+                if isinstance(err, dict) and isinstance(err.get("error"), dict)
+                else error_body(msg or f"upstream answered HTTP {resp.status}", "upstream_error", resp.status)
+            )
+            raise _UpstreamFailure(
+                resp.status,
+                "upstream_error",
+                str(resp.status),
+                f"upstream {self.upstream} answered {resp.status}: {msg}",
+                response=json_response(resp.status, out),
+            )
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _UpstreamFailure(502, "upstream_error", "invalid_response",
-                                   f"upstream {self.upstream} answered 200 with a body that is not JSON ({e})") from e
+            raise _UpstreamFailure(
+                502,
+                "upstream_error",
+                "invalid_response",
+                f"upstream {self.upstream} answered 200 with a body that is not JSON ({e})",
+            ) from e
         self.record = record_from_response(self.body, data, self.op)
         self.gw.warn_if_no_ids(self.record, self.upstream)
         return json_response(200, strip_response(data, self.wants))
 
-    def stream(self, resp: httpx.Response) -> _Stream:
+    def stream(self, resp: aiohttp.ClientResponse) -> _Stream:
         self.streaming = True
         return _Stream(self, resp)
 
@@ -433,10 +485,11 @@ class _Stream:
     """The ASGI answer of a streamed call: relays the upstream's events as they come, cleaned for the
     client, and ends the call's span when the stream ends, however it ends."""
 
-    def __init__(self, call: _Call, resp: httpx.Response):
+    def __init__(self, call: _Call, resp: aiohttp.ClientResponse):
         self.call, self.resp = call, resp
         self.acc = StreamAccumulator(call.body, call.op)
         self.failure: _UpstreamFailure | None = None
+        self.read_all = False  # the upstream's answer was read to its end: its connection can be kept
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = self.call
@@ -444,7 +497,10 @@ class _Stream:
         try:
             completed = await stream_out(receive, send, self._events())
         finally:
-            await self.resp.aclose()
+            if self.read_all:
+                self.resp.release()  # the connection goes back to the pool
+            else:
+                self.resp.close()  # abandoned mid-answer: the upstream sees the connection close
             call.record = self.acc.finish()
             call.gw.warn_if_no_ids(call.record, call.upstream)
             if self.failure is not None:
@@ -459,10 +515,10 @@ class _Stream:
         Reading whole network reads (not line by line) batches the events that queued up while the
         gateway was busy, so under load it makes fewer, larger writes instead of falling behind.
         """
-        upstream = self.call.upstream
         sse, tail, done = SSEData(), b"", False
+        read = self.resp.content.readany
         try:
-            async for data in self.resp.aiter_bytes():
+            while data := await read():
                 if done:  # read to the end, so the connection goes back to the pool
                     continue
                 lines = (tail + data).split(b"\n")
@@ -478,9 +534,9 @@ class _Stream:
                     out.append(self._relay(payload))
                 if out:
                     yield b"".join(out)
-        except httpx.TransportError as e:
-            self.failure = _UpstreamFailure(502, "upstream_error", type(e).__name__,
-                                            f"upstream {upstream} broke the stream: {type(e).__name__}: {e}")
+            self.read_all = True
+        except TRANSPORT_ERRORS as e:
+            self.failure = _transport_failure(self.call.upstream, e, "broke the stream")
             yield sse_data(error_body(self.failure.message, self.failure.err_type, self.failure.status))
         yield SSE_DONE
 
@@ -490,19 +546,42 @@ class _Stream:
         try:
             chunk = json.loads(payload)
         except json.JSONDecodeError:
-            chunk = error_body(f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
-                               "upstream_error", 502)
+            chunk = error_body(
+                f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
+                "upstream_error",
+                502,
+            )
         if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
-            self.failure = _UpstreamFailure(500, "upstream_error", "stream_error",
-                                            f"upstream {upstream} failed mid-stream: {error_message(chunk)}")
+            self.failure = _UpstreamFailure(
+                500,
+                "upstream_error",
+                "stream_error",
+                f"upstream {upstream} failed mid-stream: {error_message(chunk)}",
+            )
             return sse_data(chunk)
         self.acc.add(chunk)
         out = strip_chunk(chunk, self.call.wants)
         return sse_data(out) if out is not None else b""
 
 
+def _transport_failure(upstream: str, e: BaseException, doing: str) -> _UpstreamFailure:
+    """A 504 for an upstream that went quiet past ``--timeout-s``, else a 502 naming what broke."""
+    name = error_name(e)
+    if is_timeout(e):
+        return _UpstreamFailure(
+            504,
+            "upstream_timeout",
+            name,
+            f"upstream {upstream} did not answer within its "
+            f"timeout ({name}); raise --timeout-s if generations are long",
+        )
+    return _UpstreamFailure(502, "upstream_error", name, f"upstream {upstream} {doing}: {name}: {e}")
+
+
 class _UpstreamFailure(Exception):
-    def __init__(self, status: int, err_type: str, error_type: str, message: str, response: Response | None = None):
+    def __init__(
+        self, status: int, err_type: str, error_type: str, message: str, response: Response | None = None
+    ):
         super().__init__(message)
         self.status = status
         self.err_type = err_type

@@ -1,86 +1,82 @@
-"""The gateway's upstream HTTP clients: ``httpx.AsyncClient`` s, sharded so thousands of concurrent
-calls stay cheap.
+"""The gateway's upstream HTTP client: one ``aiohttp.ClientSession`` per gateway process.
 
-httpcore 1.0's connection pool walks all of its connections, and polls each idle one's socket,
-whenever a request starts or ends (``AsyncConnectionPool._assign_requests_to_connections``, with an
-``is_idle`` count inside the walk): O(n²) per call for n connections. Profiled at 32 concurrent
-streams it cost the gateway more CPU than relaying the streams. So the connections are spread over
-clients of ``per_client`` connections each, made when the others are busy, and each call takes the
-least busy client; one CA bundle is loaded for all of them.
+Why aiohttp and not httpx: profiled under 64 concurrent streams (``bench/gateway.py``), httpx's
+stack (httpcore's pure-Python h11 parser, an anyio cancel scope and a sniffio lookup per read, and a
+pool that walks all of its connections whenever a request starts or ends) cost the gateway more CPU
+than everything else it does per call. aiohttp parses responses in C (``_http_parser``) and hands
+over each network read as it is, from one pool of ``max_connections``. httpx stays the project's
+client where a test injects a transport (the publish client); nothing injects one here.
+
+The gateway records errors under the names its spans have always used (httpx's): ``ConnectError``
+(refused, reset, TLS; nothing ran upstream), ``ConnectTimeout``, ``ReadTimeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
-from collections.abc import AsyncIterator
 
-import httpx
+import aiohttp
+
+# Failures before the request reached the upstream: the next upstream may be tried.
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
+)
+# Everything the upstream connection can raise (aiohttp's read timeouts are asyncio.TimeoutError).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
-class UpstreamClients:
-    """Up to ``max_connections`` upstream connections in clients of ``per_client`` each."""
+def error_name(e: BaseException) -> str:
+    """The ``error.type`` a span records for an upstream failure (httpx's names, as before)."""
+    if isinstance(e, aiohttp.ConnectionTimeoutError):
+        return "ConnectTimeout"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "ConnectError"
+    if isinstance(e, asyncio.TimeoutError):
+        return "ReadTimeout"
+    return type(e).__name__
 
-    def __init__(
-        self,
-        timeout: httpx.Timeout,
-        max_connections: int,
-        per_client: int = 8,
-        client: httpx.AsyncClient | None = None,
-    ):
-        self.timeout = timeout
-        self.per_client = per_client
-        self.max_clients = max(1, -(-max_connections // per_client))
-        self.clients: list[httpx.AsyncClient] = [client] if client is not None else []
-        self.busy: list[int] = [0] * len(self.clients)
-        self._fixed = client is not None  # an injected client (tests: a MockTransport) is the only one
-        self._ssl: ssl.SSLContext | None = None
+
+def is_timeout(e: BaseException) -> bool:
+    return isinstance(e, asyncio.TimeoutError)
+
+
+class UpstreamClient:
+    """Up to ``max_connections`` kept-alive upstream connections, made on the server's event loop on
+    first use and closed when that loop ends."""
+
+    def __init__(self, timeout_s: float, connect_timeout_s: float, max_connections: int):
+        # sock_read bounds each wait for the upstream (as httpx's read timeout did), not a whole generation.
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=timeout_s)
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
         self._owner: asyncio.Future | None = None
 
-    def acquire(self) -> int:
-        """The index of the least busy client (a new one when all are full), now counted busy."""
-        if self._owner is None:  # first call, on the server's event loop: close the clients with it
-            self._owner = asyncio.ensure_future(self._close_at_loop_end())
-        i = min(range(len(self.clients)), key=self.busy.__getitem__) if self.clients else -1
-        if (
-            not self._fixed
-            and (i < 0 or self.busy[i] >= self.per_client)
-            and len(self.clients) < self.max_clients
-        ):
-            self.clients.append(self._new_client())
-            self.busy.append(0)
-            i = len(self.clients) - 1
-        self.busy[i] += 1
-        return i
-
-    def release(self, i: int) -> None:
-        self.busy[i] -= 1
-
-    @contextlib.asynccontextmanager
-    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
-        """A client for one short call (a GET), given back afterwards."""
-        i = self.acquire()
-        try:
-            yield self.clients[i]
-        finally:
-            self.release(i)
-
-    def _new_client(self) -> httpx.AsyncClient:
-        if self._ssl is None:
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
             import certifi
 
-            self._ssl = ssl.create_default_context(cafile=certifi.where())  # httpx's default trust store
-        return httpx.AsyncClient(
-            timeout=self.timeout,
-            verify=self._ssl,
-            limits=httpx.Limits(max_connections=self.per_client, max_keepalive_connections=self.per_client),
-        )
+            tls = ssl.create_default_context(cafile=certifi.where())  # the trust store httpx used
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+            self._owner = asyncio.ensure_future(self._close_at_loop_end(self._session))
+        return self._session
 
-    async def _close_at_loop_end(self) -> None:
-        """Hold the clients until the server's event loop shuts down, then close their connections."""
+    async def get(self, url: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        """A short GET read whole: (status, content type, body)."""
+        async with self.session.get(url, headers=headers) as r:
+            return r.status, r.headers.get("Content-Type", "application/json"), await r.read()
+
+    async def post(self, url: str, payload: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """A POST whose answer is not yet read: the caller reads it and calls ``release()`` (read to
+        the end: the connection is kept) or ``close()`` (abandoned)."""
+        return await self.session.post(url, data=payload, headers=headers)
+
+    @staticmethod
+    async def _close_at_loop_end(session: aiohttp.ClientSession) -> None:
         try:
             await asyncio.Event().wait()
         finally:
-            for c in self.clients:
-                await c.aclose()
+            await session.close()

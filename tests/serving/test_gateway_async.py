@@ -13,7 +13,10 @@ import httpx
 import openai
 import pytest
 from opentelemetry.trace import StatusCode
+from tracerl_testing import free_port, start_tracerl, stop_tracerl
 
+from collector_exporter.testing import running_collector
+from schemas.views import connect_readonly
 from serving.gateway import Gateway, GatewayConfig
 
 from .helpers import wait_for
@@ -123,9 +126,42 @@ def test_the_gateway_token_is_checked_before_the_body_is_read(spans, streaming_u
 
 def test_the_sweep_runs_every_level_without_errors(bench, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gateway.py"])
-    args = bench.argparse.Namespace(tokens=3, token_ms=5.0, seconds=0.3, gateway_root="")
+    args = bench.argparse.Namespace(tokens=3, token_ms=5.0, seconds=0.3, gateway_root="", workers=1)
     rows = bench.sweep([1, 16], args)
     for r in rows:
         assert r["direct"].errors == [] and r["gateway"].errors == []
         assert r["direct"].calls > 0 and r["gateway"].calls > 0
     assert int(rows[0]["spans"]["gateway"]) == sum(r["gateway"].calls for r in rows)
+
+
+def listening_sockets(port: int) -> int:
+    """How many sockets listen on 127.0.0.1:``port`` (/proc/net/tcp: local address, state 0A = LISTEN)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return sum(1 for r in rows if r[1] == f"0100007F:{port:04X}" and r[3] == "0A")
+
+
+def test_workers_serve_one_port_and_each_exports_its_spans(streaming_upstream, store):
+    """``tracerl gateway --workers 2``: two processes listen on the port (SO_REUSEPORT), calls on
+    fresh connections are spread over both, each records its calls' spans, and both exit on SIGTERM."""
+    port = free_port()
+    with running_collector(store) as collector:
+        gw = start_tracerl("gateway", "--workers", "2", "--listen", f"127.0.0.1:{port}", "--upstream",
+                           streaming_upstream.url, "--otlp", collector.grpc_endpoint,
+                           health=f"http://127.0.0.1:{port}/health")
+        try:
+            children = [int(p) for p in Path(f"/proc/{gw.pid}/task/{gw.pid}/children").read_text().split()]
+            assert len(children) == 1
+            wait_for(lambda: listening_sockets(port) == 2)
+            for _ in range(24):  # a new connection each: the kernel picks a process per connection
+                with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
+                    stream = client.chat.completions.create(model="policy", messages=MSGS, stream=True)
+                    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        finally:
+            stop_tracerl(gw)
+        assert not Path(f"/proc/{children[0]}").exists()  # stopped and reaped with the parent
+        collector.flush()
+    con = connect_readonly(str(store))
+    pids = con.execute("SELECT resource_attributes['process.pid'], count(*) FROM spans "
+                       "WHERE name LIKE 'tracerl.gateway%' GROUP BY 1").fetchall()
+    assert sum(n for _, n in pids) == 24
+    assert {int(p) for p, _ in pids} == {gw.pid, children[0]}

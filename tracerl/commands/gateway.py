@@ -25,24 +25,45 @@ example:
 class GatewayCommandConfig:
     """Settings for ``tracerl gateway``."""
 
-    upstream: str = opt("http://127.0.0.1:8000", "upstream server URL(s), comma-separated; calls of one "
-                        "rollout/trace stick to one upstream", metavar="URL[,URL...]")
+    upstream: str = opt(
+        "http://127.0.0.1:8000",
+        "upstream server URL(s), comma-separated; calls of one rollout/trace stick to one upstream",
+        metavar="URL[,URL...]",
+    )
     listen: str = opt("127.0.0.1:8100", "HOST:PORT to bind", metavar="HOST:PORT")
     otlp: str = opt("http://127.0.0.1:4317", "OTLP/gRPC endpoint for the gateway's spans", metavar="URL")
-    token: str = opt("", "require this token (Authorization: Bearer, or X-Tracerl-Gateway-Token to keep the "
-                     "client's Authorization for the upstream)", env="TRACERL_GATEWAY_TOKEN")
-    upstream_api_key: str = opt("", "bearer key sent upstream when the client's Authorization was the gateway "
-                                "token or absent", env="TRACERL_UPSTREAM_API_KEY")
+    token: str = opt(
+        "",
+        "require this token (Authorization: Bearer, or X-Tracerl-Gateway-Token to keep the "
+        "client's Authorization for the upstream)",
+        env="TRACERL_GATEWAY_TOKEN",
+    )
+    upstream_api_key: str = opt(
+        "",
+        "bearer key sent upstream when the client's Authorization was the gateway token or absent",
+        env="TRACERL_UPSTREAM_API_KEY",
+    )
     timeout_s: float = opt(600.0, "upstream read timeout per call, seconds")
     connect_timeout_s: float = opt(5.0, "upstream connect timeout, seconds")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
-    max_connections: int = opt(1024, "most open client connections (more are answered 503); also the most "
-                               "upstream connections")
+    max_connections: int = opt(
+        1024, "most open client connections (more are answered 503); also the most upstream connections"
+    )
     tls_cert: str = opt("", "PEM certificate chain: serve HTTPS only (with --tls-key)", metavar="FILE")
     tls_key: str = opt("", "PEM private key of --tls-cert", metavar="FILE")
-    latest_alias: bool = opt(True, "send calls for model NAME to the newest NAME@k adapter the upstream serves, "
-                             "so unmodified agents follow the trainer's published versions")
-    models_ttl_s: float = opt(2.0, "how long the upstream's /v1/models list is trusted for the alias, seconds")
+    latest_alias: bool = opt(
+        True,
+        "send calls for model NAME to the newest NAME@k adapter the upstream serves, "
+        "so unmodified agents follow the trainer's published versions",
+    )
+    models_ttl_s: float = opt(
+        2.0, "how long the upstream's /v1/models list is trusted for the alias, seconds"
+    )
+    workers: int = opt(
+        1,
+        "gateway processes serving the port (SO_REUSEPORT); one process relays what one core "
+        "can, so give busy gateways one per core. --max-connections is per process",
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
     from serving.asgi import parse_listen
     from serving.gateway import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
+    from serving.workers import calm_gc, fork_workers
 
     upstreams = [u for u in cfg.upstream.split(",") if u.strip()]
     try:
@@ -65,18 +87,43 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--tls-cert and --tls-key go together; pass both (PEM files) or neither")
     if not upstreams:
         raise UsageError("--upstream needs at least one URL, e.g. http://127.0.0.1:8000")
+    if cfg.workers < 1:
+        raise UsageError(
+            f"--workers {cfg.workers}: give at least 1 (one process per core is the most that helps)"
+        )
+    worker = fork_workers(cfg.workers, host, port)  # before any thread starts (the exporter's, the server's)
+    port = worker.port
     provider = make_tracer_provider(cfg.otlp)
-    gw = Gateway((host, port), GatewayConfig(
-        upstreams=upstreams, token=cfg.token or None, upstream_api_key=cfg.upstream_api_key or None,
-        timeout_s=cfg.timeout_s, connect_timeout_s=cfg.connect_timeout_s,
-        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_connections=cfg.max_connections,
-        tls_cert=cfg.tls_cert or None, tls_key=cfg.tls_key or None, latest_alias=cfg.latest_alias,
-        models_ttl_s=cfg.models_ttl_s), provider)
-    gw.start_background()
-    print(f"gateway on {gw.url}/v1 -> {', '.join(gw.upstreams)}; spans to {cfg.otlp}", flush=True)
+    gw = Gateway(
+        (host, port),
+        GatewayConfig(
+            upstreams=upstreams,
+            token=cfg.token or None,
+            upstream_api_key=cfg.upstream_api_key or None,
+            timeout_s=cfg.timeout_s,
+            connect_timeout_s=cfg.connect_timeout_s,
+            max_body_bytes=int(cfg.max_body_mb * 1024 * 1024),
+            max_connections=cfg.max_connections,
+            tls_cert=cfg.tls_cert or None,
+            tls_key=cfg.tls_key or None,
+            latest_alias=cfg.latest_alias,
+            models_ttl_s=cfg.models_ttl_s,
+            reuse_port=cfg.workers > 1,
+        ),
+        provider,
+    )
     try:
+        gw.start_background()
+        worker.serving()
+        calm_gc()
+        if worker.parent:
+            procs = f" ({cfg.workers} processes)" if cfg.workers > 1 else ""
+            print(
+                f"gateway on {gw.url}/v1{procs} -> {', '.join(gw.upstreams)}; spans to {cfg.otlp}", flush=True
+            )
         wait_for_stop()
     finally:
         gw.stop()
         provider.shutdown()
+        worker.finish()
     return 0
