@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass
 
 from tracerl.options import UsageError, add_options, from_args, opt
-from tracerl.signals import wait_for_stop
+from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\
 example:
@@ -116,12 +116,13 @@ def run(args: argparse.Namespace) -> int:
         gw.start_background()
         worker.serving()
         calm_gc()
+        stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
         if worker.parent:
             procs = f" ({cfg.workers} processes)" if cfg.workers > 1 else ""
             print(
                 f"gateway on {gw.url}/v1{procs} -> {', '.join(gw.upstreams)}; spans to {cfg.otlp}", flush=True
             )
-        wait_for_stop()
+        wait_for_stop(stop)
     finally:
         gw.stop()
         provider.shutdown()
