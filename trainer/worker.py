@@ -72,7 +72,7 @@ def init_process_group(settings: TrainSettings, local_rank: int) -> None:
     """nccl with one GPU per local rank (``CUDA_VISIBLE_DEVICES`` picks which), else gloo on CPU."""
     import torch.distributed as dist
 
-    from trainer.backends.torch_backend import pick_device
+    from trainer.backends.policy_model import pick_device
 
     if pick_device(settings.device).type == "cuda":
         torch.cuda.set_device(local_rank)

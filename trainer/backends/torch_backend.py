@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from trainer.backends.base import StepCallback, TrainMetrics
+from trainer.backends.policy_model import load_policy, pick_device
 from trainer.config import TrainSettings
 from trainer.dataset import Batch, sequence_logprobs
 from trainer.distributed import all_reduce_grads, broadcast_trainable, rank_world, reduce_metrics, step_plan
@@ -32,22 +33,12 @@ from trainer.loss import LossConfig, policy_loss
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def loss_config(s: TrainSettings) -> LossConfig:
     return LossConfig(
         clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip, kl_coef=s.kl_coef,
         kl_estimator=s.kl_estimator, is_correction=s.is_correction, is_threshold_low=s.is_low,
         is_threshold_high=s.is_high,
     )
-
-
-def is_adapter_checkpoint(path: Path) -> bool:
-    return (path / "adapter_config.json").exists()
 
 
 class TorchBackend:
@@ -69,31 +60,13 @@ class TorchBackend:
     @classmethod
     def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
         """Policy = base model (round 0) or the previous round's checkpoint, with its optimizer state."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        torch.manual_seed(settings.seed)
         device = pick_device(settings.device)
         tokenizer = AutoTokenizer.from_pretrained(base_model)
-        lora = settings.lora_rank > 0 or (parent is not None and is_adapter_checkpoint(parent))
-        if lora:
-            from peft import LoraConfig, PeftModel, get_peft_model
-
-            base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-            if parent is not None and is_adapter_checkpoint(parent):
-                model = PeftModel.from_pretrained(base, str(parent), is_trainable=True)
-            else:
-                targets = settings.lora_targets
-                target_modules: Any = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
-                cfg = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
-                                 target_modules=target_modules, lora_dropout=0.0, task_type="CAUSAL_LM")
-                model = get_peft_model(base, cfg)
-            ref = None  # the reference is the same model with the adapter disabled
-        else:
-            model = AutoModelForCausalLM.from_pretrained(parent or base_model, dtype=torch.float32)
-            ref = None
-            if settings.kl_coef > 0:
-                ref = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(device).eval()
-                ref.requires_grad_(False)
+        model, ref = load_policy(settings, base_model, parent)
+        if ref is not None:
+            ref.to(device)
         model.to(device).train()
         if rank_world()[1] > 1:
             broadcast_trainable(model)
