@@ -45,11 +45,10 @@ import torch
 
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
+from trainer.backends.torch_backend import OPTIMIZER_FILE
 from trainer.config import TrainSettings
 from trainer.dataset import Batch
 from trainer.distributed import rank_world, reduce_metrics, step_plan
-
-OPTIMIZER_FILE = "optimizer.pt"  # the torch backend's name and format
 
 
 def import_openrlhf() -> Any:
