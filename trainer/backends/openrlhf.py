@@ -48,7 +48,7 @@ from trainer.backends.policy_model import load_policy, pick_device
 from trainer.backends.torch_backend import OPTIMIZER_FILE
 from trainer.config import TrainSettings
 from trainer.dataset import Batch
-from trainer.distributed import rank_world, reduce_metrics, step_plan
+from trainer.distributed import finish_metrics, rank_world, step_plan
 
 
 def import_openrlhf() -> Any:
@@ -364,13 +364,7 @@ class OpenRLHFBackend:
                 if on_step is not None:
                     on_step(m.optimizer_steps, m)
         m.seconds = time.perf_counter() - t0
-        if world > 1:
-            m, resp_tokens = reduce_metrics(m, resp_tokens, self.device)
-        if resp_tokens:
-            m.clip_fraction /= resp_tokens
-            m.ppo_kl /= resp_tokens
-            m.is_filtered_fraction /= resp_tokens
-        return m
+        return finish_metrics(m, resp_tokens, self.device, world)
 
     def save(self, out_dir: Path) -> None:
         """Collective (every rank calls it, like DeepSpeed's ``save_model``); rank 0 writes: HF weights

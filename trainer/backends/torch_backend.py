@@ -15,7 +15,6 @@ share of every step's micro-batches and the gradients are summed across ranks be
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
 from trainer.config import TrainSettings
 from trainer.dataset import Batch, sequence_logprobs
-from trainer.distributed import all_reduce_grads, broadcast_trainable, rank_world, reduce_metrics, step_plan
+from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import LossConfig, policy_loss
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -159,15 +158,7 @@ class TorchBackend:
                     on_step(m.optimizer_steps, m)
         progress.close()
         m.seconds = time.perf_counter() - t0
-        if self.world > 1:
-            m, resp_tokens = reduce_metrics(m, resp_tokens, self.device)
-        if resp_tokens:
-            m.clip_fraction /= resp_tokens
-            m.ppo_kl /= resp_tokens
-            m.is_filtered_fraction /= resp_tokens
-        if not math.isfinite(m.loss):
-            raise FloatingPointError(f"training loss is {m.loss}; lower --lr or check the rewards for NaN/inf")
-        return m
+        return finish_metrics(m, resp_tokens, self.device, self.world)
 
     def save(self, out_dir: Path) -> None:
         """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes."""
