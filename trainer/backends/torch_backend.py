@@ -15,7 +15,6 @@ share of every step's micro-batches and the gradients are summed across ranks be
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,18 +23,13 @@ from typing import Any
 import torch
 
 from trainer.backends.base import StepCallback, TrainMetrics
+from trainer.backends.policy_model import load_policy, pick_device
 from trainer.config import TrainSettings
 from trainer.dataset import Batch, sequence_logprobs
-from trainer.distributed import all_reduce_grads, broadcast_trainable, rank_world, reduce_metrics, step_plan
+from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import LossConfig, policy_loss
 
 OPTIMIZER_FILE = "optimizer.pt"
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def cpu_has_bf16() -> bool:
@@ -59,10 +53,6 @@ def loss_config(s: TrainSettings) -> LossConfig:
     )
 
 
-def is_adapter_checkpoint(path: Path) -> bool:
-    return (path / "adapter_config.json").exists()
-
-
 class TorchBackend:
     """Owns the model, its optimizer and (when needed) the reference; see the module docstring."""
 
@@ -82,33 +72,15 @@ class TorchBackend:
     @classmethod
     def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
         """Policy = base model (round 0) or the previous round's checkpoint, with its optimizer state."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        torch.manual_seed(settings.seed)
         device = pick_device(settings.device)
         if device.type == "cpu" and settings.threads:
             torch.set_num_threads(settings.threads)
         tokenizer = AutoTokenizer.from_pretrained(base_model)
-        lora = settings.lora_rank > 0 or (parent is not None and is_adapter_checkpoint(parent))
-        if lora:
-            from peft import LoraConfig, PeftModel, get_peft_model
-
-            base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
-            if parent is not None and is_adapter_checkpoint(parent):
-                model = PeftModel.from_pretrained(base, str(parent), is_trainable=True)
-            else:
-                targets = settings.lora_targets
-                target_modules: Any = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
-                cfg = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
-                                 target_modules=target_modules, lora_dropout=0.0, task_type="CAUSAL_LM")
-                model = get_peft_model(base, cfg)
-            ref = None  # the reference is the same model with the adapter disabled
-        else:
-            model = AutoModelForCausalLM.from_pretrained(parent or base_model, dtype=torch.float32)
-            ref = None
-            if settings.kl_coef > 0:
-                ref = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32).to(device).eval()
-                ref.requires_grad_(False)
+        model, ref = load_policy(settings, base_model, parent)
+        if ref is not None:
+            ref.to(device)
         model.to(device).train()
         if rank_world()[1] > 1:
             broadcast_trainable(model)
@@ -200,15 +172,7 @@ class TorchBackend:
                     on_step(m.optimizer_steps, m)
         progress.close()
         m.seconds = time.perf_counter() - t0
-        if self.world > 1:
-            m, resp_tokens = reduce_metrics(m, resp_tokens, self.device)
-        if resp_tokens:
-            m.clip_fraction /= resp_tokens
-            m.ppo_kl /= resp_tokens
-            m.is_filtered_fraction /= resp_tokens
-        if not math.isfinite(m.loss):
-            raise FloatingPointError(f"training loss is {m.loss}; lower --lr or check the rewards for NaN/inf")
-        return m
+        return finish_metrics(m, resp_tokens, self.device, self.world)
 
     def save(self, out_dir: Path) -> None:
         """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes."""
