@@ -169,7 +169,7 @@ def convert(src: PackagedGGUF, gguf_path: Path, out_dir: Path) -> Path:
     import gguf  # noqa: F401 (a clear ImportError here beats transformers' deeper one)
     import transformers
 
-    from serving.tiny_model import chatml_template
+    from serving.tiny_model import chatml_template, write_model_dir
 
     tok, model = load_gguf(gguf_path)
     # The weights are already dequantized to fp32; only the quantizer's bookkeeping still says
@@ -190,32 +190,16 @@ def convert(src: PackagedGGUF, gguf_path: Path, out_dir: Path) -> Path:
     model.generation_config.eos_token_id = end
     model.generation_config.pad_token_id = end
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        tok.save_pretrained(tmp)
-        model.save_pretrained(tmp)
-        record = {
-            "source": src.name,
-            **{k: v for k, v in asdict(src).items() if k != "name"},
-            "gguf_path": str(gguf_path),
-            "converted_by": "serving.pretrained.convert",
-            "transformers": transformers.__version__,
-            "gguf": metadata.version("gguf"),
-            "parameters": sum(p.numel() for p in model.parameters()),
-        }
-        (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        for f in tmp.iterdir():  # mkdtemp's 0700 would hide the model from other users of the machine
-            f.chmod(0o644)
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    record = {
+        "source": src.name,
+        **{k: v for k, v in asdict(src).items() if k != "name"},
+        "gguf_path": str(gguf_path),
+        "converted_by": "serving.pretrained.convert",
+        "transformers": transformers.__version__,
+        "gguf": metadata.version("gguf"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    return write_model_dir(out_dir, tok, model, RECORD, record)
 
 
 def build_pretrained(

@@ -196,15 +196,28 @@ def build_tiny_model(
     model.generation_config.pad_token_id = ids[ENDOFTEXT]
     model.generation_config.do_sample = False
 
+    return write_model_dir(out_dir, tokenizer, model, "tracerl_tiny_model.json", {
+        "built_by": "serving.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
+        "hidden": hidden, "layers": layers, "vocab_size": len(tokenizer),
+    })
+
+
+def write_model_dir(out_dir: Path, tokenizer, model, record_file: str, record: dict) -> Path:
+    """Save tokenizer, model and a JSON record of how they were made to ``out_dir``, atomically.
+
+    Written to a temp sibling and renamed into place (replacing an older ``out_dir``), so a reader
+    never sees a half-written model; a failure leaves nothing behind.
+    """
+    out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
-        (tmp / "tracerl_tiny_model.json").write_text(json.dumps({
-            "built_by": "serving.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
-            "hidden": hidden, "layers": layers, "vocab_size": len(tokenizer),
-        }, indent=2, sort_keys=True) + "\n")
+        (tmp / record_file).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        for f in tmp.iterdir():  # mkdtemp's 0700 would hide the model from other users of the machine
+            f.chmod(0o644)
+        tmp.chmod(0o755)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

@@ -20,7 +20,9 @@ def restore_threads():
 
 def test_training_on_cpu_uses_one_thread_unless_told(tiny_model_dir, restore_threads):
     torch.set_num_threads(2)
-    TorchBackend.load(TrainSettings(model=str(tiny_model_dir), device="cpu", progress=False), tiny_model_dir, None)
+    TorchBackend.load(
+        TrainSettings(model=str(tiny_model_dir), device="cpu", progress=False), tiny_model_dir, None
+    )
     assert torch.get_num_threads() == 1
     TorchBackend.load(TrainSettings(model=str(tiny_model_dir), device="cpu", threads=2), tiny_model_dir, None)
     assert torch.get_num_threads() == 2
@@ -36,12 +38,14 @@ def test_no_bf16_trains_in_fp32_on_any_cpu():
 
 @pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no AVX512-BF16/AMX: it trains in fp32")
 def test_a_bf16_cpu_runs_the_forward_pass_in_bf16(tiny_model_dir):
-    backend = TorchBackend.load(TrainSettings(model=str(tiny_model_dir), device="cpu", threads=0), tiny_model_dir,
-                                None)
+    backend = TorchBackend.load(
+        TrainSettings(model=str(tiny_model_dir), device="cpu", threads=0), tiny_model_dir, None
+    )
     ids = torch.tensor([[1, 2, 3, 4]])
     with backend._autocast():
         assert backend.model(input_ids=ids).logits.dtype is torch.bfloat16
-    fp32 = TorchBackend.load(TrainSettings(model=str(tiny_model_dir), device="cpu", threads=0, bf16=False),
-                             tiny_model_dir, None)
+    fp32 = TorchBackend.load(
+        TrainSettings(model=str(tiny_model_dir), device="cpu", threads=0, bf16=False), tiny_model_dir, None
+    )
     with fp32._autocast():
         assert fp32.model(input_ids=ids).logits.dtype is torch.float32

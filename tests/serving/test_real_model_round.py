@@ -1,0 +1,176 @@
+"""One round of the loop on the real pretrained model (SmolLM2-135M-Instruct), every stage a `tracerl` command.
+
+`tracerl serve` (the converted model, one thread) ← `tracerl gateway` ← the unmodified demo agent
+(two named agents) run by `tracerl rollout`, exporting to a real collector; then `tracerl convert`,
+`tracerl train --once` with LoRA, which publishes policy@1 to the server; the next call through the
+gateway reaches policy@1. This asserts mechanics, not learning: one round of 8 rollouts is noise.
+The reward is the length of the agent's output (mod 11), so sampling gives each group a spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from real_model import real_model_dir
+from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
+
+from collector_exporter.testing import running_collector
+from schemas.store import StoreLayout
+from schemas.views import connect_readonly
+from tracerl.demo import wait_for_round
+from trainer.rounds import read_rounds
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
+REWARD = """\
+def score(task, output):
+    return (len(output) % 11) / 10
+"""
+
+
+def _serve(model: Path, port: int):
+    return start_tracerl(
+        "serve",
+        "--model",
+        str(model),
+        "--listen",
+        f"127.0.0.1:{port}",
+        health=f"http://127.0.0.1:{port}/health",
+        timeout=300,
+    )
+
+
+def _next_call_model(gateway: str, timeout_s: float = 30) -> str:
+    """The model that answers the agent's `policy` after a publish (the gateway re-reads /v1/models)."""
+    body = {
+        "model": "policy",
+        "max_tokens": 2,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    deadline = time.monotonic() + timeout_s
+    while True:
+        served = httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=120).json()["model"]
+        if served != "policy" or time.monotonic() > deadline:
+            return served
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_one_round_on_the_real_model_trains_a_lora_that_the_next_call_reaches(tmp_path):
+    model = real_model_dir()
+    store = tmp_path / "store"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"letter-{c}", "letter": c, "letters": "ae"}) + "\n" for c in "ae")
+    )
+    (tmp_path / "reward.py").write_text(REWARD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+    env.update(
+        {
+            "OTEL_SERVICE_NAME": "demo-agent",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai",
+            "DEMO_MAX_TOKENS": "8",
+        }
+    )
+    serve_port, gw_port = free_port(), free_port()
+    server_url, gateway = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{gw_port}"
+    with running_collector(store) as c:
+        server = _serve(model, serve_port)
+        try:
+            gw = start_tracerl(
+                "gateway",
+                "--upstream",
+                server_url,
+                "--listen",
+                f"127.0.0.1:{gw_port}",
+                "--otlp",
+                c.grpc_endpoint,
+                "--models-ttl-s",
+                "0.5",
+                health=f"{gateway}/health",
+            )
+            try:
+                proc = tracerl(
+                    "rollout",
+                    "--tasks",
+                    str(tasks),
+                    "-n",
+                    "4",
+                    "--concurrency",
+                    "4",
+                    "--store",
+                    str(store),
+                    "--collector",
+                    c.http_endpoint,
+                    "--otlp",
+                    c.grpc_endpoint,
+                    "--gateway",
+                    f"{gateway}/v1",
+                    "--reward",
+                    f"{tmp_path / 'reward.py'}:score",
+                    "--timeout-s",
+                    "240",
+                    "--retries",
+                    "0",
+                    "--",
+                    str(BIN / "opentelemetry-instrument"),
+                    sys.executable,
+                    str(DEMO / "agent.py"),
+                    env=env,
+                    timeout=600,
+                )
+                assert "8 rollouts: 8 ok, 0 failed, 0 timeout" in proc.stdout, proc.stdout + proc.stderr
+                (records,) = (store / "rollouts").glob("driver-*.jsonl")
+                ids = [json.loads(line)["rollout_id"] for line in records.read_text().splitlines()]
+                wait_for_round(store, ids, len(ids), 120, lambda: None)  # spans + rewards stored
+                tracerl("convert", "--store", str(store), "--quiet-s", "0", timeout=300)
+                tracerl(
+                    "train",
+                    "--once",
+                    "--store",
+                    str(store),
+                    "--model",
+                    str(model),
+                    "--server",
+                    server_url,
+                    "--lora-rank",
+                    "8",
+                    "--lr",
+                    "1e-4",
+                    "--min-rollouts",
+                    "2",
+                    "--max-prompt-tokens",
+                    "128",
+                    "--max-response-tokens",
+                    "16",
+                    "--pack-tokens",
+                    "144",
+                    "--no-progress",
+                    timeout=600,
+                )
+                assert _next_call_model(gateway) == "policy@1"
+            finally:
+                stop_tracerl(gw)  # flushes the gateway's span batch
+        finally:
+            stop_tracerl(server)
+        c.flush()
+
+    (row,) = read_rounds(StoreLayout.at(store)).values()
+    assert (row["round"], row["policy_version"], row["status"], row["adapter"]) == (0, 0, "published", True)
+    assert row["n_rollouts"] >= 2 and row["loss"] is not None
+    con = connect_readonly(str(store))
+    # the round's 16 calls (writer + rewriter per rollout) came with exact token ids from the gateway
+    sources = dict(con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall())
+    assert sources == {"gateway": 16}
+    # the next call was served by policy@1 and recorded so by the gateway
+    versions = con.execute("""SELECT attributes['tracerl.policy_version'] FROM spans
+                              WHERE attributes['tracerl.gateway'] = 'true' ORDER BY start_time_ns""").fetchall()
+    assert versions[-1] == ("1",) and all(v == (None,) for v in versions[:16])
