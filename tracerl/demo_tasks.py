@@ -28,13 +28,31 @@ DEMO_DIR = REPO / "examples" / "demo"
 
 # per-task defaults of the DemoConfig fields left at None
 PRESETS: dict[str, dict[str, Any]] = {
-    "letters": {"rounds": 60, "rollouts_per_round": 16, "lr": 6e-3, "lora_rank": 0, "max_tokens": 6,
-                "temperature": 1.0, "epochs": 2, "steps_per_epoch": 2, "timeout_s": 60.0},
+    "letters": {
+        "rounds": 60,
+        "rollouts_per_round": 16,
+        "lr": 6e-3,
+        "lora_rank": 0,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "epochs": 2,
+        "steps_per_epoch": 2,
+        "timeout_s": 60.0,
+    },
     # LoRA r=16 on q/k/v/o, one PPO step per round (the shape of the issue-14 check that learned
     # this task in-process, there at lr 3e-4 over 12 rounds; fewer rounds here, so a larger lr);
     # temperature 0.7: at 1.0 most of a 135M model's queries are prose
-    "sql": {"rounds": 8, "rollouts_per_round": 32, "lr": 1e-3, "lora_rank": 16, "max_tokens": 32,
-            "temperature": 0.7, "epochs": 1, "steps_per_epoch": 1, "timeout_s": 600.0},
+    "sql": {
+        "rounds": 8,
+        "rollouts_per_round": 32,
+        "lr": 1e-3,
+        "lora_rank": 16,
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "epochs": 1,
+        "steps_per_epoch": 1,
+        "timeout_s": 600.0,
+    },
 }
 SQL_GROUP = 4  # samples per question per round (the advantage group)
 LORA_TARGETS = {"letters": "all-linear", "sql": "q_proj,k_proj,v_proj,o_proj"}
@@ -64,8 +82,14 @@ def letter_task(letters: str, rollouts_per_round: int) -> DemoTask:
     from make_tasks import make_tasks  # examples/demo
 
     tasks = make_tasks(letters)  # ValueError names the bad letters
-    return DemoTask("letters", DEMO_DIR / "agent.py", f"{DEMO_DIR / 'reward.py'}:score", tasks,
-                    group=max(1, rollouts_per_round // len(tasks)), per_round=len(tasks))
+    return DemoTask(
+        "letters",
+        DEMO_DIR / "agent.py",
+        f"{DEMO_DIR / 'reward.py'}:score",
+        tasks,
+        group=max(1, rollouts_per_round // len(tasks)),
+        per_round=len(tasks),
+    )
 
 
 def sql_task(workdir: Path, rollouts_per_round: int, heldout_samples: int, seed: int = 0) -> DemoTask:
@@ -78,9 +102,16 @@ def sql_task(workdir: Path, rollouts_per_round: int, heldout_samples: int, seed:
     split = questions(db)
     train = list(split["train"])
     random.Random(seed).shuffle(train)  # rounds mix templates instead of walking through one at a time
-    return DemoTask("sql", DEMO_DIR / "sql_agent.py", f"{DEMO_DIR / 'sql_reward.py'}:score", train,
-                    group=SQL_GROUP, per_round=max(1, rollouts_per_round // SQL_GROUP),
-                    heldout=with_seeds(split["heldout"], heldout_samples), train_tasks_regex="^train-")
+    return DemoTask(
+        "sql",
+        DEMO_DIR / "sql_agent.py",
+        f"{DEMO_DIR / 'sql_reward.py'}:score",
+        train,
+        group=SQL_GROUP,
+        per_round=max(1, rollouts_per_round // SQL_GROUP),
+        heldout=with_seeds(split["heldout"], heldout_samples),
+        train_tasks_regex="^train-",
+    )
 
 
 def question_of(task_id: str) -> str:
@@ -108,6 +139,10 @@ def held_out_summary(rewards: dict[str, float]) -> HeldOut:
         groups[question_of(tid)].append(v)
     variances = [statistics.pvariance(g) for g in groups.values() if len(g) > 1]
     n = len(values) or 1
-    return HeldOut(n=len(values), success=sum(v >= 1.0 for v in values) / n, mean_reward=sum(values) / n,
-                   group_variance=statistics.fmean(variances) if variances else 0.0,
-                   runs=sum(v > 0 for v in values) / n)
+    return HeldOut(
+        n=len(values),
+        success=sum(v >= 1.0 for v in values) / n,
+        mean_reward=sum(values) / n,
+        group_variance=statistics.fmean(variances) if variances else 0.0,
+        runs=sum(v > 0 for v in values) / n,
+    )

@@ -49,9 +49,14 @@ def chat(messages: list[dict], seed: int | None = None) -> str:
     """One chat completion of ``[{"role", "content"}]``, recorded as a GenAI semconv `chat` span
     (OTel semconv 1.37 attributes). ``seed`` makes the sample reproducible (the held-out evaluation)."""
     request = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE, "messages": messages}
-    attributes = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": MODEL,
-                  "gen_ai.request.max_tokens": MAX_TOKENS, "gen_ai.request.temperature": TEMPERATURE,
-                  "gen_ai.input.messages": json.dumps([parts(m["role"], m["content"]) for m in messages])}
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": MODEL,
+        "gen_ai.request.max_tokens": MAX_TOKENS,
+        "gen_ai.request.temperature": TEMPERATURE,
+        "gen_ai.input.messages": json.dumps([parts(m["role"], m["content"]) for m in messages]),
+    }
     if seed is not None:
         request["seed"] = attributes["gen_ai.request.seed"] = seed
     with tracer.start_as_current_span(f"chat {MODEL}", kind=SpanKind.CLIENT, attributes=attributes) as span:
@@ -65,18 +70,25 @@ def chat(messages: list[dict], seed: int | None = None) -> str:
         choice = body["choices"][0]
         text = choice["message"].get("content") or ""
         usage = body.get("usage") or {}
-        span.set_attributes({
-            "gen_ai.response.id": body.get("id", ""), "gen_ai.response.model": body.get("model", ""),
-            "gen_ai.response.finish_reasons": [choice.get("finish_reason") or "stop"],
-            "gen_ai.usage.input_tokens": usage.get("prompt_tokens", 0),
-            "gen_ai.usage.output_tokens": usage.get("completion_tokens", 0),
-            "gen_ai.output.messages": json.dumps([parts("assistant", text, choice.get("finish_reason") or "stop")]),
-        })
+        span.set_attributes(
+            {
+                "gen_ai.response.id": body.get("id", ""),
+                "gen_ai.response.model": body.get("model", ""),
+                "gen_ai.response.finish_reasons": [choice.get("finish_reason") or "stop"],
+                "gen_ai.usage.input_tokens": usage.get("prompt_tokens", 0),
+                "gen_ai.usage.output_tokens": usage.get("completion_tokens", 0),
+                "gen_ai.output.messages": json.dumps(
+                    [parts("assistant", text, choice.get("finish_reason") or "stop")]
+                ),
+            }
+        )
         return text
 
 
 def invoke_agent(name: str, messages: list[dict], seed: int | None = None) -> str:
     """One agent turn: an OTel GenAI agent span around one chat call."""
-    with tracer.start_as_current_span(f"invoke_agent {name}", attributes={
-            "gen_ai.agent.name": name, "gen_ai.operation.name": "invoke_agent"}):
+    with tracer.start_as_current_span(
+        f"invoke_agent {name}",
+        attributes={"gen_ai.agent.name": name, "gen_ai.operation.name": "invoke_agent"},
+    ):
         return chat(messages, seed)

@@ -19,8 +19,10 @@ from genai_chat import invoke_agent, read_task, tracer
 from sql_reward import run_readonly
 
 SYSTEM = "You write SQLite queries. Reply with one SQL query and nothing else."
-SCHEMA = ("Tables: customers(id, name, city, signup_date), products(id, name, category, price), "
-          "orders(id, customer_id, product_id, quantity, order_date)")
+SCHEMA = (
+    "Tables: customers(id, name, city, signup_date), products(id, name, category, price), "
+    "orders(id, customer_id, product_id, quantity, order_date)"
+)
 EXAMPLE = ("Question: What is the name of the customer with id 3?", "SELECT name FROM customers WHERE id = 3")
 
 
@@ -46,15 +48,23 @@ def execute(db: str, sql: str) -> str:
 
 
 def writer_messages(question: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"{SCHEMA}\n{EXAMPLE[0]}"}, {"role": "assistant", "content": EXAMPLE[1]},
-            {"role": "user", "content": f"Question: {question}"}]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"{SCHEMA}\n{EXAMPLE[0]}"},
+        {"role": "assistant", "content": EXAMPLE[1]},
+        {"role": "user", "content": f"Question: {question}"},
+    ]
 
 
 def rewriter_messages(question: str, draft: str, result: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"{SCHEMA}\nQuestion: {question}\nSQL: {draft}\nResult: {result}\n"
-                                        "If the result answers the question, repeat the SQL; otherwise fix it."}]
+    return [
+        {"role": "system", "content": SYSTEM},
+        {
+            "role": "user",
+            "content": f"{SCHEMA}\nQuestion: {question}\nSQL: {draft}\nResult: {result}\n"
+            "If the result answers the question, repeat the SQL; otherwise fix it.",
+        },
+    ]
 
 
 def main() -> None:
@@ -63,8 +73,11 @@ def main() -> None:
     with tracer.start_as_current_span("sql task", attributes={"demo.task_id": str(task.get("id", ""))}):
         draft = extract_sql(invoke_agent("writer", writer_messages(question), seed))
         result = execute(task["db"], draft)
-        fixed = extract_sql(invoke_agent("rewriter", rewriter_messages(question, draft, result),
-                                         None if seed is None else seed + 1))
+        fixed = extract_sql(
+            invoke_agent(
+                "rewriter", rewriter_messages(question, draft, result), None if seed is None else seed + 1
+            )
+        )
     print(json.dumps({"question": question, "writer": draft, "result": result, "sql": fixed or draft}))
 
 

@@ -11,8 +11,9 @@ import importlib.util
 import sqlite3
 from pathlib import Path
 
-_spec = importlib.util.spec_from_file_location("sql_agent_reward",
-                                               Path(__file__).resolve().parents[1] / "sql_agent" / "reward.py")
+_spec = importlib.util.spec_from_file_location(
+    "sql_agent_reward", Path(__file__).resolve().parents[1] / "sql_agent" / "reward.py"
+)
 _sql = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_sql)
 run_readonly, results_match, final_sql = _sql.run_readonly, _sql.results_match, _sql.final_sql

@@ -26,42 +26,102 @@ SQL_AGENT = Path(__file__).resolve().parents[1] / "sql_agent"
 
 # (template id, question, gold SQL, the SQL that lists the values to fill in)
 TEMPLATES = [
-    ("city-count", "How many customers live in {v}?", "SELECT COUNT(*) FROM customers WHERE city = '{v}'",
-     "SELECT DISTINCT city FROM customers ORDER BY city"),
-    ("city-names", "List the names of the customers who live in {v}.",
-     "SELECT name FROM customers WHERE city = '{v}'", "SELECT DISTINCT city FROM customers ORDER BY city"),
-    ("customer-city", "Which city does {v} live in?", "SELECT city FROM customers WHERE name = '{v}'",
-     "SELECT name FROM customers ORDER BY id"),
-    ("customer-signup", "On what date did {v} sign up?", "SELECT signup_date FROM customers WHERE name = '{v}'",
-     "SELECT name FROM customers ORDER BY id"),
-    ("product-price", "What is the price of the product {v}?", "SELECT price FROM products WHERE name = '{v}'",
-     "SELECT name FROM products ORDER BY id"),
-    ("product-category", "Which category is the product {v} in?",
-     "SELECT category FROM products WHERE name = '{v}'", "SELECT name FROM products ORDER BY id"),
-    ("category-names", "List the names of the products in the {v} category.",
-     "SELECT name FROM products WHERE category = '{v}'", "SELECT DISTINCT category FROM products ORDER BY 1"),
-    ("category-count", "How many products are in the {v} category?",
-     "SELECT COUNT(*) FROM products WHERE category = '{v}'", "SELECT DISTINCT category FROM products ORDER BY 1"),
-    ("category-avg", "What is the average price of the products in the {v} category?",
-     "SELECT AVG(price) FROM products WHERE category = '{v}'", "SELECT DISTINCT category FROM products ORDER BY 1"),
-    ("category-max", "What is the name of the most expensive product in the {v} category?",
-     "SELECT name FROM products WHERE category = '{v}' ORDER BY price DESC LIMIT 1",
-     "SELECT DISTINCT category FROM products ORDER BY 1"),
-    ("price-above", "How many products cost more than {v} euros?", "SELECT COUNT(*) FROM products WHERE price > {v}",
-     "VALUES (10), (20), (30), (40), (50), (100)"),
-    ("price-below", "List the names of the products that cost less than {v} euros.",
-     "SELECT name FROM products WHERE price < {v}", "VALUES (15), (20), (25), (40), (50)"),
-    ("month-orders", "How many orders were placed in month {v} of 2024?",
-     "SELECT COUNT(*) FROM orders WHERE order_date LIKE '2024-0{v}-%'",
-     "VALUES (1), (2), (3), (4), (5), (6)"),
-    ("quantity-orders", "How many orders have a quantity of {v}?", "SELECT COUNT(*) FROM orders WHERE quantity = {v}",
-     "VALUES (1), (2), (3), (4)"),
-    ("customer-orders", "How many orders did {v} place?",
-     "SELECT COUNT(*) FROM orders WHERE customer_id = (SELECT id FROM customers WHERE name = '{v}')",
-     "SELECT name FROM customers ORDER BY id"),
-    ("product-units", "How many units of the product {v} were ordered in total?",
-     "SELECT SUM(quantity) FROM orders WHERE product_id = (SELECT id FROM products WHERE name = '{v}')",
-     "SELECT name FROM products ORDER BY id"),
+    (
+        "city-count",
+        "How many customers live in {v}?",
+        "SELECT COUNT(*) FROM customers WHERE city = '{v}'",
+        "SELECT DISTINCT city FROM customers ORDER BY city",
+    ),
+    (
+        "city-names",
+        "List the names of the customers who live in {v}.",
+        "SELECT name FROM customers WHERE city = '{v}'",
+        "SELECT DISTINCT city FROM customers ORDER BY city",
+    ),
+    (
+        "customer-city",
+        "Which city does {v} live in?",
+        "SELECT city FROM customers WHERE name = '{v}'",
+        "SELECT name FROM customers ORDER BY id",
+    ),
+    (
+        "customer-signup",
+        "On what date did {v} sign up?",
+        "SELECT signup_date FROM customers WHERE name = '{v}'",
+        "SELECT name FROM customers ORDER BY id",
+    ),
+    (
+        "product-price",
+        "What is the price of the product {v}?",
+        "SELECT price FROM products WHERE name = '{v}'",
+        "SELECT name FROM products ORDER BY id",
+    ),
+    (
+        "product-category",
+        "Which category is the product {v} in?",
+        "SELECT category FROM products WHERE name = '{v}'",
+        "SELECT name FROM products ORDER BY id",
+    ),
+    (
+        "category-names",
+        "List the names of the products in the {v} category.",
+        "SELECT name FROM products WHERE category = '{v}'",
+        "SELECT DISTINCT category FROM products ORDER BY 1",
+    ),
+    (
+        "category-count",
+        "How many products are in the {v} category?",
+        "SELECT COUNT(*) FROM products WHERE category = '{v}'",
+        "SELECT DISTINCT category FROM products ORDER BY 1",
+    ),
+    (
+        "category-avg",
+        "What is the average price of the products in the {v} category?",
+        "SELECT AVG(price) FROM products WHERE category = '{v}'",
+        "SELECT DISTINCT category FROM products ORDER BY 1",
+    ),
+    (
+        "category-max",
+        "What is the name of the most expensive product in the {v} category?",
+        "SELECT name FROM products WHERE category = '{v}' ORDER BY price DESC LIMIT 1",
+        "SELECT DISTINCT category FROM products ORDER BY 1",
+    ),
+    (
+        "price-above",
+        "How many products cost more than {v} euros?",
+        "SELECT COUNT(*) FROM products WHERE price > {v}",
+        "VALUES (10), (20), (30), (40), (50), (100)",
+    ),
+    (
+        "price-below",
+        "List the names of the products that cost less than {v} euros.",
+        "SELECT name FROM products WHERE price < {v}",
+        "VALUES (15), (20), (25), (40), (50)",
+    ),
+    (
+        "month-orders",
+        "How many orders were placed in month {v} of 2024?",
+        "SELECT COUNT(*) FROM orders WHERE order_date LIKE '2024-0{v}-%'",
+        "VALUES (1), (2), (3), (4), (5), (6)",
+    ),
+    (
+        "quantity-orders",
+        "How many orders have a quantity of {v}?",
+        "SELECT COUNT(*) FROM orders WHERE quantity = {v}",
+        "VALUES (1), (2), (3), (4)",
+    ),
+    (
+        "customer-orders",
+        "How many orders did {v} place?",
+        "SELECT COUNT(*) FROM orders WHERE customer_id = (SELECT id FROM customers WHERE name = '{v}')",
+        "SELECT name FROM customers ORDER BY id",
+    ),
+    (
+        "product-units",
+        "How many units of the product {v} were ordered in total?",
+        "SELECT SUM(quantity) FROM orders WHERE product_id = (SELECT id FROM products WHERE name = '{v}')",
+        "SELECT name FROM products ORDER BY id",
+    ),
 ]
 HELD_OUT_EVERY = 4  # value i of a template is held out when i % 4 == 1
 
@@ -84,8 +144,14 @@ def questions(db: str | Path) -> dict[str, list[dict]]:
             for i, (v,) in enumerate(con.execute(values_sql).fetchall()):
                 split = "heldout" if i % HELD_OUT_EVERY == 1 else "train"
                 slug = str(v).lower().replace(" ", "-")
-                out[split].append({"id": f"{split}-{tid}-{slug}", "question": question.format(v=v),
-                                   "gold_sql": gold.format(v=v), "db": path})
+                out[split].append(
+                    {
+                        "id": f"{split}-{tid}-{slug}",
+                        "question": question.format(v=v),
+                        "gold_sql": gold.format(v=v),
+                        "db": path,
+                    }
+                )
     finally:
         con.close()
     return out
@@ -93,8 +159,11 @@ def questions(db: str | Path) -> dict[str, list[dict]]:
 
 def with_seeds(tasks: list[dict], samples: int) -> list[dict]:
     """``samples`` copies of each task, each with its own id and sampling ``seed`` (a fixed evaluation)."""
-    return [{**t, "id": f"{t['id']}-s{s}", "seed": 1000 * s + k}
-            for k, t in enumerate(tasks) for s in range(samples)]
+    return [
+        {**t, "id": f"{t['id']}-s{s}", "seed": 1000 * s + k}
+        for k, t in enumerate(tasks)
+        for s in range(samples)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,15 @@ def test_held_out_questions_are_never_training_questions_and_every_template_is_i
     train, heldout = split["train"], split["heldout"]
     assert not {t["question"] for t in train} & {t["question"] for t in heldout}
     template = lambda t: t["id"].split("-", 1)[1].rsplit("-", 1)[0]  # noqa: E731
-    assert {template(t) for t in heldout} == {template(t) for t in train} == {tid for tid, *_ in sql_tasks.TEMPLATES}
+    assert (
+        {template(t) for t in heldout}
+        == {template(t) for t in train}
+        == {tid for tid, *_ in sql_tasks.TEMPLATES}
+    )
     assert len(heldout) == 30 and len(train) == 83
-    assert all(t["id"].startswith("train-") for t in train) and all(t["id"].startswith("heldout-") for t in heldout)
+    assert all(t["id"].startswith("train-") for t in train) and all(
+        t["id"].startswith("heldout-") for t in heldout
+    )
 
 
 def test_every_gold_query_runs_and_seeded_copies_have_distinct_ids_and_seeds(db):
@@ -58,8 +64,10 @@ def test_reward_is_graded_gold_then_runs_then_broken(db):
 
 def test_the_agent_takes_the_first_select_out_of_fences_and_prose():
     assert sql_agent.extract_sql("```sql\nSELECT name FROM products;\n```") == "SELECT name FROM products"
-    assert sql_agent.extract_sql("Sure! select city from customers where name = 'Ben'\n\nThis query") == \
-        "select city from customers where name = 'Ben'"
+    assert (
+        sql_agent.extract_sql("Sure! select city from customers where name = 'Ben'\n\nThis query")
+        == "select city from customers where name = 'Ben'"
+    )
     assert sql_agent.extract_sql("with products and their price, I would") == ""
 
 
