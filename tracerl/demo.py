@@ -569,9 +569,9 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         # regex keeps them out of training)
         stored = store_rewards(store, [r.rollout_id for r in records])
         h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
-        ids = [r.rollout_id for r in records]
         run.heldout.append((k, h))
-        run.answers[k] = store_answers(store, ids)
+        answers = store_answers(store, [r.rollout_id for r in records])
+        run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
         print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
               f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {t_roll:.0f}s)",
               flush=True)
@@ -679,19 +679,17 @@ def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
         con.close()
 
 
-def store_answers(store: Path, rollout_ids: list[str]) -> dict[str, tuple[str, float]]:
-    """Each rollout's task id -> (the last call's reply, the rollout's reward), from the transitions."""
+def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
+    """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
     from schemas.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
-        rows = con.execute("""SELECT task_id, arg_max(json_extract_string(response_message, '$.content'), step),
-                                     max(rollout_reward)
-                              FROM transitions WHERE rollout_id IN (SELECT unnest(?::VARCHAR[]))
-                              GROUP BY rollout_id, task_id""", [rollout_ids]).fetchall()
+        return dict(con.execute("""SELECT rollout_id, any_value(attributes[?]) FROM spans
+                                   WHERE attributes[?] IS NOT NULL AND rollout_id IN (SELECT unnest(?::VARCHAR[]))
+                                   GROUP BY rollout_id""", [attribute, attribute, rollout_ids]).fetchall())
     finally:
         con.close()
-    return {tid: (reply or "", reward if reward is not None else 0.0) for tid, reply, reward in rows}
 
 
 def explore_queries(store: Path) -> str:

@@ -70,7 +70,9 @@ def rewriter_messages(question: str, draft: str, result: str) -> list[dict]:
 def main() -> None:
     task = read_task()
     question, seed = task["question"], task.get("seed")
-    with tracer.start_as_current_span("sql task", attributes={"demo.task_id": str(task.get("id", ""))}):
+    with tracer.start_as_current_span(
+        "sql task", attributes={"demo.task_id": str(task.get("id", ""))}
+    ) as span:
         draft = extract_sql(invoke_agent("writer", writer_messages(question), seed))
         result = execute(task["db"], draft)
         fixed = extract_sql(
@@ -78,6 +80,8 @@ def main() -> None:
                 "rewriter", rewriter_messages(question, draft, result), None if seed is None else seed + 1
             )
         )
+        # the agent's output on its span, as a traced app records its result
+        span.set_attribute("demo.answer", fixed or draft)
     print(json.dumps({"question": question, "writer": draft, "result": result, "sql": fixed or draft}))
 
 
