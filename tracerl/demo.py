@@ -49,10 +49,10 @@ class DemoConfig:
                             "success is measured before and after")
     rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
                                    "(the demo stops sooner once every task's samples agree: no signal left); "
-                                   "None: 60, --real 8")
+                                   "unset: 60, --real 8")
     rollouts_per_round: int | None = opt(None, "rollouts per round: tasks x samples per task (a multiple of the "
                                                "tasks: one per --letters letter; --real: questions x 4); "
-                                               "None: 16, --real 32", metavar="R")
+                                               "unset: 16, --real 32", metavar="R")
     letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
     heldout_samples: int = opt(4, "--real: seeded samples per held-out question (30 questions) in the "
                                   "evaluations before the first and after the last round")
@@ -74,21 +74,21 @@ class DemoConfig:
     http_port: int = opt(0, "OTLP/HTTP + /v1/rewards port of `tracerl collect` (0: any free port)")
     concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core; --real: at least 8, the server's "
                               "batch)")
-    max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); None: 6, --real 32")
+    max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); unset: 6, --real 32")
     temperature: float | None = opt(None, "sampling temperature of the agent (DEMO_TEMPERATURE); "
-                                          "None: 1.0, --real 0.7")
-    lr: float | None = opt(None, "learning rate; None: 6e-3 (the tiny model needs a large one; 3e-3 learned half "
+                                          "unset: 1.0, --real 0.7")
+    lr: float | None = opt(None, "learning rate; unset: 6e-3 (the tiny model needs a large one; 3e-3 learned half "
                                  "as fast), --real 1e-3")
-    epochs: int | None = opt(None, "passes over each round's data; None: 2, --real 1")
-    steps_per_epoch: int | None = opt(None, "optimizer steps per pass; None: 2, --real 1")
+    epochs: int | None = opt(None, "passes over each round's data; unset: 2, --real 1")
+    steps_per_epoch: int | None = opt(None, "optimizer steps per pass; unset: 2, --real 1")
     lora_rank: int | None = opt(None, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA); "
-                                      "None: 0, --real 16 (on q/k/v/o)")
+                                      "unset: 0, --real 16 (on q/k/v/o)")
     threads: int = opt(1, "torch CPU threads of the embedded server and of training (0: torch's default). "
                           "The agents share the cores: with 2 threads per torch process on 2 busy cores, a "
                           "training step took 5x longer here, waiting on each other")
     final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
                                  "(measured, not trained on); --real: the held-out evaluations before and after")
-    timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); None: 60, "
+    timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 60, "
                                         "--real 600 (a 135M model on two busy cores)")
     wait_s: float = opt(60.0, "seconds to wait for a round's spans to reach the store before giving up")
 
