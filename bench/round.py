@@ -207,6 +207,24 @@ def bare_step(model, rows: list[dict], lr: float, autocast) -> tuple[float, int]
     return time.perf_counter() - t, int(sum(map(len, seqs)))
 
 
+def bare_model(model: Path, lora_rank: int):
+    """The baseline's model: the base weights under a fresh LoRA of the trainer's shape (zero B: same outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.config import TrainSettings
+
+    tok = AutoTokenizer.from_pretrained(model)
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    s = TrainSettings()
+    targets = s.lora_targets if s.lora_targets == "all-linear" else s.lora_targets.split(",")
+    cfg = LoraConfig(
+        r=lora_rank, lora_alpha=s.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM", target_modules=targets
+    )
+    return tok, get_peft_model(base, cfg)
+
+
 def run(
     model: Path,
     letters: str = "ae",
@@ -216,28 +234,52 @@ def run(
     threads: int = 1,
     max_num_seqs: int = 8,
     lr: float = 1e-4,
+    repeats: int = 2,
 ) -> dict:
+    """``repeats`` rounds (round k trains on policy@k's rollouts), each followed by the baseline on that
+    round's prompts; every phase's figure is its fastest repeat (the least disturbed by other load)."""
     import torch
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from span_to_transition.convert import ConvertConfig
+    from span_to_transition.store import convert_store
+    from tracerl.demo import wait_for_round
+    from trainer.backends.torch_backend import autocast_dtype
+    from trainer.config import TrainSettings
+    from trainer.publish import server_publisher
+    from trainer.rounds import run_once
 
     torch.set_num_threads(threads)
     os.environ.update({"DEMO_MAX_TOKENS": str(max_tokens), "DEMO_TEMPERATURE": "1.0", "OPENAI_API_KEY": ""})
     work = Path(tempfile.mkdtemp(prefix="tracerl-bench-round-"))
     store = work / "store"
+    tok, lora = bare_model(
+        model, lora_rank
+    )  # also imports transformers + peft, as a `train --watch` process has
+    dtype = autocast_dtype(torch.device("cpu"), True)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
+
+    settings = TrainSettings(
+        store=str(store),
+        model=str(model),
+        min_rollouts=2,
+        lr=lr,
+        lora_rank=lora_rank,
+        threads=threads,
+        max_prompt_tokens=256,
+        max_response_tokens=max_tokens,
+        pack_tokens=256 + max_tokens,
+        progress=False,
+    )
     children, urls = start_stack(model, work, threads, max_num_seqs)
+    reps: list[dict] = []
     try:
-        from opentelemetry import trace
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-        from span_to_transition.convert import ConvertConfig
-        from span_to_transition.store import convert_store
-        from tracerl.demo import wait_for_round
-        from trainer.config import TrainSettings
-        from trainer.publish import server_publisher
-        from trainer.rounds import run_once
-
         provider = TracerProvider(resource=Resource.create({"service.name": "bench-agent"}))
         provider.add_span_processor(
             BatchSpanProcessor(
@@ -251,104 +293,91 @@ def run(
             _load(DEMO / "reward.py", "bench_demo_reward"),
         )
         tasks = [{"id": f"letter-{c}", "letter": c, "letters": letters} for c in letters]
+        settings.server = urls["server"]
         agent.chat("Hi")  # warm-up: the server's first forward pass, connections (not part of a round)
-        import peft  # noqa: F401  # imported once by a `train --watch` or demo process, not once per round
-        import transformers  # noqa: F401
+        lora.eval()
+        with torch.no_grad():
+            bare_generate(
+                lora, [tok("Hi").input_ids], 2, 1, tok.pad_token_id
+            )  # its warm-up, as the server had
+        for _ in range(repeats):
+            r: dict = {}
+            t0 = time.perf_counter()
+            ids = rollouts(agent, reward, tasks, samples, urls["collector"])
+            r["generation_s"] = time.perf_counter() - t0
+            provider.force_flush()
+            wait_for_round(store, ids, len(ids), 120, children.check_alive)
+            r["collect_wait_s"] = time.perf_counter() - t0 - r["generation_s"]
+            t = time.perf_counter()
+            convert_store(str(store), ConvertConfig(quiet_s=0.0, workers=1))
+            r["convert_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            outcome = run_once(settings, publisher=server_publisher(urls["server"]), log=lambda _m: None)
+            r["train_round_s"] = time.perf_counter() - t
+            if outcome.status != "published":
+                raise RuntimeError(f"the round did not publish: {outcome.status} {outcome.message}")
+            r["train_round_parts_s"] = json.loads(outcome.row.get("timings") or "{}")
+            round_ids = set(ids)
+            rows = [row for row in round_transitions(store) if row["rollout_id"] in round_ids]
+            r["generated_tokens"] = sum(len(row["response_token_ids"]) for row in rows)
+            r["loop_s"] = r["generation_s"] + r["collect_wait_s"] + r["convert_s"] + r["train_round_s"]
 
-        t0 = time.perf_counter()
-        ids = rollouts(agent, reward, tasks, samples, urls["collector"])
-        t_gen = time.perf_counter() - t0
-        provider.force_flush()
-        wait_for_round(store, ids, len(ids), 120, children.check_alive)
-        t_collect = time.perf_counter() - t0 - t_gen
-        t1 = time.perf_counter()
-        convert_store(str(store), ConvertConfig(quiet_s=0.0, workers=1))
-        t_convert = time.perf_counter() - t1
-        settings = TrainSettings(
-            store=str(store),
-            model=str(model),
-            server=urls["server"],
-            min_rollouts=2,
-            lr=lr,
-            lora_rank=lora_rank,
-            threads=threads,
-            max_prompt_tokens=256,
-            max_response_tokens=max_tokens,
-            pack_tokens=256 + max_tokens,
-            progress=False,
-        )
-        t2 = time.perf_counter()
-        outcome = run_once(settings, publisher=server_publisher(urls["server"]), log=lambda _m: None)
-        t_train = time.perf_counter() - t2
-        if outcome.status != "published":
-            raise RuntimeError(f"the round did not publish: {outcome.status} {outcome.message}")
-        rows = round_transitions(store)
-        timings = json.loads(outcome.row.get("timings") or "{}")
+            lora.eval()
+            with torch.no_grad():  # the writers' calls, then the rewriters' (each needs its writer's answer)
+                gens = [
+                    bare_generate(
+                        lora,
+                        [x["prompt_token_ids"] for x in rows if x["agent_name"] == agent_name],
+                        max_tokens,
+                        max_num_seqs,
+                        tok.pad_token_id,
+                    )
+                    for agent_name in ("writer", "rewriter")
+                ]
+            lora.train()
+            r["bare_generate_s"], r["bare_generated_tokens"] = (
+                sum(g[0] for g in gens),
+                sum(g[1] for g in gens),
+            )
+            r["bare_step_s"], r["step_tokens"] = bare_step(lora, rows, lr, autocast)
+            r["bare_s"] = r["bare_generate_s"] + r["bare_step_s"]
+            r["loop_over_bare"] = r["loop_s"] / r["bare_s"]
+            reps.append(r)
     finally:
         children.stop_all()
 
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    def best(key: str) -> float:
+        return min(x[key] for x in reps)
 
-    from trainer.backends.torch_backend import autocast_dtype
-
-    tok = AutoTokenizer.from_pretrained(model)
-    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    writer = [r["prompt_token_ids"] for r in rows if r["agent_name"] == "writer"]
-    rewriter = [r["prompt_token_ids"] for r in rows if r["agent_name"] == "rewriter"]
-    bare_generate(base, writer[:1], 2, 1, tok.pad_token_id)  # warm-up, as the server had
-    with torch.no_grad():
-        g1, n1 = bare_generate(base, writer, max_tokens, max_num_seqs, tok.pad_token_id)
-        g2, n2 = bare_generate(base, rewriter, max_tokens, max_num_seqs, tok.pad_token_id)
-    targets = TrainSettings().lora_targets
-    lora = get_peft_model(
-        base,
-        LoraConfig(
-            r=lora_rank,
-            lora_alpha=16.0,
-            lora_dropout=0.0,
-            task_type="CAUSAL_LM",
-            target_modules=targets if targets == "all-linear" else targets.split(","),
-        ),
-    )
-    lora.train()
-    dtype = autocast_dtype(torch.device("cpu"), True)
-
-    def autocast():
-        return torch.autocast("cpu", dtype=dtype) if dtype else torch.autocast("cpu", enabled=False)
-
-    s_bare, step_tokens = bare_step(lora, rows, lr, autocast)
-
-    gen_tokens = sum(len(r["response_token_ids"]) for r in rows)
-    loop = t_gen + t_collect + t_convert + t_train
-    bare = g1 + g2 + s_bare
+    loop = best("generation_s") + best("collect_wait_s") + best("convert_s") + best("train_round_s")
+    bare = best("bare_generate_s") + best("bare_step_s")
+    fastest_train = min(reps, key=lambda x: x["train_round_s"])
     return {
-        "rollouts": len(ids),
-        "calls": len(rows),
+        "rollouts_per_round": len(tasks) * samples,
+        "calls_per_round": 2 * len(tasks) * samples,
         "max_tokens": max_tokens,
         "threads": threads,
+        "repeats": reps,
         "loop": {
-            "generation_s": t_gen,
-            "collect_wait_s": t_collect,
-            "convert_s": t_convert,
-            "train_round_s": t_train,
-            "train_round_parts_s": timings,
+            "generation_s": best("generation_s"),
+            "collect_wait_s": best("collect_wait_s"),
+            "convert_s": best("convert_s"),
+            "train_round_s": best("train_round_s"),
+            "train_round_parts_s": fastest_train["train_round_parts_s"],
             "total_s": loop,
-            "generated_tokens": gen_tokens,
-            "generation_tokens_per_s": gen_tokens / t_gen,
-            "train_tokens_per_s": step_tokens / timings["train"] if timings.get("train") else None,
+            "generation_tokens_per_s": max(x["generated_tokens"] / x["generation_s"] for x in reps),
+            "train_tokens_per_s": max(x["step_tokens"] / x["train_round_parts_s"]["train"] for x in reps),
         },
         "bare": {
-            "generate_s": g1 + g2,
-            "step_s": s_bare,
+            "generate_s": best("bare_generate_s"),
+            "step_s": best("bare_step_s"),
             "total_s": bare,
-            "generated_tokens": n1 + n2,
-            "generation_tokens_per_s": (n1 + n2) / (g1 + g2),
-            "train_tokens_per_s": step_tokens / s_bare,
+            "generation_tokens_per_s": max(x["bare_generated_tokens"] / x["bare_generate_s"] for x in reps),
+            "train_tokens_per_s": max(x["step_tokens"] / x["bare_step_s"] for x in reps),
         },
         "loop_over_bare": loop / bare,
-        "generation_loop_over_bare": t_gen / (g1 + g2),
-        "training_loop_over_bare": t_train / s_bare,
+        "generation_loop_over_bare": best("generation_s") / best("bare_generate_s"),
+        "training_loop_over_bare": best("train_round_s") / best("bare_step_s"),
         "target": "loop_over_bare <= 1.15",
     }
 
@@ -366,16 +395,24 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server, trainer and baseline")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="rounds, each beside its baseline; the fastest of each phase counts",
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     a = p.parse_args()
     if a.model == DEFAULT_MODEL:
         from serving.pretrained import build_pretrained
 
         build_pretrained("smollm2-135m-instruct", DEFAULT_MODEL)
-    r = run(a.model, a.letters, a.samples, a.max_tokens, a.lora_rank, a.threads)
+    r = run(a.model, a.letters, a.samples, a.max_tokens, a.lora_rank, a.threads, repeats=a.repeats)
     lp, bp = r["loop"], r["bare"]
+    per_round = ", ".join(f"{x['loop_over_bare']:.2f}x" for x in r["repeats"])
     print(
-        f"{r['rollouts']} rollouts, {r['calls']} calls of <= {r['max_tokens']} tokens, {r['threads']} thread(s)"
+        f"{r['rollouts_per_round']} rollouts a round, {r['calls_per_round']} calls of <= {r['max_tokens']} tokens, "
+        f"{r['threads']} thread(s); fastest of {len(r['repeats'])} rounds per phase (loop/bare by round: {per_round})"
     )
     print(
         f"loop : generation {lp['generation_s']:.1f}s ({lp['generation_tokens_per_s']:.1f} tok/s) + spans stored "
