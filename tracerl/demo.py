@@ -49,10 +49,10 @@ class DemoConfig:
                             "success is measured before and after")
     rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
                                    "(the demo stops sooner once every task's samples agree: no signal left); "
-                                   "unset: 60, --real 8")
+                                   "unset: 60, --real 5")
     rollouts_per_round: int | None = opt(None, "rollouts per round: tasks x samples per task (a multiple of the "
                                                "tasks: one per --letters letter; --real: questions x 4); "
-                                               "unset: 16, --real 32", metavar="R")
+                                               "unset: 16, --real 24", metavar="R")
     letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
     heldout_samples: int = opt(4, "--real: seeded samples per held-out question (30 questions) in the "
                                   "evaluations before the first and after the last round")

@@ -43,8 +43,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # this task in-process, there at lr 3e-4 over 12 rounds; fewer rounds here, so a larger lr);
     # temperature 0.7: at 1.0 most of a 135M model's queries are prose
     "sql": {
-        "rounds": 8,
-        "rollouts_per_round": 32,
+        "rounds": 5,
+        "rollouts_per_round": 24,
         "lr": 1e-3,
         "lora_rank": 16,
         "max_tokens": 32,

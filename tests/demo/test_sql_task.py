@@ -90,5 +90,5 @@ def test_rounds_walk_the_training_split_and_flags_beat_the_real_preset(tmp_path)
     assert task.round_tasks(0) != task.round_tasks(1)
     assert all(t["id"].startswith("train-") for k in range(12) for t in task.round_tasks(k))
     cfg = DemoConfig(real=True, lr=1e-3).resolved()
-    assert (cfg.lr, cfg.lora_rank, cfg.rounds) == (1e-3, 16, 8)
+    assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round) == (1e-3, 16, 5, 24)
     assert DemoConfig().resolved().lora_rank == 0
