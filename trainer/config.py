@@ -39,6 +39,8 @@ class TrainSettings:
                                      "plain 'policy' is policy@0); -1 never trains on them", metavar="K")
     served_name: str = setting("policy", "served model name; round k publishes <served-name>@<k+1>", metavar="NAME")
     agents: str | None = setting(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
+    tasks: str | None = setting(None, "train only rollouts whose task_id matches this regex; keeps evaluation "
+                                      "tasks out of training (e.g. '^train-')", metavar="REGEX")
     backend: str = setting("torch", "training backend: torch (here, or in --nproc ranks) or openrlhf (OpenRLHF "
                                     "+ DeepSpeed ZeRO-2, always in torchrun ranks; CPU ranks over gloo where "
                                     "there is no CUDA)", choices=["torch", "openrlhf"])

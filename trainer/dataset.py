@@ -50,6 +50,7 @@ marked AS (
 SELECT * FROM marked
 WHERE ($all_calls OR coalesce(trainable, false))
   AND ($agents IS NULL OR regexp_matches(coalesce(agent_name, ''), $agents))
+  AND ($tasks IS NULL OR regexp_matches(coalesce(task_id, ''), $tasks))
 ORDER BY rollout_id, step, transition_id
 """
 
@@ -136,8 +137,8 @@ class Batch:
 
 
 def load_transitions(
-    con: Any, versions: tuple[int, int], *, agents: str | None = None, trainable_only: bool = True,
-    unversioned: int = 0,
+    con: Any, versions: tuple[int, int], *, agents: str | None = None, tasks: str | None = None,
+    trainable_only: bool = True, unversioned: int = 0,
 ) -> pa.Table:
     """Selected calls of policy versions ``versions[0]..versions[1]`` with rollout completeness and reward.
 
@@ -145,7 +146,7 @@ def load_transitions(
     Calls recorded without a version (the base model served as plain ``policy`` before anything
     was published has no ``@k``) count as version ``unversioned`` (0, the base; -1 skips them).
     """
-    params = {"lo": versions[0], "hi": versions[1], "agents": agents, "all_calls": not trainable_only,
+    params = {"lo": versions[0], "hi": versions[1], "agents": agents, "tasks": tasks, "all_calls": not trainable_only,
               "unversioned": unversioned}
     return con.sql(TRANSITIONS_SQL, params=params).to_arrow_table()
 

@@ -32,8 +32,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in table)
 
 
-def plot(rows: list[dict[str, Any]], out: Path) -> Path:
-    """Three stacked panels sharing the round axis; written with the non-interactive Agg backend."""
+def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float]] | None = None) -> Path:
+    """Three stacked panels sharing the round axis; written with the non-interactive Agg backend.
+
+    ``heldout``: (policy version, held-out success) points, drawn on the reward panel at the round
+    that trains on that version (policy@k is measured before round k).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,7 +48,11 @@ def plot(rows: list[dict[str, Any]], out: Path) -> Path:
                               strict=True):
         pts = [(r["round"], r[key]) for r in rows if r[key] is not None]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="training rollouts")
+        if key == "mean_reward" and heldout:
+            ax.plot([p[0] for p in heldout], [p[1] for p in heldout], marker="s", linestyle="--",
+                    label="held-out success")
+            ax.legend(fontsize="small")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("round (trains on policy@round)")

@@ -210,7 +210,8 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
     selection: dict[str, Any] | None = json.loads(sel_file.read_text()) if resuming else None
     lo = selection["versions"][0] if selection is not None else max(0, k - settings.staleness)
     con = connect_readonly(str(layout.root))
-    rows = load_transitions(con, (lo, k), agents=settings.agents, unversioned=settings.unversioned_as)
+    rows = load_transitions(con, (lo, k), agents=settings.agents, tasks=settings.tasks,
+                            unversioned=settings.unversioned_as)
     con.close()
     if selection is not None:
         rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))

@@ -40,6 +40,15 @@ def test_load_filters_versions_trainable_agents_and_dedupes_replays(tmp_path, ma
     assert sorted(got.column("rollout_id").to_pylist()) == ["r1", "r2", "r3", "r4"]
 
 
+def test_a_tasks_regex_keeps_held_out_tasks_out_of_training(tmp_path, make_row, write_rows):
+    ids = {"r1": "train-a", "r2": "heldout-a", "r3": "train-b"}
+    write_rows(tmp_path, [make_row(rid, task_id=task, version=0, reward=1.0, prompt_ids=_ids(3),
+                                   response_ids=_ids(2)) for rid, task in ids.items()])
+    con = connect_readonly(str(tmp_path))
+    assert sorted(load_transitions(con, (0, 0), tasks="^train-").column("rollout_id").to_pylist()) == ["r1", "r3"]
+    assert len(load_transitions(con, (0, 0))) == 3
+
+
 def test_incomplete_rollouts_are_skipped_and_rollout_reward_is_copied_to_every_call(
         tmp_path, make_row, write_rows, tokenizer):
     rows = [

@@ -24,6 +24,8 @@ EPILOG = """\
 examples:
   tracerl demo                                   # 16 rounds x 16 rollouts on the tiny model, CPU only
   tracerl demo --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
+  tracerl demo --real                            # SmolLM2-135M learns text-to-SQL (LoRA, CPU): see
+                                                 # examples/demo/README.md for the measured curve
   tracerl demo --grpc-port 4317 --http-port 4318   # fixed collector ports (default: free ones, printed)
   tracerl demo --model ./my-model --server http://127.0.0.1:8000 --lora-rank 8
       # a running vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
@@ -34,6 +36,9 @@ it trained on (groups whose rollouts all scored alike carry no signal and are le
 reward, the PPO loss, the KL to the base model (0 here: the demo trains without a KL penalty), and its
 seconds (rollouts + conversion + training + publish). The last row ("eval") is a batch of rollouts of
 the final policy, measured and not trained on. The processes' logs are in WORKDIR/logs/.
+With --real, the "held-out" lines before and after the table score policy@0 and the final policy on 30
+held-out questions (never trained on) with the same seeded samples: success is the share of rollouts whose
+final SQL returns the gold rows; a few answers of both are printed side by side.
 """
 
 
@@ -41,6 +46,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from tracerl.demo import DemoConfig
 
     add_options(parser, DemoConfig)
+
+
+def before_after(before: dict, after: dict, k0: int, k1: int, n: int = 4) -> str:
+    """A few held-out answers of both policies on the same seeded sample: changed ones first."""
+    changed = sorted((tid for tid in before if tid in after),
+                     key=lambda tid: (after[tid][1] - before[tid][1] <= 0, before[tid] == after[tid], tid))
+    lines = [f"held-out answers (same seed), policy@{k0} -> policy@{k1}:"]
+    for tid in changed[:n]:
+        lines.append(f"  {tid}")
+        for k, (reply, reward) in ((k0, before[tid]), (k1, after[tid])):
+            text = " ".join(reply.split())
+            lines.append(f"    policy@{k} ({reward:.1f}): {text[:110] + ('...' if len(text) > 110 else '')}")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         parts.append(f"mean reward of policy@0 {first:.3f}")
     if result.final_reward is not None:
         parts.append(f"of policy@{len(result.rounds)} {result.final_reward:.3f}")
+    if len(result.heldout) == 2:
+        (k0, before), (k1, after) = result.heldout
+        parts.append(f"held-out success of policy@{k0} {before.success:.3f} -> policy@{k1} {after.success:.3f} "
+                     f"(mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}, {after.n} seeded rollouts)")
+        print(before_after(result.answers[k0], result.answers[k1], k0, k1))
     print("tracerl demo: " + ", ".join(parts))
     if result.plot is not None:
         print(f"reward curve: {result.plot}")

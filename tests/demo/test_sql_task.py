@@ -1,0 +1,94 @@
+"""The real-model demo's task (examples/demo/sql_*.py, tracerl/demo_tasks.py): pure parts, no model.
+
+The split must keep every held-out question out of training while every query shape appears in
+both; the reward must grade gold > runs > broken; the agent must pull the SQL out of what a small
+chat model writes around it; the presets must give way to the flags a user passes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracerl.demo import DemoConfig
+from tracerl.demo_tasks import DEMO_DIR, held_out_summary, question_of, sql_task
+
+sys.path.insert(0, str(DEMO_DIR))
+import sql_agent  # examples/demo
+import sql_reward
+import sql_tasks
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory) -> Path:
+    return sql_tasks.build_db(tmp_path_factory.mktemp("sql") / "shop.db")
+
+
+def test_held_out_questions_are_never_training_questions_and_every_template_is_in_both(db):
+    split = sql_tasks.questions(db)
+    train, heldout = split["train"], split["heldout"]
+    assert not {t["question"] for t in train} & {t["question"] for t in heldout}
+    template = lambda t: t["id"].split("-", 1)[1].rsplit("-", 1)[0]  # noqa: E731
+    assert (
+        {template(t) for t in heldout}
+        == {template(t) for t in train}
+        == {tid for tid, *_ in sql_tasks.TEMPLATES}
+    )
+    assert len(heldout) == 30 and len(train) == 83
+    assert all(t["id"].startswith("train-") for t in train) and all(
+        t["id"].startswith("heldout-") for t in heldout
+    )
+
+
+def test_every_gold_query_runs_and_seeded_copies_have_distinct_ids_and_seeds(db):
+    split = sql_tasks.questions(db)
+    for t in split["train"] + split["heldout"]:
+        sql_reward.run_readonly(t["db"], t["gold_sql"])
+    copies = sql_tasks.with_seeds(split["heldout"], 4)
+    assert len(copies) == 120
+    assert len({c["id"] for c in copies}) == len({c["seed"] for c in copies}) == 120
+    assert {question_of(c["id"]) for c in copies} == {t["id"] for t in split["heldout"]}
+
+
+def test_reward_is_graded_gold_then_runs_then_broken(db):
+    task = {"db": str(db), "gold_sql": "SELECT COUNT(*) FROM customers WHERE city = 'Berlin'"}
+    line = lambda sql: json.dumps({"sql": sql})  # noqa: E731
+    assert sql_reward.score(task, line("SELECT COUNT(id) FROM customers WHERE city='Berlin'")) == 1.0
+    assert sql_reward.score(task, line("SELECT COUNT(*) FROM customers")) == 0.2
+    assert sql_reward.score(task, line("SELECT COUNT(*) FROM customer")) == 0.0
+    assert sql_reward.score(task, "no json") == 0.0
+
+
+def test_the_agent_takes_the_first_select_out_of_fences_and_prose():
+    assert sql_agent.extract_sql("```sql\nSELECT name FROM products;\n```") == "SELECT name FROM products"
+    assert (
+        sql_agent.extract_sql("Sure! select city from customers where name = 'Ben'\n\nThis query")
+        == "select city from customers where name = 'Ben'"
+    )
+    assert sql_agent.extract_sql("with products and their price, I would") == ""
+
+
+def test_the_rewriter_sees_rows_or_the_error(db):
+    assert sql_agent.execute(str(db), "SELECT COUNT(*) FROM customers") == "[(12,)]"
+    assert sql_agent.execute(str(db), "SELECT nope FROM customers").startswith("error: no such column")
+    assert sql_agent.execute(str(db), "").startswith("error")
+
+
+def test_held_out_summary_counts_success_runs_and_in_group_variance():
+    h = held_out_summary({"heldout-a-s0": 1.0, "heldout-a-s1": 0.2, "heldout-b-s0": 0.0, "heldout-b-s1": 0.0})
+    assert (h.n, h.success, h.runs) == (4, 0.25, 0.5)
+    assert h.mean_reward == pytest.approx(0.3)
+    assert h.group_variance == pytest.approx((0.16 + 0.0) / 2)
+
+
+def test_rounds_walk_the_training_split_and_flags_beat_the_real_preset(tmp_path):
+    task = sql_task(tmp_path, rollouts_per_round=32, heldout_samples=4)
+    assert task.per_round == 8 and task.group == 4 and len(task.heldout) == 120
+    assert task.round_tasks(0) != task.round_tasks(1)
+    assert all(t["id"].startswith("train-") for k in range(12) for t in task.round_tasks(k))
+    cfg = DemoConfig(real=True, lr=1e-3).resolved()
+    assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round) == (1e-3, 16, 5, 24)
+    assert DemoConfig().resolved().lora_rank == 0
