@@ -36,6 +36,10 @@ DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
 
 
 def _load(path: Path, name: str):
+    """Import an example's script as a module; its folder goes on the path, as when it runs as a script
+    (the demo agents import their shared ``genai_chat``)."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -127,8 +131,8 @@ def rollouts(agent, reward, tasks: list[dict], samples: int, collector: str) -> 
         with tracer.start_as_current_span(
             "demo letter task", attributes={"tracerl.task_id": task["id"]}
         ) as root:
-            draft = agent.invoke_agent("writer", agent.writer_prompt(letter))
-            final = agent.invoke_agent("rewriter", agent.rewriter_prompt(letter, draft))
+            draft = agent.invoke_agent("writer", agent.user(agent.writer_prompt(letter)))
+            final = agent.invoke_agent("rewriter", agent.user(agent.rewriter_prompt(letter, draft)))
         rid = format(root.get_span_context().trace_id, "032x")
         value = reward.score(task, json.dumps({"letter": letter, "writer": draft, "final": final}))
         httpx.post(
@@ -294,7 +298,7 @@ def run(
         )
         tasks = [{"id": f"letter-{c}", "letter": c, "letters": letters} for c in letters]
         settings.server = urls["server"]
-        agent.chat("Hi")  # warm-up: the server's first forward pass, connections (not part of a round)
+        agent.invoke_agent("warm-up", agent.user("Hi"))  # warm-up: the server's first forward pass, connections (not part of a round)
         lora.eval()
         with torch.no_grad():
             bare_generate(
