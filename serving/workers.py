@@ -91,20 +91,25 @@ def fork_workers(n: int, host: str, port: int) -> Worker:
         pid = os.fork()
         if pid == 0:
             hold.close()
-            _die_with(parent)
+            die_with_parent(signal.SIGTERM, parent)
             return Worker(i, port)
         children.append(pid)
     return Worker(0, port, children, hold)
 
 
-def _die_with(parent: int) -> None:
-    """Have the kernel send this child SIGTERM when the parent dies, however it dies (Linux)."""
+def die_with_parent(sig: int, parent: int | None = None) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies, however it dies (Linux's
+    ``PR_SET_PDEATHSIG``; elsewhere a no-op: the parent's own stop is all there is). With ``parent``
+    (its pid, taken before the fork), a parent that died before this took effect is caught too.
+    Used by the gateway's workers and by the trainer's torchrun and ranks."""
+    if not sys.platform.startswith("linux"):
+        return
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):
-        return  # not Linux: the parent's SIGTERM on a clean stop is all there is
-    if os.getppid() != parent:  # it died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)
 
 
 def calm_gc() -> None:

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from serving.workers import die_with_parent
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import pick_device
 from trainer.config import TrainSettings
@@ -95,16 +96,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def die_with_parent(sig: int) -> None:
-    """Linux: have the kernel send ``sig`` to this process when its parent dies. A ``kill -9`` of
-    ``tracerl train`` then stops torchrun (SIGTERM: it stops its ranks) and the ranks, instead of
-    leaving them training, holding GPUs, while the rerun trains the same round again."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
-
-
 def torchrun_command(nproc: int, work: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
@@ -133,6 +124,8 @@ def train_ranks(settings: TrainSettings, base_model: Path, parent: Path | None, 
     (work / JOB).write_text(json.dumps(job))
     torch.save([b.state() for b in batches], work / BATCHES)
     (work / OUT).mkdir()
+    # die_with_parent: a kill -9 of tracerl train stops torchrun (SIGTERM: it stops its ranks) instead of
+    # leaving it training while the rerun trains the same round again
     proc = subprocess.Popen(torchrun_command(settings.nproc, work, free_port()), cwd=REPO, env=rank_env(settings),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: die_with_parent(signal.SIGTERM))
