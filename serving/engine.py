@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serving.prefill import prefill
+from serving.prefix_cache import PrefixCache
 from serving.sampling import EngineError, SamplingParams
 
 __all__ = ["Completion", "Delta", "EngineError", "EngineWorker", "GenerationJob", "ModelEngine", "SamplingParams"]
@@ -89,7 +91,8 @@ class ModelEngine:
 
     def __init__(self, model_dir: str | Path, *, served_model_name: str = "policy",
                  logprobs_mode: str = "raw_logprobs", max_model_len: int | None = None,
-                 enable_lora: bool = True, dtype: str = "float32", seed: int = 0) -> None:
+                 enable_lora: bool = True, dtype: str = "float32", seed: int = 0,
+                 enable_prefix_caching: bool = True, prefix_cache_mb: float = 256.0) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,8 +114,13 @@ class ModelEngine:
         self.weights_path = self.model_dir
         self.weight_version: str | None = None  # set by /update_weight_version after a reload
         self._rng = random.Random(seed)
+        # vLLM's automatic prefix caching (serving.prefix_cache): entries are scoped by the adapter,
+        # its load generation and the weights generation, so no reload can ever meet a stale entry
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if enable_prefix_caching else None
         self.prefix_cache_resets = 0
-
+        self._loads = itertools.count(1)
+        self._adapter_generation: dict[str, int] = {}
+        self._weights_generation = 0
 
     def release(self) -> None:
         """Drop the weights now, on the caller's thread.
@@ -124,6 +132,18 @@ class ModelEngine:
         """
         self.model = self.base = None
         self.adapters = {}
+        if self.prefix_cache is not None:  # its tensors too, for the same reason
+            self.prefix_cache.clear()
+
+    def reset_prefix_cache(self) -> None:
+        """vLLM's ``/reset_prefix_cache``: forget every cached prefix (counted in ``prefix_cache_resets``)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        self.prefix_cache_resets += 1
+
+    def _cache_scope(self, adapter: str | None) -> tuple[str | None, int, int]:
+        return adapter, self._adapter_generation.get(adapter, 0) if adapter else 0, self._weights_generation
+
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
         gen = getattr(self.base, "generation_config", None)
@@ -225,6 +245,9 @@ class ModelEngine:
         which requests share a forward pass, not what any of them samples (up to float noise
         of padded attention, ~1e-6 in logprobs). A job whose own setup or sampling fails gets
         its error in its slot and stops; the others of the batch go on untouched.
+
+        The prompt pass computes a prefix shared by several rows once, and reuses prefixes cached by
+        earlier batches (``serving.prefill``), within float noise of the plain pass.
         """
         torch = self._torch
         if len({j.adapter for j in jobs}) > 1:
@@ -255,14 +278,10 @@ class ModelEngine:
             except Exception as e:
                 states.append(None)
                 fail(j, e)
-        width = max(len(job.prompt_ids) for job in jobs)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(jobs[j].prompt_ids)) + jobs[j].prompt_ids for j, _ in rows])
-        mask = torch.tensor([[0] * (width - len(jobs[j].prompt_ids)) + [1] * len(jobs[j].prompt_ids)
-                             for j, _ in rows])
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode(), self._adapter(jobs[0].adapter):
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+            out, mask, pos = prefill(self.model, [job.prompt_ids for job in jobs], [j for j, _ in rows], pad,
+                                     self.prefix_cache, self._cache_scope(jobs[0].adapter))
             for step in range(max(max_new)):
                 logits = out.logits[:, -1, :].float()
                 tokens = torch.zeros(len(rows), dtype=torch.long)
@@ -414,6 +433,7 @@ class ModelEngine:
                               "the adapter in place, set 'load_inplace' to True.", 400, "InvalidUserInput")
         from peft import PeftModel
 
+        self._forget_prefixes(name)
         try:
             if name in self.adapters:
                 self._delete_adapter(name)
@@ -425,11 +445,19 @@ class ModelEngine:
             raise EngineError(f"Loading lora {name} failed: {e}", 400, "BadRequestError") from None
         self.model.eval()
         self.adapters[name] = LoraAdapter(name, str(path))
+        self._adapter_generation[name] = next(self._loads)  # a re-load under the same name is a new scope
 
     def unload_lora(self, name: str) -> None:
         if name not in self.adapters:
             raise EngineError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
+        self._forget_prefixes(name)
         self._delete_adapter(name)
+
+    def _forget_prefixes(self, name: str) -> None:
+        """Free an adapter's cached prefixes (its next load has a new scope anyway)."""
+        self._adapter_generation.pop(name, None)
+        if self.prefix_cache is not None:
+            self.prefix_cache.drop(lambda scope: scope[0] == name)
 
     def _delete_adapter(self, name: str) -> None:
         del self.adapters[name]
@@ -473,6 +501,9 @@ class ModelEngine:
             for k, v in mapped.items():
                 current[k].copy_(v.to(current[k].dtype))
         self.weights_path = str(path)
+        self._weights_generation += 1  # every cached prefix was computed with the old weights
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
 
 @dataclass
