@@ -1,12 +1,14 @@
 """The embedded engine's prefix cache on the real-model demo's prompts: generation wall time with vs without.
 
 Two ``ModelEngine``s on the same model in this process, one with prefix caching (the default) and one
-with ``enable_prefix_caching=False``, generate for the same requests in turn: the demo's writer prompts
+with ``enable_prefix_caching=False``, generate for the same requests, batch by batch in turn: the demo's writer prompts
 (system + schema + worked example + a question from examples/demo/sql_tasks.py) in batches of
 ``--batch`` (the server's --max-num-seqs), then rewriter prompts (system + schema + the question, a
 draft and its result), with the same seeds, greedy or sampled. It prints the wall time of each phase
 and the ratio without/with, checks that both engines sampled the same tokens, and reports the cache's
 hits. The first batch of each engine pays for what the cache has not seen yet; later ones reuse it.
+Sequences end at the model's end token or ``--max-tokens`` (32, the real demo's), as the demo's calls
+do; both engines sample the same tokens (checked), so they do the same decoding work.
 
     python bench/prefix_cache.py                        # SmolLM2 (build: tracerl init-model ... --from smollm2-135m-instruct)
     python bench/prefix_cache.py --questions 24 --batch 8 --max-tokens 32 --threads 1
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import sys
 import tempfile
@@ -47,7 +50,10 @@ def demo_prompts(questions: int) -> dict[str, list[list[dict]]]:
     by_template: dict[str, list[dict]] = {}
     for t in train:
         by_template.setdefault(t["id"].split("-")[1], []).append(t)
-    mixed = [t for group in zip(*by_template.values(), strict=False) for t in group][:questions]
+    rounds = itertools.zip_longest(*by_template.values())
+    mixed = [t for group in rounds for t in group if t is not None][:questions]
+    if len(mixed) < questions:
+        raise SystemExit(f"--questions {questions}: the demo has only {len(mixed)} training questions")
     writer = [agent.writer_messages(t["question"]) for t in mixed]
     rewriter = [agent.rewriter_messages(t["question"], t["gold_sql"], "[(3,)]") for t in mixed]
     return {"writer": writer, "rewriter": rewriter}
@@ -71,23 +77,21 @@ def run(
         role: [engines["cache"].render_chat(m) for m in msgs]
         for role, msgs in demo_prompts(questions).items()
     }
-    timings: dict[str, dict[str, float]] = {name: {} for name in engines}
+    timings: dict[str, dict[str, float]] = {name: {role: 0.0 for role in prompts} for name in engines}
     tokens: dict[str, list] = {name: [] for name in engines}
     for role, ids in prompts.items():
-        for name, eng in engines.items():
-            start = time.perf_counter()
-            for b in range(0, len(ids), batch):
-                jobs = [
-                    GenerationJob(
-                        p,
-                        SamplingParams(
-                            max_tokens=max_tokens, temperature=temperature, seed=b + i, ignore_eos=True
-                        ),
-                    )
-                    for i, p in enumerate(ids[b : b + batch])
-                ]
-                tokens[name] += [c.token_ids for out in eng.generate_batch(jobs) for c in out]
-            timings[name][role] = time.perf_counter() - start
+        for k, b in enumerate(range(0, len(ids), batch)):
+            jobs = [
+                GenerationJob(p, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=b + i))
+                for i, p in enumerate(ids[b : b + batch])
+            ]
+            # batch by batch, in alternating order, so a change of machine load hits both engines alike
+            for name in list(engines)[:: 1 if k % 2 == 0 else -1]:
+                start = time.perf_counter()
+                out = engines[name].generate_batch(jobs)
+                timings[name][role] += time.perf_counter() - start
+                tokens[name] += [(b, c.index, c.token_ids) for o in out for c in o]
+    tokens = {name: sorted(t) for name, t in tokens.items()}
     cache = engines["cache"].prefix_cache
     total = {name: sum(t.values()) for name, t in timings.items()}
     same = sum(a == b for a, b in zip(tokens["cache"], tokens["plain"], strict=True))

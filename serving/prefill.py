@@ -45,7 +45,7 @@ def prefill(
     for p in row_prompt:
         weights[p] += 1
     prefix: list[tuple[KV, int] | None] = [None] * len(prompts)
-    if cache is not None:
+    if cache is not None and cache.usable:
         groups = plan_groups(
             prompts, weights, lambda toks, limit: cache.peek(scope, toks, limit), cache.block
         )
@@ -87,6 +87,8 @@ def _prefix_kv(model: Any, tokens: list[int], cache: PrefixCache, scope: Hashabl
     from transformers.cache_utils import DynamicLayer
 
     have, kv = cache.lookup(scope, tokens)
+    if kv is not None:  # the entry may hold more than the ``have`` tokens shared with ``tokens``
+        kv = tuple((k[..., :have, :], v[..., :have, :]) for k, v in kv)
     if have == len(tokens):
         return kv
     past = DynamicCache(ddp_cache_data=kv) if kv is not None else None
@@ -101,6 +103,7 @@ def _prefix_kv(model: Any, tokens: list[int], cache: PrefixCache, scope: Hashabl
     )
     layers = out.past_key_values.layers
     if any(type(layer) is not DynamicLayer for layer in layers):
+        cache.usable = False  # not worth a batch-1 pass per group again
         return None
     kv = tuple((layer.keys, layer.values) for layer in layers)
     n = cache.aligned(len(tokens))

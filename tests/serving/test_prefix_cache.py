@@ -64,13 +64,27 @@ def test_plan_groups_uses_what_the_cache_holds():
 def test_prefix_cache_finds_the_longest_aligned_prefix_within_the_limit():
     c = PrefixCache(max_bytes=1000, block=4)
     toks = list(range(20))
-    assert c.store("s", toks[:8], "kv8", 10) and c.store("s", toks[:16], "kv16", 10)
+    assert c.store("s", toks[:8], "kv8", 10)
+    assert c.store("s", toks[:16], "kv16", 10) and len(c) == 1  # it extends kv8, which goes
     assert not c.store("s", toks[:10], "kv10", 10)  # not block-aligned
+    assert not c.store("s", toks[:12], "kv12", 10) and len(c) == 1  # kv16 already holds all of it
     assert c.lookup("s", toks) == (16, "kv16")
-    assert c.lookup("s", toks, limit=15) == (8, "kv8")
+    assert c.lookup("s", toks, limit=15) == (12, "kv16")  # the caller slices the first 12
+    assert c.lookup("s", [*toks[:9], 99]) == (8, "kv16")  # any leading blocks of an entry serve
     assert c.lookup("other scope", toks) == (0, None)
     assert c.lookup("s", [99, *toks]) == (0, None)
-    assert (c.queries, c.hits, c.hit_tokens) == (4, 2, 24)
+    assert (c.queries, c.hits, c.hit_tokens) == (5, 3, 36)
+    assert c.scopes() == {"s"}
+
+
+def test_prefix_cache_checks_tokens_not_just_hashes(monkeypatch):
+    from serving import prefix_cache
+
+    c = PrefixCache(max_bytes=1000, block=2)
+    monkeypatch.setattr(prefix_cache, "block_hashes", lambda tokens, block: [7] * (len(tokens) // block))
+    c.store("s", [1, 2, 3, 4], "a", 10)
+    assert c.lookup("s", [1, 2, 9, 9, 0]) == (2, "a")  # the same fake hash at block 2: tokens decide
+    assert c.lookup("s", [5, 6, 3, 4, 0]) == (0, None)
 
 
 def test_prefix_cache_evicts_least_recently_used_to_stay_under_its_bytes():
@@ -193,7 +207,7 @@ def test_adapters_never_share_prefixes_and_a_reloaded_adapter_misses_its_old_one
     with_a = on.generate_batch(_jobs(prompts, "a", **greedy))
     _same(with_a, off.generate_batch(_jobs(prompts, "a", **greedy)))
     assert _differ(with_a, base)
-    assert {scope[0] for scope, _ in on.prefix_cache._entries} == {None, "a"}
+    assert {scope[0] for scope in on.prefix_cache.scopes()} == {None, "a"}
     # the same name, new weights: nothing cached under the old load may be used
     for eng in (on, off):
         eng.load_lora("a", str(lora2), load_inplace=True)
@@ -203,7 +217,7 @@ def test_adapters_never_share_prefixes_and_a_reloaded_adapter_misses_its_old_one
     assert _differ(reloaded, with_a)
     assert on.prefix_cache.hits == hits  # a miss: the old load's prefixes were dropped and scoped out
     on.unload_lora("a")
-    assert {scope[0] for scope, _ in on.prefix_cache._entries} == {None}
+    assert {scope[0] for scope in on.prefix_cache.scopes()} == {None}
     _same(on.generate_batch(_jobs(prompts, **greedy)), base)  # the base model's prefixes stay valid
 
 
@@ -294,3 +308,35 @@ def test_smollm2_writer_prompts_match_with_and_without_the_cache(monkeypatch, on
         eng.prefix_cache = cache
     _same(cached, plain)
     _same(again[::-1], plain)
+
+
+def test_a_sliding_window_model_falls_back_to_the_plain_pass():
+    """Sliding-window layers keep only the window's KV: a prefix of them cannot be laid under other rows."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from serving.prefill import prefill
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=0,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    head = list(range(1, 40))
+    prompts = [[*head, 41, 42], [*head, 43]]
+    cache = PrefixCache(2**20)
+    with torch.inference_mode():
+        got = prefill(model, prompts, [0, 0, 1], 0, cache, "scope")[0].logits
+        want = prefill(model, prompts, [0, 0, 1], 0)[0].logits
+        assert not cache.usable and len(cache) == 0
+        assert torch.allclose(got, want, atol=1e-5)
+        assert torch.allclose(
+            prefill(model, prompts, [0, 1], 0, cache, "scope")[0].logits, want[[0, 2]], atol=1e-5
+        )
