@@ -340,3 +340,23 @@ def test_a_sliding_window_model_falls_back_to_the_plain_pass():
         assert torch.allclose(
             prefill(model, prompts, [0, 1], 0, cache, "scope")[0].logits, want[[0, 2]], atol=1e-5
         )
+
+
+def test_tracerl_serve_flags_reach_the_engine(tiny_model_dir, monkeypatch, capsys):
+    from serving import server as server_module
+    from tracerl.cli import main
+
+    seen = {}
+
+    def fake_start(model_dir, **kw):
+        seen.update(kw)
+        raise RuntimeError("stopped before serving")  # the CLI reports it and exits 1
+
+    monkeypatch.setattr(server_module.EmbeddedServer, "start", staticmethod(fake_start))
+    args = ["serve", "--model", str(tiny_model_dir)]
+    assert main([*args, "--no-enable-prefix-caching", "--prefix-cache-mb", "64"]) == 1
+    assert not seen["options"].enable_prefix_caching and seen["options"].prefix_cache_mb == 64
+    assert main(args) == 1
+    assert seen["options"].enable_prefix_caching and seen["options"].prefix_cache_mb == 256
+    assert main(["serve", "--model", str(tiny_model_dir), "--prefix-cache-mb", "-1"]) == 2
+    assert "--prefix-cache-mb -1.0 must be >= 0" in capsys.readouterr().err
