@@ -360,3 +360,17 @@ def test_tracerl_serve_flags_reach_the_engine(tiny_model_dir, monkeypatch, capsy
     assert seen["options"].enable_prefix_caching and seen["options"].prefix_cache_mb == 256
     assert main(["serve", "--model", str(tiny_model_dir), "--prefix-cache-mb", "-1"]) == 2
     assert "--prefix-cache-mb -1.0 must be >= 0" in capsys.readouterr().err
+
+
+def test_the_bench_runs_both_engines_on_the_demo_prompts(tiny_model_dir, one_thread):
+    """bench/prefix_cache.py stays runnable (its figures come from running it on SmolLM2, not from here)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "prefix_cache.py"
+    spec = importlib.util.spec_from_file_location("tracerl_bench_prefix_cache", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    r = bench.run(tiny_model_dir, questions=4, batch=2, max_tokens=3, threads=1)
+    assert r["same_tokens"] == "8/8" and set(r["seconds"]) == {"cache", "plain"}
+    assert r["cache"]["hits"] >= 3 and r["speedup"] > 0
