@@ -5,13 +5,10 @@ that calls it, fed by a priority queue, so HTTP threads never touch torch state 
 Control operations (adapter load/unload, weight reload, pause/resume) jump the queue of
 generations, and run between two generations, never during one.
 
-Sampling semantics follow vLLM (checked against vllm-project/vllm v0.10.2 - v0.11):
-greedy when ``temperature`` is 0; otherwise temperature, then top-k, then top-p; ``seed`` gives
-a per-request generator, so the same request reproduces its samples. Returned logprobs follow
-``logprobs_mode``: ``raw_logprobs`` (vLLM's default, ``vllm/config/model.py``) is the
-log-softmax of the unmodified logits, before temperature/top-k/top-p; ``processed_logprobs``
-is the distribution actually sampled from. Output ``token_ids`` include the EOS/stop token
-that ended a sequence (its text is not shown), as vLLM's do.
+Sampling semantics follow vLLM (``serving.sampler``); ``seed`` gives a per-request generator, so
+the same request reproduces its samples. Output ``token_ids`` include the EOS/stop token that ended
+a sequence (its text is not shown), as vLLM's do (``serving.text_stream``). The prompt pass reuses
+shared and cached prompt prefixes (``serving.prefill``, ``serving.prefix_cache``).
 """
 
 from __future__ import annotations
@@ -27,44 +24,18 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from serving.prefill import prefill
 from serving.prefix_cache import PrefixCache
+from serving.sampler import LOGPROBS_MODES, process_logits, sample
 from serving.sampling import EngineError, SamplingParams
+from serving.text_stream import Completion, Delta, TextStream
 
 __all__ = ["Completion", "Delta", "EngineError", "EngineWorker", "GenerationJob", "ModelEngine", "SamplingParams"]
 
-LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-_EPS = 1e-5
-
-
-@dataclass
-class Completion:
-    """One sampled sequence: ids, the logprob of each id, top alternatives, and its text."""
-
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class Delta:
-    """A streamed increment of one sequence (sent from the worker thread to the HTTP thread)."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -268,7 +239,7 @@ class ModelEngine:
         stop_ids = [set(job.params.stop_token_ids) | (set() if job.params.ignore_eos else set(self.eos_ids))
                     for job in jobs]
         outs = [[Completion(index=i) for i in range(job.params.n)] for job in jobs]
-        streams = [[_TextStream(self.tokenizer, job.params, job.on_delta, i) for i in range(job.params.n)]
+        streams = [[TextStream(self.tokenizer, job.params, job.on_delta, i) for i in range(job.params.n)]
                    for job in jobs]
         vocab = int(self.base.config.vocab_size)
         states: list[_JobState | None] = []
@@ -303,12 +274,12 @@ class ModelEngine:
         return [failed.get(j, outs[j]) for j in range(len(jobs))]
 
     def _step_job(self, job: GenerationJob, st: _JobState, logits: Any, step: int, outs: list[Completion],
-                  streams: list[_TextStream], done: list[bool], row0: int, stop_ids: set[int], max_new: int) -> Any:
+                  streams: list[TextStream], done: list[bool], row0: int, stop_ids: set[int], max_new: int) -> Any:
         """Sample one token for each live sequence of one job; returns the job's tokens."""
         torch = self._torch
         p = job.params
-        processed = self._process(logits, p, st.counts, st.seen, stop_ids, step) if p.penalised else None
-        tok, lp, top = self._sample(logits, p, st.gen, processed)
+        processed = process_logits(logits, p, st.counts, st.seen, stop_ids, step) if p.penalised else None
+        tok, lp, top = sample(logits, p, st.gen, self.logprobs_mode, processed)
         if p.penalised:
             st.counts[torch.arange(p.n), tok] += 1
             st.seen[torch.arange(p.n), tok] = True
@@ -324,7 +295,7 @@ class ModelEngine:
                     streams[i].finish(outs[i])
         return tok
 
-    def _advance(self, c: Completion, stream: _TextStream, tok: int, lp: float, top: list[tuple[int, float]],
+    def _advance(self, c: Completion, stream: TextStream, tok: int, lp: float, top: list[tuple[int, float]],
                  stop_ids: set[int], max_new: int) -> bool:
         """Append one sampled token to a sequence; True when the sequence is finished."""
         c.token_ids.append(tok)
@@ -345,58 +316,6 @@ class ModelEngine:
         stream.finish(c)
         return True
 
-    def _process(self, logits: Any, p: SamplingParams, counts: Any, seen: Any, stop_ids: set[int],
-                 n_generated: int) -> Any:
-        """vLLM's logits processors, in its order: min_tokens, logit_bias, then the penalties.
-
-        ``counts`` holds how often each token was generated per row, ``seen`` which tokens
-        appear in prompt or output (repetition penalty, as vLLM/HF define it).
-        """
-        torch = self._torch
-        x = logits.clone()
-        if p.min_tokens and n_generated < p.min_tokens and stop_ids:
-            x[:, sorted(stop_ids)] = float("-inf")
-        for tok, bias in p.logit_bias.items():
-            if 0 <= tok < x.shape[-1]:
-                x[:, tok] += bias
-        if p.repetition_penalty != 1.0:
-            x = torch.where(seen, torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty), x)
-        if p.frequency_penalty:
-            x = x - p.frequency_penalty * counts
-        if p.presence_penalty:
-            x = x - p.presence_penalty * (counts > 0).to(x.dtype)
-        return x
-
-    def _sample(self, logits: Any, p: SamplingParams, gen: Any, processed_logits: Any | None = None
-                ) -> tuple[Any, Any, list | None]:
-        """Pick one token per row; returns (tokens, logprob of each, top-k alternatives or None)."""
-        torch = self._torch
-        raw = torch.log_softmax(logits, dim=-1)
-        x = logits if processed_logits is None else processed_logits
-        if p.temperature < _EPS:
-            tokens = x.argmax(dim=-1)
-            processed = torch.log_softmax(x, dim=-1) if processed_logits is not None else raw
-        else:
-            scaled = x / p.temperature
-            if p.top_k and p.top_k > 0 and p.top_k < scaled.shape[-1]:
-                kth = torch.topk(scaled, p.top_k, dim=-1).values[:, -1:]
-                scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-            if p.top_p < 1.0:
-                sorted_l, idx = torch.sort(scaled, dim=-1, descending=True)
-                probs = torch.softmax(sorted_l, dim=-1)
-                # drop a token when the mass before it already reaches top_p (always keep the first)
-                drop = (probs.cumsum(dim=-1) - probs) >= p.top_p
-                sorted_l = sorted_l.masked_fill(drop, float("-inf"))
-                scaled = torch.full_like(scaled, float("-inf")).scatter(-1, idx, sorted_l)
-            processed = torch.log_softmax(scaled, dim=-1)
-            tokens = torch.multinomial(processed.exp(), 1, generator=gen).view(-1)
-        src = raw if self.logprobs_mode == "raw_logprobs" else processed
-        chosen = src.gather(-1, tokens.view(-1, 1)).view(-1)
-        top = None
-        if p.logprobs:
-            vals, idx = torch.topk(src, min(p.logprobs, src.shape[-1]), dim=-1)
-            top = [[(int(t), float(v)) for t, v in zip(idx[i], vals[i], strict=True)] for i in range(src.shape[0])]
-        return tokens, chosen, top
 
     @contextmanager
     def _adapter(self, name: str | None) -> Iterator[None]:
@@ -572,58 +491,6 @@ def _normalise_message(m: Any) -> dict[str, Any]:
                 raise EngineError("tool_calls[].function.arguments must be a JSON string",
                                   param="messages") from None
     return out
-
-
-class _TextStream:
-    """Incremental detokenisation with stop strings, holding back text that may start a stop."""
-
-    def __init__(self, tokenizer: Any, p: SamplingParams, on_delta: Callable[[Delta], None] | None, index: int):
-        self.tok = tokenizer
-        self.p = p
-        self.on_delta = on_delta
-        self.index = index
-        self.ids: list[int] = []
-        self.sent_chars = 0
-        self.sent_tokens = 0
-        self.text = ""
-        self.lps: list[float] = []
-        self.holdback = max((len(s) for s in p.stop), default=1) - 1
-        self.c: Completion | None = None
-
-    def push(self, tok: int, *, is_stop_token: bool, final: bool) -> str | None:
-        """Add one token; returns the stop string hit, if any."""
-        self.ids.append(tok)
-        text_ids = self.ids[:-1] if is_stop_token else self.ids
-        self.text = self.tok.decode(text_ids, skip_special_tokens=self.p.skip_special_tokens)
-        for s in self.p.stop:
-            at = self.text.find(s, max(0, self.sent_chars - len(s)))
-            if at != -1:
-                self.text = self.text[:at]
-                return s
-        return None
-
-    def finish(self, c: Completion) -> None:
-        c.text = self.text
-        self._emit(c, final=True)
-
-    def flush(self, c: Completion) -> None:
-        self._emit(c, final=False)
-
-    def _emit(self, c: Completion, final: bool) -> None:
-        if self.on_delta is None:
-            return
-        upto = len(self.text) if final else max(self.sent_chars, len(self.text) - self.holdback)
-        if not final:  # a trailing U+FFFD may be an incomplete UTF-8 sequence: wait for the rest
-            upto = min(upto, len(self.text.rstrip("\ufffd")))
-        delta = self.text[self.sent_chars:upto]
-        new_ids = c.token_ids[self.sent_tokens:]
-        if not delta and not new_ids and not final:
-            return
-        self.on_delta(Delta(self.index, delta, new_ids, c.logprobs[self.sent_tokens:],
-                            c.top_logprobs[self.sent_tokens:],
-                            c.finish_reason if final else None, c.stop_reason if final else None))
-        self.sent_chars = max(self.sent_chars, upto)
-        self.sent_tokens = len(c.token_ids)
 
 
 class EngineWorker:
