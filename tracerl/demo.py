@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +88,10 @@ class DemoConfig:
                           "cores: with 2 threads per torch process on 2 busy cores, a step took 5x longer here, "
                           "waiting on each other")
     train_threads: int | None = opt(None, "torch CPU threads of training (0: torch's default, one per core); "
-                                          "unset: --threads, --real 0 (training runs alone, between rollouts: a "
-                                          "135M LoRA step on 640 tokens took 3.9 s on 1 thread, 2.8 s on 2)")
+                                          "unset: --threads. Training runs alone, between rollouts: on 2 idle "
+                                          "cores a 135M LoRA step on 640 tokens took 2.8 s on 2 threads, 3.9 s "
+                                          "on 1; but at load 8 a real-demo round took 283 s on 2 threads, "
+                                          "100-150 s on 1")
     estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: grpo, --real rloo "
                                       "(reward units: GRPO's std scaling made 0.05 of partial credit in a group "
                                       "of failures weigh as much as a solved question)",
@@ -667,6 +670,8 @@ def _quiet_transformers() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
+    # peft 0.21 asks transformers 5 for a renamed property on every LoRA model load: once per round
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def http_ok_quiet(url: str) -> bool:

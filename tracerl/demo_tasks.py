@@ -55,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 1,
         "steps_per_epoch": 1,
         "timeout_s": 600.0,
-        "train_threads": 0,
+        "train_threads": None,  # --threads: see the flag's help for why not all cores
         "estimator": "rloo",
     },
 }

@@ -63,7 +63,8 @@ REWRITER = ("You are the SQL rewriter. The query below is wrong. Write a correct
 # the paper shape's prompts, as examples/demo/sql_agent.py's (measured there on SmolLM2-135M: with these,
 # about a third of its queries run); the schema line comes from the database (schema_line)
 SYSTEM = "You write SQLite queries. Reply with one SQL query and nothing else."
-EXAMPLE = ("Question: What is the name of the customer with id 3?", "SELECT name FROM customers WHERE id = 3")
+# the demo's worked example (examples/demo/sql_agent.py says why this one: its value is in no question)
+EXAMPLE = ("Question: Which customers live in Oslo?", "SELECT name FROM customers WHERE city = 'Oslo'")
 
 
 class SQLState(TypedDict, total=False):

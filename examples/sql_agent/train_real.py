@@ -125,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--rounds", type=int, default=4, help="training rounds (default: %(default)s)")
     p.add_argument(
-        "--questions", type=int, default=6, help="training questions per round (default: %(default)s)"
+        "--questions", type=int, default=4, help="training questions per round (default: %(default)s)"
     )
     p.add_argument(
         "--samples",
         type=int,
-        default=4,
+        default=8,
         help="samples per question: the advantage group (default: %(default)s)",
     )
     p.add_argument(
@@ -140,7 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         help="seeded samples per held-out question (30), before and after; 0 skips (default: %(default)s)",
     )
     p.add_argument(
-        "--concurrency", type=int, default=8, help="agent processes at once (default: %(default)s)"
+        "--concurrency",
+        type=int,
+        default=0,
+        help="agent processes at once; 0: a whole batch, one batch of the server (default: %(default)s)",
+    )
+    p.add_argument(
+        "--estimator",
+        default="rloo",
+        choices=["grpo", "rloo", "reinforce_baseline"],
+        help="advantage estimator; rloo keeps reward units, so partial credit weighs less than a solved "
+        "question (default: %(default)s)",
     )
     p.add_argument("--lr", default="1e-3", help="learning rate (default: %(default)s)")
     args = p.parse_args(argv)
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     random.Random(0).shuffle(train)  # rounds mix the templates (as tracerl demo --real does)
     heldout = tasks_mod.with_seeds(split["heldout"], args.heldout_samples) if args.heldout_samples else []
     batch = args.questions * args.samples
+    concurrency = args.concurrency or batch
 
     grpc, http, serve, gw = free_port(), free_port(), free_port(), free_port()
     server = f"http://127.0.0.1:{serve}"
@@ -207,7 +218,19 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
         start(
-            "serve", [TRACERL, "serve", "--model", model, "--listen", f"127.0.0.1:{serve}", "--threads", "1"]
+            "serve",
+            [
+                TRACERL,
+                "serve",
+                "--model",
+                model,
+                "--listen",
+                f"127.0.0.1:{serve}",
+                "--threads",
+                "1",
+                "--max-num-seqs",
+                str(max(8, concurrency)),
+            ],
         )
         start(
             "gateway",
@@ -249,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                 "^train-",
                 "--lr",
                 args.lr,
+                "--estimator",
+                args.estimator,
                 *LORA,
                 "--bf16",
                 "--threads",
@@ -304,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 "-n",
                 str(n),
                 "--concurrency",
-                str(args.concurrency),
+                str(concurrency),
                 "--timeout-s",
                 "600",
                 "--retries",
