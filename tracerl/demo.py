@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +50,10 @@ class DemoConfig:
                             "success is measured before and after")
     rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
                                    "(the demo stops sooner once every task's samples agree: no signal left); "
-                                   "unset: 60, --real 5")
+                                   "unset: 60, --real 8")
     rollouts_per_round: int | None = opt(None, "rollouts per round: tasks x samples per task (a multiple of the "
-                                               "tasks: one per --letters letter; --real: questions x 4); "
-                                               "unset: 16, --real 24", metavar="R")
+                                               "tasks: one per --letters letter; --real: questions x 8); "
+                                               "unset: 16, --real 32", metavar="R")
     letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
     heldout_samples: int = opt(4, "--real: seeded samples per held-out question (30 questions) in the "
                                   "evaluations before the first and after the last round")
@@ -72,8 +73,8 @@ class DemoConfig:
     gateway_port: int = opt(0, "port of `tracerl gateway` (0: any free port)")
     grpc_port: int = opt(0, "OTLP/gRPC port of `tracerl collect` (0: any free port)")
     http_port: int = opt(0, "OTLP/HTTP + /v1/rewards port of `tracerl collect` (0: any free port)")
-    concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core; --real: at least 8, the server's "
-                              "batch)")
+    concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core; --real: a whole round at once, "
+                              "one batch of the embedded server: its --max-num-seqs follows this)")
     max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); unset: 6, --real 32")
     temperature: float | None = opt(None, "sampling temperature of the agent (DEMO_TEMPERATURE); "
                                           "unset: 1.0, --real 0.7")
@@ -83,9 +84,18 @@ class DemoConfig:
     steps_per_epoch: int | None = opt(None, "optimizer steps per pass; unset: 2, --real 1")
     lora_rank: int | None = opt(None, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA); "
                                       "unset: 0, --real 16 (on q/k/v/o)")
-    threads: int = opt(1, "torch CPU threads of the embedded server and of training (0: torch's default). "
-                          "The agents share the cores: with 2 threads per torch process on 2 busy cores, a "
-                          "training step took 5x longer here, waiting on each other")
+    threads: int = opt(1, "torch CPU threads of the embedded server (0: torch's default). The agents share the "
+                          "cores: with 2 threads per torch process on 2 busy cores, a step took 5x longer here, "
+                          "waiting on each other")
+    train_threads: int | None = opt(None, "torch CPU threads of training (0: torch's default, one per core); "
+                                          "unset: --threads. Training runs alone, between rollouts: on 2 idle "
+                                          "cores a 135M LoRA step on 640 tokens took 2.8 s on 2 threads, 3.9 s "
+                                          "on 1; but at load 8 a real-demo round took 283 s on 2 threads, "
+                                          "100-150 s on 1")
+    estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: grpo, --real rloo "
+                                      "(reward units: GRPO's std scaling made 0.05 of partial credit in a group "
+                                      "of failures weigh as much as a solved question)",
+                                choices=["grpo", "rloo", "reinforce_baseline"])
     final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
                                  "(measured, not trained on); --real: the held-out evaluations before and after")
     timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 60, "
@@ -356,8 +366,9 @@ def validate(cfg: DemoConfig, task: DemoTask) -> None:
         raise UsageError("--max-tokens must be >= 1 and --temperature > 0 (sampling gives the groups their spread)")
     if cfg.lr <= 0 or cfg.epochs < 1 or cfg.steps_per_epoch < 1:
         raise UsageError("--lr must be > 0, --epochs and --steps-per-epoch >= 1")
-    if cfg.threads < 0:
-        raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
+    if cfg.threads < 0 or (cfg.train_threads or 0) < 0:
+        raise UsageError(f"--threads {cfg.threads} and --train-threads {cfg.train_threads} must be >= 0 "
+                         "(0: torch's default)")
     if cfg.server and not cfg.model:
         raise UsageError("--server needs --model: the directory of the model that server serves as 'policy' "
                          "(the trainer starts from it); or leave both out for the embedded model")
@@ -477,6 +488,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
 
     serve_port, gateway_port, grpc_port, http_port = ports
     tracerl_bin = str(BIN / "tracerl")
+    # the real demo's agents mostly wait on the model: a whole round at once is one batch of the server
+    concurrency = cfg.concurrency or (cfg.rollouts_per_round if task.name == "sql" else 2 * (os.cpu_count() or 1))
     t = time.perf_counter()
     collector = children.start(Child("collect", [
         tracerl_bin, "collect", "--store", str(store), "--grpc", f"127.0.0.1:{grpc_port}",
@@ -487,7 +500,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         server_url = f"http://127.0.0.1:{serve_port}"
         server = children.start(Child("serve", [
             tracerl_bin, "serve", "--model", str(model), "--listen", f"127.0.0.1:{serve_port}",
-            "--threads", str(cfg.threads)], logs / "serve.log"))
+            "--threads", str(cfg.threads), "--max-num-seqs", str(max(8, concurrency))], logs / "serve.log"))
     otlp = f"http://127.0.0.1:{grpc_port}"
     gateway = children.start(Child("gateway", [
         tracerl_bin, "gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gateway_port}", "--otlp", otlp,
@@ -510,17 +523,16 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     from trainer.publish import server_publisher
     from trainer.rounds import read_rounds, run_once
 
-    if cfg.threads:
+    train_threads = cfg.threads if cfg.train_threads is None else cfg.train_threads
+    if train_threads:
         import torch
 
-        torch.set_num_threads(cfg.threads)
+        torch.set_num_threads(train_threads)
 
     for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
         if batch:
             (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
     n = task.group
-    # agents mostly wait on the model: the real demo keeps the server's batch of 8 (--max-num-seqs) full
-    concurrency = cfg.concurrency or max(2 * (os.cpu_count() or 1), 8 if task.name == "sql" else 0)
     reward_fn = load_reward_fn(task.reward)
     command = [str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)]
     base_env = agent_env(cfg)
@@ -531,7 +543,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                              lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
                              # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
                              max_prompt_tokens=512 if real else 256, max_response_tokens=64,
-                             pack_tokens=640 if real else 512, progress=False, threads=cfg.threads,
+                             pack_tokens=640 if real else 512, progress=False, threads=train_threads,
+                             estimator=cfg.estimator,
                              # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
                              # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
                              bf16=bool(cfg.model) or real)
@@ -657,6 +670,8 @@ def _quiet_transformers() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
+    # peft 0.21 asks transformers 5 for a renamed property on every LoRA model load: once per round
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def http_ok_quiet(url: str) -> bool:

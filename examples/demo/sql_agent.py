@@ -23,7 +23,15 @@ SCHEMA = (
     "Tables: customers(id, name, city, signup_date), products(id, name, category, price), "
     "orders(id, customer_id, product_id, quantity, order_date)"
 )
-EXAMPLE = ("Question: What is the name of the customer with id 3?", "SELECT name FROM customers WHERE id = 3")
+# The worked example carries the question's value into the WHERE clause, quoted: the step the
+# untrained model missed most. Its value is in no question of the task set (no city Oslo, no
+# digits), so copying it never earns the reward's on-topic credit; its shape is one template's
+# (city-names). Measured on the writer alone (30 held-out questions x 4 seeded samples): success
+# 0.025 either way, SQL naming the question's value 0.075, against 0.017 with the earlier example
+# "the customer with id 3" -> `WHERE id = 3`, which was copied into most answers
+# (`SELECT name FROM customers WHERE id = 3` for "How many customers live in Madrid?"). A date
+# example ('2024-02-14') was copied as well, and its digits matched month and quantity questions.
+EXAMPLE = ("Question: Which customers live in Oslo?", "SELECT name FROM customers WHERE city = 'Oslo'")
 
 
 def extract_sql(text: str) -> str:

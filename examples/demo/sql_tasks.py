@@ -135,7 +135,7 @@ def build_db(path: str | Path) -> Path:
 
 
 def questions(db: str | Path) -> dict[str, list[dict]]:
-    """Every filled template, as tasks ``{"id", "question", "gold_sql", "db"}`` by split."""
+    """Every filled template, as tasks ``{"id", "question", "gold_sql", "value", "db"}`` by split."""
     path = str(Path(db).resolve())
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
@@ -149,6 +149,7 @@ def questions(db: str | Path) -> dict[str, list[dict]]:
                         "id": f"{split}-{tid}-{slug}",
                         "question": question.format(v=v),
                         "gold_sql": gold.format(v=v),
+                        "value": v,  # what the question is about (the reward's on-topic check)
                         "db": path,
                     }
                 )

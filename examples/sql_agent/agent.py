@@ -6,15 +6,24 @@ say where the model (OPENAI_BASE_URL, OPENAI_API_KEY) and the collector
 (OTEL_EXPORTER_OTLP_ENDPOINT) are. Each LLM call runs inside its LangGraph node, so training can
 attribute it to the role that made it.
 
-The graph::
+Two shapes (``SQL_AGENT_SHAPE``). ``checker`` (the default) needs a model that makes tool calls::
 
     START -> writer -> checker --(tool call)--> check_tools -> checker
                           |--(FIX: ...)--> rewriter -> execute
                           '--(OK)--------------------> execute --(error, rewrites left)--> rewriter
                                                           '--> END
 
-Task (JSON on stdin): {"id", "question", "db"} (other keys, e.g. the reward's ``gold_sql``, are
-ignored). Prints one JSON line: {"id", "question", "sql", "rows", "error"}.
+``paper`` is the Agent Lightning paper's shape, for a small model that cannot (SmolLM2-135M made
+0 of 48 parseable tool calls): the SQL runs in a plain node of the agent's own code, between the
+two LLM roles, and the rewriter sees the rows or the error and repeats or fixes the query. Short
+prompts: a one-line system message, a one-line schema, one worked example::
+
+    START -> writer -> execute -> rewriter -> END
+
+Task (JSON on stdin): {"id", "question", "db", "seed"?} (other keys, e.g. the reward's
+``gold_sql``, are ignored; ``seed`` makes the samples reproducible, for a fixed evaluation).
+Prints one JSON line: {"id", "question", "sql", "rows", "error"} (checker), or {"id", "question",
+"draft", "result", "sql"} (paper: the writer's query, what it returned, the final query).
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.prebuilt import ToolNode
 
+SHAPES = ("checker", "paper")
+SHAPE = os.environ.get("SQL_AGENT_SHAPE", "checker")
 MODEL = os.environ.get("SQL_AGENT_MODEL", "policy")
 TEMPERATURE = float(os.environ.get("SQL_AGENT_TEMPERATURE", "1.0"))
 MAX_TOKENS = int(os.environ.get("SQL_AGENT_MAX_TOKENS", "256"))
@@ -49,6 +60,12 @@ CHECKER = ("You are the SQL checker. Review the query written for the question. 
 REWRITER = ("You are the SQL rewriter. The query below is wrong. Write a corrected SQLite query that answers "
             "the question. Reply with the query only, in a ```sql block.")
 
+# the paper shape's prompts, as examples/demo/sql_agent.py's (measured there on SmolLM2-135M: with these,
+# about a third of its queries run); the schema line comes from the database (schema_line)
+SYSTEM = "You write SQLite queries. Reply with one SQL query and nothing else."
+# the demo's worked example (examples/demo/sql_agent.py says why this one: its value is in no question)
+EXAMPLE = ("Question: Which customers live in Oslo?", "SELECT name FROM customers WHERE city = 'Oslo'")
+
 
 class SQLState(TypedDict, total=False):
     question: str
@@ -57,6 +74,8 @@ class SQLState(TypedDict, total=False):
     review: Annotated[list[AnyMessage], add_messages]  # the checker's conversation, with tool results
     rows: list[list[Any]]
     error: str | None
+    result: str  # what the rewriter is shown of the execution: the first rows, or the error
+    draft: str  # paper shape: the writer's query
     rewrites: int
 
 
@@ -82,10 +101,35 @@ def schema_of(db: str) -> str:
     return "\n".join(r[0] for r in run_sql(db, "SELECT sql FROM sqlite_master WHERE type = 'table'", 100)[1])
 
 
+def schema_line(db: str) -> str:
+    """The schema on one line, as the paper shape's prompts show it: ``Tables: customers(id, name, ...), ...``."""
+    tables = run_sql(db, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid", 100)[1]
+    cols = {t: [r[1] for r in run_sql(db, f"PRAGMA table_info('{t}')", 100)[1]] for (t,) in tables}
+    return "Tables: " + ", ".join(f"{t}({', '.join(c)})" for t, c in cols.items())
+
+
 def extract_sql(text: str) -> str:
-    """The query in the reply's first ```sql block, else the whole reply."""
-    m = re.search(r"```(?:sql)?\s*(.*?)```", text, re.S | re.I)
-    return (m.group(1) if m else text).strip()
+    """The query of a reply: from the first SELECT (inside its first code fence if there is one) up to ';', a
+    blank line or a backtick (a small model wraps queries in prose and inline code); a fenced query with no
+    SELECT is kept as it is (it fails to execute, and the error says why); prose with no query gives ''."""
+    fenced = re.search(r"```(?:sql)?\s*(.*?)(?:```|$)", text, re.S | re.I)
+    body = fenced.group(1) if fenced else text
+    m = re.search(r"\bSELECT\b.*", body, re.S | re.I)
+    if m:
+        return m.group(0).split(";")[0].split("\n\n")[0].split("`")[0].strip()
+    return body.strip() if fenced else ""
+
+
+def execute_sql(db: str, sql: str) -> dict:
+    """The ``execute`` node's update: the rows, or the error, and the text the rewriter is shown of them."""
+    if not sql:
+        return {"rows": [], "error": "no SQL query", "result": "error: no SQL query"}
+    try:
+        rows = run_sql(db, sql, 100)[1]
+    except (sqlite3.Error, sqlite3.Warning, ValueError) as e:  # ValueError: a NUL byte in the query
+        return {"rows": [], "error": str(e), "result": f"error: {e}"}
+    more = f" ... ({len(rows)} rows)" if len(rows) > 5 else ""
+    return {"rows": rows, "error": None, "result": json.dumps(rows[:5], default=str) + more}
 
 
 def make_run_query(db: str) -> BaseTool:
@@ -135,10 +179,7 @@ def build_graph(db: str, llm: ChatOpenAI) -> CompiledStateGraph:
         return {"sql": extract_sql(reply.text), "rewrites": state.get("rewrites", 0) + 1, "error": None}
 
     def execute(state: SQLState) -> dict:
-        try:
-            return {"rows": run_sql(db, state["sql"], 100)[1], "error": None}
-        except sqlite3.Error as e:
-            return {"rows": [], "error": str(e)}
+        return execute_sql(db, state["sql"])
 
     def after_execute(state: SQLState) -> str:
         return "rewriter" if state.get("error") and state.get("rewrites", 0) < MAX_REWRITES else END
@@ -158,14 +199,50 @@ def build_graph(db: str, llm: ChatOpenAI) -> CompiledStateGraph:
     return g.compile()
 
 
+def build_paper_graph(db: str, llm: ChatOpenAI) -> CompiledStateGraph:
+    """The paper's shape: writer -> execute (plain code, no model tool call) -> rewriter; one node per role."""
+    schema = schema_line(db)
+
+    def writer(state: SQLState) -> dict:
+        reply = llm.invoke([SystemMessage(SYSTEM), HumanMessage(f"{schema}\n{EXAMPLE[0]}"), AIMessage(EXAMPLE[1]),
+                            HumanMessage(f"Question: {state['question']}")])
+        sql = extract_sql(reply.text)
+        return {"sql": sql, "draft": sql}
+
+    def execute(state: SQLState) -> dict:
+        return execute_sql(db, state["sql"])
+
+    def rewriter(state: SQLState) -> dict:
+        reply = llm.invoke([SystemMessage(SYSTEM), HumanMessage(
+            f"{schema}\nQuestion: {state['question']}\nSQL: {state['sql']}\nResult: {state['result']}\n"
+            "If the result answers the question, repeat the SQL; otherwise fix it.")])
+        return {"sql": extract_sql(reply.text) or state["sql"]}  # no query in the reply: keep the draft
+
+    g = StateGraph(SQLState)
+    g.add_node("writer", writer)
+    g.add_node("execute", execute)
+    g.add_node("rewriter", rewriter)
+    g.add_edge(START, "writer")
+    g.add_edge("writer", "execute")
+    g.add_edge("execute", "rewriter")
+    g.add_edge("rewriter", END)
+    return g.compile()
+
+
 def main() -> None:
+    if SHAPE not in SHAPES:
+        sys.exit(f"SQL_AGENT_SHAPE={SHAPE!r} is not a shape; use one of {', '.join(SHAPES)}")
     task = read_task()
-    llm = ChatOpenAI(model=MODEL, temperature=TEMPERATURE, max_tokens=MAX_TOKENS)  # OPENAI_BASE_URL/_API_KEY
-    graph = build_graph(task["db"], llm)
-    state = graph.invoke({"question": task["question"], "schema": schema_of(task["db"])},
-                         {"recursion_limit": 25})
-    print(json.dumps({"id": task.get("id"), "question": task["question"], "sql": state.get("sql"),
-                      "rows": state.get("rows", []), "error": state.get("error")}, default=str))
+    llm = ChatOpenAI(model=MODEL, temperature=TEMPERATURE, max_tokens=MAX_TOKENS,  # OPENAI_BASE_URL/_API_KEY
+                     seed=task.get("seed"))
+    if SHAPE == "paper":
+        state = build_paper_graph(task["db"], llm).invoke({"question": task["question"]})
+        out = {"draft": state.get("draft"), "result": state.get("result"), "sql": state.get("sql")}
+    else:
+        state = build_graph(task["db"], llm).invoke({"question": task["question"], "schema": schema_of(task["db"])},
+                                                    {"recursion_limit": 25})
+        out = {"sql": state.get("sql"), "rows": state.get("rows", []), "error": state.get("error")}
+    print(json.dumps({"id": task.get("id"), "question": task["question"], **out}, default=str))
 
 
 if __name__ == "__main__":

@@ -53,13 +53,32 @@ def test_every_gold_query_runs_and_seeded_copies_have_distinct_ids_and_seeds(db)
     assert {question_of(c["id"]) for c in copies} == {t["id"] for t in split["heldout"]}
 
 
-def test_reward_is_graded_gold_then_runs_then_broken(db):
-    task = {"db": str(db), "gold_sql": "SELECT COUNT(*) FROM customers WHERE city = 'Berlin'"}
+def test_reward_is_graded_gold_then_on_topic_then_runs_then_broken(db):
+    task = {"db": str(db), "gold_sql": "SELECT COUNT(*) FROM customers WHERE city = 'Berlin'", "value": "Berlin"}
     line = lambda sql: json.dumps({"sql": sql})  # noqa: E731
     assert sql_reward.score(task, line("SELECT COUNT(id) FROM customers WHERE city='Berlin'")) == 1.0
-    assert sql_reward.score(task, line("SELECT COUNT(*) FROM customers")) == 0.2
-    assert sql_reward.score(task, line("SELECT COUNT(*) FROM customer")) == 0.0
+    assert sql_reward.score(task, line("SELECT name FROM customers WHERE city = 'berlin'")) == sql_reward.ON_TOPIC
+    # the collapse of the second measured run: a constant valid query earns only RUNS
+    assert sql_reward.score(task, line("SELECT name FROM products WHERE id = 3")) == sql_reward.RUNS
+    assert sql_reward.score(task, line("SELECT 'Berlin'")) == sql_reward.RUNS  # names it, reads no table
+    assert sql_reward.score(task, line("SELECT COUNT(*) FROM customer WHERE city = 'Berlin'")) == 0.0
     assert sql_reward.score(task, "no json") == 0.0
+    assert 0 < sql_reward.RUNS < sql_reward.ON_TOPIC < 1
+
+
+def test_numbers_count_as_named_only_as_whole_numbers():
+    assert sql_reward.names_value("SELECT COUNT(*) FROM orders WHERE order_date LIKE '2024-03-%'", 3)
+    assert sql_reward.names_value("SELECT COUNT(*) FROM products WHERE price > 40", 40)
+    assert not sql_reward.names_value("SELECT COUNT(*) FROM products WHERE price > 400", 40)
+    assert not sql_reward.names_value("SELECT COUNT(*) FROM orders WHERE order_date LIKE '2024-%'", 2)
+    assert not sql_reward.names_value("SELECT COUNT(*) FROM products WHERE price > 4.0", 0)
+
+
+def test_every_task_names_its_value_in_its_gold_query(db):
+    split = sql_tasks.questions(db)
+    for t in split["train"] + split["heldout"]:
+        assert sql_reward.grade(t, t["gold_sql"]) == 1.0
+        assert sql_reward.names_value(t["gold_sql"], t["value"]), t["id"]
 
 
 def test_the_agent_takes_the_first_select_out_of_fences_and_prose():
@@ -86,9 +105,9 @@ def test_held_out_summary_counts_success_runs_and_in_group_variance():
 
 def test_rounds_walk_the_training_split_and_flags_beat_the_real_preset(tmp_path):
     task = sql_task(tmp_path, rollouts_per_round=32, heldout_samples=4)
-    assert task.per_round == 8 and task.group == 4 and len(task.heldout) == 120
+    assert task.per_round == 4 and task.group == 8 and len(task.heldout) == 120
     assert task.round_tasks(0) != task.round_tasks(1)
     assert all(t["id"].startswith("train-") for k in range(12) for t in task.round_tasks(k))
     cfg = DemoConfig(real=True, lr=1e-3).resolved()
-    assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round) == (1e-3, 16, 5, 24)
+    assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round, cfg.estimator) == (1e-3, 16, 8, 32, "rloo")
     assert DemoConfig().resolved().lora_rank == 0

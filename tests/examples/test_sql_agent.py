@@ -3,7 +3,9 @@
 The scripted model answers per role (the role is in the system prompt) and per task (the question in
 the user message), so each rollout takes a known path through the graph; the test then checks that
 every LLM call became exactly one transition with its LangGraph node as the agent, the gateway's
-exact token ids, the checker's tool call and result, and the reward ``reward.py`` gave.
+exact token ids, the checker's tool call and result, and the reward ``reward.py`` gave. The paper
+shape (``SQL_AGENT_SHAPE=paper``: writer, a plain execute node, rewriter) gets the same checks,
+and that its execute node makes no LLM call.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from example_rig import EXAMPLES, example_venv, prompt_text, token_ids
+from example_rig import EXAMPLES, example_venv, prompt_text, stored_spans, token_ids
 
 pytestmark = pytest.mark.slow
 EXAMPLE = EXAMPLES / "sql_agent"
@@ -147,3 +149,89 @@ def test_each_llm_call_is_one_transition_with_its_langgraph_node_tokens_tools_an
     assert 'near "SELEC": syntax error' in json.loads(by_task["books-alpha"][2]["prompt_messages"])[-1]["content"]
     records = [json.loads(line) for f in (stack.store / "rollouts").glob("*.jsonl") for line in f.open()]
     assert {r["task_id"]: r["reward"] for r in records} == EXPECTED_REWARD
+
+
+# -- the paper shape: writer -> execute (plain code) -> rewriter ------------------------------------
+
+SCHEMA_LINE = ("Tables: customers(id, name, city, signup_date), products(id, name, category, price), "
+               "orders(id, customer_id, product_id, quantity, order_date)")
+# task id -> (the writer's reply, the rewriter's reply): the replies of a small model, prose around the SQL
+PAPER_PLANS = {
+    # the writer counts Paris and chats on; the rewriter sees the count and fixes it in a fence: reward 1
+    "customers-berlin": (f"{BERLIN_WRONG};\n\nThis counts the customers.", f"Fixed:\n```sql\n{BERLIN_RIGHT}\n```"),
+    # the writer is right; the rewriter repeats it as inline code inside prose: reward 1
+    "priciest-product": (PRICIEST, f"You can use `{PRICIEST}` to get it."),
+    # the writer's query fails; the rewriter answers prose with no query, so the draft stands: reward 0
+    "books-alpha": (f"```sql\n{BOOKS_BROKEN}\n```", "I am not sure what the error means."),
+}
+REWRITE_ASK = "If the result answers the question, repeat the SQL; otherwise fix it."
+
+
+def paper_script(tasks: list[dict]):
+    by_question = {t["question"]: t["id"] for t in tasks}
+
+    def script(body: dict) -> dict:
+        user = body["messages"][-1]["content"]
+        task_id = next(tid for q, tid in by_question.items() if f"Question: {q}" in user)
+        return {"content": PAPER_PLANS[task_id][REWRITE_ASK in user]}
+
+    return script
+
+
+def test_paper_shape_makes_two_llm_calls_named_writer_and_rewriter_around_a_plain_execute_node(
+        stack_factory, db) -> None:
+    bin_dir = example_venv("sql_agent")
+    tasks = [t for t in load("make_tasks").make_tasks(db) if t["id"] in PAPER_PLANS]
+    stack = stack_factory(paper_script(tasks))
+    stack.rollout(bin_dir, ["python", str(EXAMPLE / "agent.py")], tasks,
+                  extra_env={"SQL_AGENT_SHAPE": "paper", "SQL_AGENT_TEMPERATURE": "0.7", "SQL_AGENT_MAX_TOKENS": "32"},
+                  rollout_args=("--reward", f"{EXAMPLE / 'reward.py'}:score"))
+    rows = stack.transitions(agents="writer|rewriter")
+
+    assert len(rows) == len(stack.engine.requests) == 2 * len(PAPER_PLANS)  # two calls a rollout, no duplicates
+    assert {(b.get("max_completion_tokens"), b["temperature"], "tools" in b) for b in stack.engine.requests} == {
+        (32, 0.7, False)}  # langchain-openai sends max_tokens as max_completion_tokens
+    requests = {prompt_text(r): r for r in stack.engine.requests}
+    by_task: dict[str, list[dict]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(row)
+    assert {tid: [r["agent_name"] for r in rs] for tid, rs in by_task.items()} == {
+        tid: ["writer", "rewriter"] for tid in PAPER_PLANS}
+    expected_reward = {"customers-berlin": 1.0, "priciest-product": 1.0, "books-alpha": 0.0}
+    for tid, (writer, rewriter) in by_task.items():
+        question = next(t["question"] for t in tasks if t["id"] == tid)
+        assert [r["step"] for r in (writer, rewriter)] == [0, 1] and rewriter["is_last"]
+        for row, reply in zip((writer, rewriter), PAPER_PLANS[tid], strict=True):
+            assert bytes(row["prompt_token_ids"]).decode() in requests  # the gateway joined this very call
+            assert row["token_source"] == "gateway" and row["trainable"] is True
+            assert row["response_token_ids"] == token_ids(reply)
+            assert json.loads(row["response_message"]) == {"role": "assistant", "content": reply}
+            assert row["finish_reason"] == "stop" and row["tools"] is None
+            assert row["reward"] == row["rollout_reward"] == expected_reward[tid]
+        # the writer: one-line system, one-line schema (from the database), one worked example, the question
+        wprompt = json.loads(writer["prompt_messages"])
+        assert [m["role"] for m in wprompt] == ["system", "user", "assistant", "user"]
+        assert wprompt[1]["content"].startswith(SCHEMA_LINE + "\nQuestion: ")
+        assert wprompt[3]["content"] == f"Question: {question}"
+        # the rewriter sees the writer's extracted SQL and what executing it returned
+        (rsys, ruser) = json.loads(rewriter["prompt_messages"])
+        assert rsys["content"] == wprompt[0]["content"]
+        assert ruser["content"].startswith(f"{SCHEMA_LINE}\nQuestion: {question}\nSQL: ")
+    shown = {tid: json.loads(rs[1]["prompt_messages"])[1]["content"] for tid, rs in by_task.items()}
+    assert f"SQL: {BERLIN_WRONG}\nResult: [[3]]\n" in shown["customers-berlin"]  # the real count of Paris
+    assert f"SQL: {PRICIEST}\nResult: [[\"Drone\"]]\n" in shown["priciest-product"]
+    assert f'SQL: {BOOKS_BROKEN}\nResult: error: near "SELEC": syntax error\n' in shown["books-alpha"]
+    records = [json.loads(line) for f in (stack.store / "rollouts").glob("*.jsonl") for line in f.open()]
+    assert {r["task_id"]: r["reward"] for r in records} == expected_reward
+
+    # the execute node ran in every rollout, as a LangGraph node span of its own with no LLM call below it
+    spans = stored_spans(stack.store)
+    node = "traceloop.association.properties.langgraph_node"
+    for tid, (writer, _) in by_task.items():
+        mine = [s for s in spans if s["rollout_id"] == writer["rollout_id"]]
+        nodes = {s["span_id"]: s["attributes"]["traceloop.entity.name"] for s in mine
+                 if s["attributes"].get("traceloop.span.kind") == "task"
+                 and s["attributes"].get("traceloop.entity.name") == s["attributes"].get(node)}
+        assert sorted(nodes.values()) == ["execute", "rewriter", "writer"], tid
+        chats = [s for s in mine if s["name"] == "ChatOpenAI.chat"]
+        assert sorted(nodes[s["parent_span_id"]] for s in chats) == ["rewriter", "writer"], tid

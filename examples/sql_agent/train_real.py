@@ -1,0 +1,449 @@
+"""Train the LangGraph SQL agent (paper shape) on a real model with the tracerl CLI, round by round.
+
+The commands a user would type, run in order and printed as they start (nothing here trains or
+converts by itself):
+
+* ``tracerl serve --model MODEL --threads 1`` (SmolLM2-135M-Instruct on CPU), ``tracerl collect
+  --convert`` and ``tracerl gateway``, on free ports of 127.0.0.1;
+* ``tracerl train --watch`` (LoRA r=16 on q/k/v/o, lr 1e-3, bf16 autocast, one PPO step per round,
+  ``--min-rollouts`` = one batch, ``--tasks '^train-'``: held-out questions are never trained on);
+* per round, ``tracerl rollout`` of the next training questions x ``--samples`` under
+  ``opentelemetry-instrument python examples/sql_agent/agent.py`` (the example's own venv,
+  ``SQL_AGENT_SHAPE=paper``), scored by the demo's graded reward; then it waits for the trainer's
+  ``round k: published`` line, so the next batch is sampled from the new policy;
+* before the first and after the last round, ``tracerl rollout`` of the held-out questions, each
+  sample with its own seed (the same draws for both policies);
+* ``tracerl report`` (the rounds table and its PNG, from the store).
+
+The questions and the reward are the real-model demo's (examples/demo/sql_tasks.py, sql_reward.py):
+113 questions from 16 templates, 83 training and 30 held-out; 1.0 for the gold rows, 0.2 for SQL
+that runs. WORKDIR/summary.json holds what the README reports: per-round rewards, wall times,
+held-out scores and the load average sampled every 15 s.
+
+    .venv/bin/python examples/sql_agent/train_real.py --model .models/smollm2-135m-instruct \\
+        --agent-bin .venv-examples/sql_agent/bin --workdir /tmp/sql-real
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEMO = HERE.parent / "demo"
+TRACERL = str(Path(sys.executable).parent / "tracerl")
+LORA = ["--lora-rank", "16", "--lora-targets", "q_proj,k_proj,v_proj,o_proj"]
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def wait_until(ok, what: str, timeout_s: float, procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        for p in procs:
+            if p.poll() is not None:
+                raise SystemExit(
+                    f"{shlex.join(p.args[:2])} exited with {p.returncode} while waiting for {what}"
+                )
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up waiting for {what} after {timeout_s:.0f}s")
+        time.sleep(1)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def trainer_said(log: Path, k: int, seen: int) -> str | None:
+    """ "published" once ``tracerl train --watch`` published round k; "alike" when, after offset ``seen`` of
+    its log, its last line says round k is due but every group's rewards are alike (no signal)."""
+    text = log.read_text()
+    if f"round {k}: published" in text:
+        return "published"
+    new_lines = text[seen:].strip().splitlines()
+    return "alike" if new_lines and f"round {k}: waiting: all" in new_lines[-1] else None
+
+
+class LoadSampler(threading.Thread):
+    """/proc/loadavg's 1-minute figure every ``every_s`` seconds (what `uptime` shows)."""
+
+    def __init__(self, every_s: float = 15.0) -> None:
+        super().__init__(daemon=True)
+        self.every_s, self.samples, self.stop = every_s, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
+            self.stop.wait(self.every_s)
+
+
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--model", required=True, help="HF model dir (tracerl init-model DIR --from smollm2-135m-instruct)"
+    )
+    p.add_argument(
+        "--agent-bin", required=True, help="bin/ of the example's venv (pip install -r requirements.txt)"
+    )
+    p.add_argument(
+        "--workdir", default="./sql-real", help="store, tasks, logs, summary (default: %(default)s)"
+    )
+    p.add_argument("--rounds", type=int, default=4, help="training rounds (default: %(default)s)")
+    p.add_argument(
+        "--questions", type=int, default=4, help="training questions per round (default: %(default)s)"
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=8,
+        help="samples per question: the advantage group (default: %(default)s)",
+    )
+    p.add_argument(
+        "--heldout-samples",
+        type=int,
+        default=1,
+        help="seeded samples per held-out question (30), before and after; 0 skips (default: %(default)s)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="agent processes at once; 0: a whole batch, one batch of the server (default: %(default)s)",
+    )
+    p.add_argument(
+        "--estimator",
+        default="rloo",
+        choices=["grpo", "rloo", "reinforce_baseline"],
+        help="advantage estimator; rloo keeps reward units, so partial credit weighs less than a solved "
+        "question (default: %(default)s)",
+    )
+    p.add_argument("--lr", default="1e-3", help="learning rate (default: %(default)s)")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, interrupted)  # stop the servers on SIGTERM as on Ctrl-C
+
+    work = Path(args.workdir).resolve()
+    store = work / "store"
+    if store.exists() and any(store.iterdir()):
+        p.error(f"{store} already holds data; pass a new --workdir")
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    agent_bin = Path(args.agent_bin).resolve()
+    if not (agent_bin / "opentelemetry-instrument").exists():
+        p.error(
+            f"no opentelemetry-instrument in {agent_bin}; build the example's venv: python -m venv .venv-sql && "
+            ".venv-sql/bin/pip install -r examples/sql_agent/requirements.txt"
+        )
+    model = str(Path(args.model).resolve())
+
+    tasks_mod = load(DEMO / "sql_tasks.py")
+    db = work / "shop.db"
+    if not db.exists():
+        tasks_mod.build_db(db)
+    split = tasks_mod.questions(db)
+    train = list(split["train"])
+    random.Random(0).shuffle(train)  # rounds mix the templates (as tracerl demo --real does)
+    heldout = tasks_mod.with_seeds(split["heldout"], args.heldout_samples) if args.heldout_samples else []
+    batch = args.questions * args.samples
+    concurrency = args.concurrency or batch
+
+    grpc, http, serve, gw = free_port(), free_port(), free_port(), free_port()
+    server = f"http://127.0.0.1:{serve}"
+    procs: list[subprocess.Popen] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen:
+        say(f"$ {shlex.join(cmd)}   > logs/{name}.log")
+        with open(logs / f"{name}.log", "w") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    sampler = LoadSampler()
+    sampler.start()
+    t_start = time.monotonic()
+    summary: dict = {"settings": vars(args), "rounds": [], "heldout": {}}
+    try:
+        start(
+            "collect",
+            [
+                TRACERL,
+                "collect",
+                "--store",
+                str(store),
+                "--grpc",
+                f"127.0.0.1:{grpc}",
+                "--http",
+                f"127.0.0.1:{http}",
+                "--convert",
+                "--quiet-s",
+                "5",
+                "--workers",
+                "1",
+                "--agents",
+                "writer|rewriter",
+            ],
+        )
+        start(
+            "serve",
+            [
+                TRACERL,
+                "serve",
+                "--model",
+                model,
+                "--listen",
+                f"127.0.0.1:{serve}",
+                "--threads",
+                "1",
+                "--max-num-seqs",
+                str(max(8, concurrency)),
+            ],
+        )
+        start(
+            "gateway",
+            [
+                TRACERL,
+                "gateway",
+                "--upstream",
+                server,
+                "--listen",
+                f"127.0.0.1:{gw}",
+                "--otlp",
+                f"http://127.0.0.1:{grpc}",
+                "--models-ttl-s",
+                "0.5",
+            ],
+        )
+        wait_until(
+            lambda: http_ok(f"{server}/health") and http_ok(f"http://127.0.0.1:{gw}/health"),
+            "serve and gateway",
+            300,
+            procs,
+        )
+        train_log = logs / "train.log"
+        start(
+            "train",
+            [
+                TRACERL,
+                "train",
+                "--watch",
+                "--store",
+                str(store),
+                "--model",
+                model,
+                "--server",
+                server,
+                "--min-rollouts",
+                str(batch),
+                "--tasks",
+                "^train-",
+                "--lr",
+                args.lr,
+                "--estimator",
+                args.estimator,
+                *LORA,
+                "--bf16",
+                "--threads",
+                "1",
+                "--epochs",
+                "1",
+                "--steps-per-epoch",
+                "1",
+                "--max-prompt-tokens",
+                "512",
+                "--max-response-tokens",
+                "64",
+                "--pack-tokens",
+                "640",
+                "--max-rounds",
+                str(args.rounds),
+                "--poll-s",
+                "3",
+                "--no-progress",
+            ],
+        )
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
+        env.update(
+            {
+                "SQL_AGENT_SHAPE": "paper",
+                "SQL_AGENT_TEMPERATURE": "0.7",
+                "SQL_AGENT_MAX_TOKENS": "32",
+                "OPENAI_API_KEY": "unused",
+                "OTEL_SERVICE_NAME": "sql-agent",
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+            }
+        )
+        agent = [
+            str(agent_bin / "opentelemetry-instrument"),
+            str(agent_bin / "python"),
+            str(HERE / "agent.py"),
+        ]
+
+        def rollout(name: str, tasks: list[dict], n: int) -> list[dict]:
+            """``tracerl rollout`` of ``tasks`` x ``n``; its records (one per rollout, with the reward)."""
+            f = work / f"{name}.jsonl"
+            f.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+            cmd = [
+                TRACERL,
+                "rollout",
+                "--store",
+                str(store),
+                "--tasks",
+                str(f),
+                "-n",
+                str(n),
+                "--concurrency",
+                str(concurrency),
+                "--timeout-s",
+                "600",
+                "--retries",
+                "0",
+                "--otlp",
+                f"http://127.0.0.1:{grpc}",
+                "--collector",
+                f"http://127.0.0.1:{http}",
+                "--gateway",
+                f"http://127.0.0.1:{gw}/v1",
+                "--reward",
+                f"{DEMO / 'sql_reward.py'}:score",
+                "--",
+                *agent,
+            ]
+            say(f"$ {shlex.join(cmd)}")
+            before = set((store / "rollouts").glob("*.jsonl")) if (store / "rollouts").exists() else set()
+            t0 = time.monotonic()
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if out.returncode != 0:
+                raise SystemExit(
+                    f"tracerl rollout failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+                )
+            new = sorted(set((store / "rollouts").glob("*.jsonl")) - before)
+            records = [json.loads(line) for f in new for line in f.open()]
+            rewards = [r.get("reward") or 0.0 for r in records]
+            say(
+                f"{name}: {len(records)} rollouts in {time.monotonic() - t0:.0f}s, {sum(r['status'] == 'ok' for r in records)} ok, "
+                f"mean reward {sum(rewards) / max(1, len(rewards)):.3f}"
+            )
+            return records
+
+        def evaluate(label: str) -> None:
+            if not heldout:
+                return
+            t0 = time.monotonic()
+            records = rollout(f"heldout-{label}", heldout, 1)
+            rewards = [r.get("reward") or 0.0 for r in records]
+            n = max(1, len(rewards))
+            summary["heldout"][label] = {
+                "n": len(rewards),
+                "success": sum(v >= 1.0 for v in rewards) / n,
+                "mean_reward": sum(rewards) / n,
+                "runs": sum(v > 0 for v in rewards) / n,
+                "seconds": round(time.monotonic() - t0, 1),
+            }
+            say(f"held-out {label}: {summary['heldout'][label]}")
+
+        evaluate("policy@0")
+        batches = 0
+        for k in range(args.rounds):
+            t0 = time.monotonic()
+            while True:  # a batch whose groups all scored alike gives no signal: sample policy@k again
+                start_q = batches * args.questions
+                tasks = [train[(start_q + i) % len(train)] for i in range(args.questions)]
+                batches += 1
+                seen = len(train_log.read_text())  # the trainer's lines about this batch come after this
+                records = rollout(f"round{k}-batch{batches}", tasks, args.samples)
+                t_roll = time.monotonic() - t0
+                ok = sum(r["status"] == "ok" and r.get("reward") is not None for r in records)
+                if ok < batch:  # the trainer waits for --min-rollouts rewarded rollouts of policy@k
+                    raise SystemExit(
+                        f"round {k}: only {ok} of {batch} agent runs finished with a reward; see "
+                        f"{store / 'rollouts'} (stderr_tail) and {logs}"
+                    )
+                wait_until(
+                    lambda k=k, seen=seen: trainer_said(train_log, k, seen) is not None,
+                    f"round {k} to be trained",
+                    1200,
+                    procs,
+                )
+                if trainer_said(train_log, k, seen) == "published":
+                    break
+                say(f"round {k}: every group scored alike; sampling policy@{k} again")
+            time.sleep(1.5)  # > the gateway's --models-ttl-s: the next batch calls policy@{k+1}
+            rewards = [r.get("reward") or 0.0 for r in records]
+            summary["rounds"].append(
+                {
+                    "round": k,
+                    "rollouts": len(records),
+                    "mean_reward": sum(rewards) / max(1, len(rewards)),
+                    "success": sum(v >= 1.0 for v in rewards) / max(1, len(rewards)),
+                    "runs": sum(v > 0 for v in rewards) / max(1, len(rewards)),
+                    "rollout_s": round(t_roll, 1),
+                    "round_s": round(time.monotonic() - t0, 1),
+                    "load_1min": float(Path("/proc/loadavg").read_text().split()[0]),
+                }
+            )
+            say(f"round {k}: {summary['rounds'][-1]}")
+        evaluate(f"policy@{args.rounds}")
+    finally:
+        for proc in reversed(procs):  # train, gateway (flushes its spans), serve, then collect: one at a time
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        sampler.stop.set()
+        summary["wall_s"] = round(time.monotonic() - t_start, 1)
+        loads = sampler.samples or [0.0]
+        summary["load_1min"] = {
+            "min": min(loads),
+            "mean": round(sum(loads) / len(loads), 2),
+            "max": max(loads),
+            "samples": len(loads),
+        }
+        (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report = [TRACERL, "report", "--store", str(store), "--out", str(work / "report.png")]
+    say(f"$ {shlex.join(report)}")
+    subprocess.run(report, check=False)
+    say(f"wall {summary['wall_s']:.0f}s; load {summary['load_1min']}; summary in {work / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
