@@ -23,15 +23,25 @@ SCHEMA = (
     "Tables: customers(id, name, city, signup_date), products(id, name, category, price), "
     "orders(id, customer_id, product_id, quantity, order_date)"
 )
-# The worked example carries the question's value into the WHERE clause, quoted: the step the
-# untrained model missed most. Its value is in no question of the task set (no city Oslo, no
-# digits), so copying it never earns the reward's on-topic credit; its shape is one template's
-# (city-names). Measured on the writer alone (30 held-out questions x 4 seeded samples): success
-# 0.025 either way, SQL naming the question's value 0.075, against 0.017 with the earlier example
-# "the customer with id 3" -> `WHERE id = 3`, which was copied into most answers
-# (`SELECT name FROM customers WHERE id = 3` for "How many customers live in Madrid?"). A date
-# example ('2024-02-14') was copied as well, and its digits matched month and quantity questions.
-EXAMPLE = ("Question: Which customers live in Oslo?", "SELECT name FROM customers WHERE city = 'Oslo'")
+# Three worked examples: a text value and a number carried into the WHERE clause, quoted where
+# they are text. Their values are in no question of the task set (no city Oslo, no product Widget,
+# no price 7), so copying one never earns the reward's on-topic credit; their shapes are three
+# templates' (city-names, product-price, price-below). Measured on the untrained writer alone
+# (the 30 held-out questions x 4 seeded samples, bare engine, temperature 0.7, 32 tokens):
+#   one example "the customer with id 3" -> `WHERE id = 3`: success 0.025, SQL that runs 0.39;
+#     it was copied into most answers (`SELECT name FROM customers WHERE id = 3` for "How many
+#     customers live in Madrid?"), and under RL the policy collapsed onto it;
+#   one example, Oslo: 0.025, runs 0.28; Oslo + Widget: 0.108, 0.43; these three: 0.125, 0.43.
+# A date example ('2024-02-14') was copied as well, and its digits matched month questions.
+# The shared head is computed once by the server's prefix cache, so the longer prompt costs little.
+EXAMPLES = [
+    ("Question: Which customers live in Oslo?", "SELECT name FROM customers WHERE city = 'Oslo'"),
+    (
+        "Question: What is the price of the product Widget?",
+        "SELECT price FROM products WHERE name = 'Widget'",
+    ),
+    ("Question: How many products cost less than 7 euros?", "SELECT COUNT(*) FROM products WHERE price < 7"),
+]
 
 
 def extract_sql(text: str) -> str:
@@ -56,10 +66,17 @@ def execute(db: str, sql: str) -> str:
 
 
 def writer_messages(question: str) -> list[dict]:
+    shots = [
+        m
+        for i, (q, sql) in enumerate(EXAMPLES)
+        for m in (
+            {"role": "user", "content": f"{SCHEMA}\n{q}" if i == 0 else q},
+            {"role": "assistant", "content": sql},
+        )
+    ]
     return [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"{SCHEMA}\n{EXAMPLE[0]}"},
-        {"role": "assistant", "content": EXAMPLE[1]},
+        *shots,
         {"role": "user", "content": f"Question: {question}"},
     ]
 
