@@ -111,3 +111,15 @@ def test_rounds_walk_the_training_split_and_flags_beat_the_real_preset(tmp_path)
     cfg = DemoConfig(real=True, lr=1e-3).resolved()
     assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round, cfg.estimator) == (1e-3, 16, 8, 32, "rloo")
     assert DemoConfig().resolved().lora_rank == 0
+
+
+def test_before_after_shows_the_largest_gains_one_sample_per_question():
+    from tracerl.commands.demo import before_after
+
+    before = {"heldout-a-s0": ("x", 0.0), "heldout-a-s1": ("x", 0.0), "heldout-b-s0": ("y", 0.05),
+              "heldout-c-s0": ("z", 1.0)}
+    after = {"heldout-a-s0": ("X", 1.0), "heldout-a-s1": ("X", 1.0), "heldout-b-s0": ("Y", 0.2),
+             "heldout-c-s0": ("z", 0.0)}
+    text = before_after(before, after, 0, 8, n=2)
+    assert [ln.strip() for ln in text.splitlines() if ln.startswith("  heldout")] == ["heldout-a-s0", "heldout-b-s0"]
+    assert "policy@0 (0.05): y" in text and "policy@8 (0.20): Y" in text

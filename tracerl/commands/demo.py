@@ -49,15 +49,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def before_after(before: dict, after: dict, k0: int, k1: int, n: int = 4) -> str:
-    """A few held-out answers of both policies on the same seeded sample: changed ones first."""
-    changed = sorted((tid for tid in before if tid in after),
-                     key=lambda tid: (after[tid][1] - before[tid][1] <= 0, before[tid] == after[tid], tid))
+    """A few held-out answers of both policies on the same seeded sample: the largest gains first,
+    one sample per question, so the few lines shown span several questions."""
+    from tracerl.demo_tasks import question_of
+
+    ranked = sorted((tid for tid in before if tid in after),
+                    key=lambda tid: (before[tid][1] - after[tid][1], before[tid] == after[tid], tid))
+    picked: list[str] = []
+    for tid in ranked:
+        if question_of(tid) not in {question_of(p) for p in picked}:
+            picked.append(tid)
     lines = [f"held-out answers (same seed), policy@{k0} -> policy@{k1}:"]
-    for tid in changed[:n]:
+    for tid in picked[:n]:
         lines.append(f"  {tid}")
         for k, (reply, reward) in ((k0, before[tid]), (k1, after[tid])):
             text = " ".join(reply.split())
-            lines.append(f"    policy@{k} ({reward:.1f}): {text[:110] + ('...' if len(text) > 110 else '')}")
+            lines.append(f"    policy@{k} ({reward:.2f}): {text[:110] + ('...' if len(text) > 110 else '')}")
     return "\n".join(lines)
 
 
