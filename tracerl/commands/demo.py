@@ -22,10 +22,10 @@ from tracerl.options import add_options, from_args
 
 EPILOG = """\
 examples:
-  tracerl demo                                   # 16 rounds x 16 rollouts on the tiny model, CPU only
+  tracerl demo                                   # up to 60 rounds x 16 rollouts on the tiny model, CPU only
   tracerl demo --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
-  tracerl demo --real                            # SmolLM2-135M learns text-to-SQL (LoRA, CPU): see
-                                                 # examples/demo/README.md for the measured curve
+  tracerl demo --real                            # SmolLM2-135M learns text-to-SQL (LoRA, CPU, 8 rounds x 32
+                                                 # rollouts, 20-30 min on 2 cores): examples/demo/README.md
   tracerl demo --grpc-port 4317 --http-port 4318   # fixed collector ports (default: free ones, printed)
   tracerl demo --model ./my-model --server http://127.0.0.1:8000 --lora-rank 8
       # a running vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
