@@ -1,4 +1,5 @@
-"""What several bench scripts use: a percentile, and a scripted OpenAI-compatible upstream.
+"""What several bench scripts use: a percentile, an example script loader, and a scripted OpenAI-compatible
+upstream.
 
 Imported by the scripts with ``bench/`` on ``sys.path`` (they run as plain files, not a package);
 the repository root must be on it too, for ``serving``.
@@ -6,7 +7,11 @@ the repository root must be on it too, for ``serving``.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
 
 from serving.httpserver import Handler
 
@@ -15,6 +20,17 @@ def percentile(xs: list[float], q: float) -> float:
     """The q-quantile by rank (no interpolation); NaN for no values."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """Import an example's script as a module; its folder goes on the path, as when it runs as a script
+    (the demo agents import their shared ``genai_chat``)."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class ScriptedUpstream(Handler):

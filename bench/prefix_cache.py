@@ -17,7 +17,6 @@ do; both engines sample the same tokens (checked), so they do the same decoding 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import sys
@@ -27,24 +26,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _shared import load_script  # noqa: E402
+
 DEMO = ROOT / "examples" / "demo"
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
-
-
-def _load(path: Path, name: str):
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def demo_prompts(questions: int) -> dict[str, list[list[dict]]]:
     """Writer and rewriter messages of the demo agent for the first ``questions`` training questions
     (templates interleaved, so a batch mixes SQL shapes as a round does)."""
-    tasks = _load(DEMO / "sql_tasks.py", "bench_sql_tasks")
-    agent = _load(DEMO / "sql_agent.py", "bench_sql_agent")
+    tasks = load_script(DEMO / "sql_tasks.py", "bench_sql_tasks")
+    agent = load_script(DEMO / "sql_agent.py", "bench_sql_agent")
     with tempfile.TemporaryDirectory() as tmp:
         train = tasks.questions(tasks.build_db(Path(tmp) / "shop.db"))["train"]
     by_template: dict[str, list[dict]] = {}

@@ -20,7 +20,6 @@ threads and autocast as the trainer. Target: the loop adds <= 15 % over bare gen
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -31,19 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _shared import load_script  # noqa: E402
+
 DEMO = ROOT / "examples" / "demo"
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
-
-
-def _load(path: Path, name: str):
-    """Import an example's script as a module; its folder goes on the path, as when it runs as a script
-    (the demo agents import their shared ``genai_chat``)."""
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def start_stack(model: Path, work: Path, threads: int, max_num_seqs: int):
@@ -293,8 +284,8 @@ def run(
         trace.set_tracer_provider(provider)
         os.environ["OPENAI_BASE_URL"] = urls["gateway"]
         agent, reward = (
-            _load(DEMO / "agent.py", "bench_demo_agent"),
-            _load(DEMO / "reward.py", "bench_demo_reward"),
+            load_script(DEMO / "agent.py", "bench_demo_agent"),
+            load_script(DEMO / "reward.py", "bench_demo_reward"),
         )
         tasks = [{"id": f"letter-{c}", "letter": c, "letters": letters} for c in letters]
         settings.server = urls["server"]
