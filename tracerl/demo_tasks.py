@@ -38,7 +38,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 2,
         "steps_per_epoch": 2,
         "timeout_s": 60.0,
-        "train_threads": None,  # --threads
         "estimator": "grpo",
     },
     # LoRA r=16 on q/k/v/o, one PPO step per round (the shape of the issue-14 check that learned
@@ -55,7 +54,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 1,
         "steps_per_epoch": 1,
         "timeout_s": 600.0,
-        "train_threads": None,  # --threads: see the flag's help for why not all cores
         "estimator": "rloo",
     },
 }
