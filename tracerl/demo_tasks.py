@@ -19,6 +19,7 @@ import random
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,13 @@ class HeldOut:
     runs: float  # share of rollouts whose SQL ran (reward > 0)
 
 
+def reward_shares(values: Sequence[float]) -> tuple[float, float, float]:
+    """(success, mean reward, runs) of SQL-task rewards: the share at 1.0 (the gold result set), the
+    mean, and the share above 0 (the SQL ran); zeros for no values."""
+    n = len(values) or 1
+    return sum(v >= 1.0 for v in values) / n, sum(values) / n, sum(v > 0 for v in values) / n
+
+
 def held_out_summary(rewards: dict[str, float]) -> HeldOut:
     """``rewards`` by task id (seeded copies); success counts reward 1.0 (the gold result set)."""
     values = list(rewards.values())
@@ -143,11 +151,11 @@ def held_out_summary(rewards: dict[str, float]) -> HeldOut:
     for tid, v in rewards.items():
         groups[question_of(tid)].append(v)
     variances = [statistics.pvariance(g) for g in groups.values() if len(g) > 1]
-    n = len(values) or 1
+    success, mean_reward, runs = reward_shares(values)
     return HeldOut(
         n=len(values),
-        success=sum(v >= 1.0 for v in values) / n,
-        mean_reward=sum(values) / n,
+        success=success,
+        mean_reward=mean_reward,
         group_variance=statistics.fmean(variances) if variances else 0.0,
-        runs=sum(v > 0 for v in values) / n,
+        runs=runs,
     )

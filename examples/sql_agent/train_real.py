@@ -41,6 +41,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tracerl.demo_tasks import reward_shares  # one definition of success / mean / runs with the demo
+
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "demo"
 TRACERL = str(Path(sys.executable).parent / "tracerl")
@@ -368,12 +370,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             records = rollout(f"heldout-{label}", heldout, 1)
             rewards = [r.get("reward") or 0.0 for r in records]
-            n = max(1, len(rewards))
+            success, mean_reward, runs = reward_shares(rewards)
             summary["heldout"][label] = {
                 "n": len(rewards),
-                "success": sum(v >= 1.0 for v in rewards) / n,
-                "mean_reward": sum(rewards) / n,
-                "runs": sum(v > 0 for v in rewards) / n,
+                "success": success,
+                "mean_reward": mean_reward,
+                "runs": runs,
                 "seconds": round(time.monotonic() - t0, 1),
             }
             say(f"held-out {label}: {summary['heldout'][label]}")
@@ -405,14 +407,14 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 say(f"round {k}: every group scored alike; sampling policy@{k} again")
             time.sleep(1.5)  # > the gateway's --models-ttl-s: the next batch calls policy@{k+1}
-            rewards = [r.get("reward") or 0.0 for r in records]
+            success, mean_reward, runs = reward_shares([r.get("reward") or 0.0 for r in records])
             summary["rounds"].append(
                 {
                     "round": k,
                     "rollouts": len(records),
-                    "mean_reward": sum(rewards) / max(1, len(rewards)),
-                    "success": sum(v >= 1.0 for v in rewards) / max(1, len(rewards)),
-                    "runs": sum(v > 0 for v in rewards) / max(1, len(rewards)),
+                    "mean_reward": mean_reward,
+                    "success": success,
+                    "runs": runs,
                     "rollout_s": round(t_roll, 1),
                     "round_s": round(time.monotonic() - t0, 1),
                     "load_1min": float(Path("/proc/loadavg").read_text().split()[0]),
