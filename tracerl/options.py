@@ -53,7 +53,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, 
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_text)
             continue
-        kw: dict[str, Any] = {"dest": f.name, "default": default, "help": help_text + " (default: %(default)s)"}
+        # a help text that says its own default (or "unset: ...") is not followed by a second one
+        says_default = default is None or "default:" in help_text or "unset:" in help_text
+        kw: dict[str, Any] = {"dest": f.name, "default": default,
+                              "help": help_text + ("" if says_default else " (default: %(default)s)")}
         if meta.get("metavar"):
             kw["metavar"] = meta["metavar"]
         if meta.get("choices"):

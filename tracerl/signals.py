@@ -1,9 +1,18 @@
-"""How long-running commands (collect, serve, gateway) wait to be stopped."""
+"""How long-running commands wait to be stopped: servers (collect, serve, gateway) on an event,
+drivers (demo, rollout) by unwinding as from Ctrl-C.
+
+Every one installs its own handlers rather than trusting Python's default Ctrl-C handling: a
+process started in the background by a shell (``cmd &`` without job control) inherits SIGINT as
+*ignored*, and Python then never raises KeyboardInterrupt, so such a demo could not be stopped
+and left its servers and agents running."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 
 def stop_requested() -> threading.Event:
@@ -20,3 +29,22 @@ def stop_requested() -> threading.Event:
 def wait_for_stop(stop: threading.Event | None = None) -> None:
     """Block until SIGINT or SIGTERM; the caller then shuts down gracefully (flush, close)."""
     (stop or stop_requested()).wait()
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while inside, even where SIGINT
+    was inherited as ignored, so a driver unwinds and stops everything it started."""
+    def handler(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread (tests calling a driver from a thread)
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)

@@ -97,3 +97,19 @@ def clean_temp_dirs(checkpoints: Path) -> int:
                 shutil.rmtree(p, ignore_errors=True)
                 n += 1
     return n
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
+    """Remove complete checkpoints older than the ``keep`` newest; returns what was removed.
+
+    A 50-round run of SmolLM2 would otherwise hold 50 adapters and 50 merged models (270 MB each).
+    The newest is the next round's parent and the serving policy; the one before it is what a
+    failed reload restores; so ``keep`` is at least 2. Incomplete ones are the temp-dir sweep's.
+    """
+    if keep < 2:
+        raise ValueError(f"keep must be >= 2 (the serving policy and the one a failed reload restores), got {keep}")
+    done = sorted(p for p in checkpoints.glob("policy-*") if p.is_dir() and is_complete(p))
+    gone = done[:-keep]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone

@@ -29,6 +29,12 @@ class TrainSettings:
     server: str | None = setting(None, "serving URL to publish each new policy to (vLLM or 'tracerl serve'); "
                                        "several replicas comma-separated, each gets it; none: checkpoints are "
                                        "written but not announced", metavar="URL[,URL]")
+    publish: str = setting("auto", "how a LoRA round reaches the server: lora (vLLM load_lora_adapter), full "
+                                   "(merged into the base weights, reloaded in place), auto: full for a vLLM on "
+                                   "a CPU (an adapter costs about 4x decode speed there), lora elsewhere",
+                           choices=["auto", "lora", "full"])
+    keep_checkpoints: int = setting(3, "keep the newest N checkpoints (>= 2: the serving one and the one a failed "
+                                       "reload restores); 0 keeps all", metavar="N")
     min_rollouts: int = setting(8, "train a round once this many complete, rewarded rollouts of the current "
                                    "version exist")
     every: float = setting(0.0, "also train when this many seconds passed since the last round, with any "

@@ -47,12 +47,14 @@ from trainer.checkpoint import (
     clean_temp_dirs,
     git_sha,
     is_complete,
+    prune_checkpoints,
     read_manifest,
     write_checkpoint,
     write_json_atomic,
 )
 from trainer.config import TrainSettings
 from trainer.dataset import Batch, DatasetConfig, DatasetStats, build_samples, load_transitions, make_batches
+from trainer.merge import served_weights
 
 DONE = ("trained", "published")
 
@@ -70,6 +72,7 @@ class PublishRequest:
     checkpoint_path: Path
     adapter: bool
     base_model: Path
+    previous: Path | None = None  # the full weights serving now (restored if a reload fails)
 
 
 Publisher = Callable[[PublishRequest], None]
@@ -176,6 +179,13 @@ def run_once(
     if not (base_model / "config.json").exists():
         raise TrainError(f"--model {base_model} has no config.json; point it at a HF model directory")
     layout = StoreLayout.at(settings.store)
+    if not layout.root.is_dir():
+        raise TrainError(f"no store at {layout.root}; pass --store DIR (or TRACERL_STORE), the directory "
+                         "`tracerl collect` writes")
+    if not layout.checkpoints.exists() and not any(layout.table("transitions").rglob("*.parquet")):
+        msg = f"no transitions in {layout.root} yet (run `tracerl convert`, or `collect --convert`); nothing written"
+        log(msg)
+        return RoundOutcome("waiting", message=msg)
     with train_lock(layout) as locked:
         if not locked:
             msg = "another 'tracerl train' holds the lock on this store; nothing done"
@@ -191,7 +201,8 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
     done = [k for k, r in rounds.items() if r["status"] in DONE]
     last = max(done) if done else None
     if last is not None and rounds[last]["status"] == "trained" and publisher is not None:
-        row = _publish(layout, rounds[last], base_model, publisher, log, settings.served_name)
+        row = _publish(layout, rounds[last], base_model, publisher, log, settings.served_name,
+                       settings.keep_checkpoints)
         return RoundOutcome("published", last, row=row,
                             message=f"published {settings.served_name}@{last + 1} (left unannounced by an earlier run)")
     k = 0 if last is None else last + 1
@@ -285,7 +296,7 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
                metrics=metrics_json(metrics, stats, nproc))
     write_round(layout, row)
     if publisher is not None:
-        row = _publish(layout, row, base_model, publisher, log, settings.served_name)
+        row = _publish(layout, row, base_model, publisher, log, settings.served_name, settings.keep_checkpoints)
     log(metrics_line(row, stats, metrics))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
@@ -349,10 +360,13 @@ def _every_due(settings: TrainSettings, layout: StoreLayout, last: int | None, u
 
 
 def _publish(layout: StoreLayout, row: dict[str, Any], base_model: Path, publisher: Publisher,
-             log: Callable[[str], None], served_name: str = "policy") -> dict[str, Any]:
+             log: Callable[[str], None], served_name: str = "policy", keep_checkpoints: int = 0) -> dict[str, Any]:
     k = row["round"]
+    prev = read_rounds(layout).get(k - 1) if k > 0 else None
+    previous = served_weights(Path(prev["checkpoint_path"]) if prev and prev["checkpoint_path"] else None,
+                              bool(prev and prev["adapter"]), base_model)
     req = PublishRequest(name=f"{served_name}@{k + 1}", version=k + 1, checkpoint_path=Path(row["checkpoint_path"]),
-                         adapter=bool(row["adapter"]), base_model=base_model)
+                         adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
     t = time.perf_counter()
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
@@ -360,6 +374,9 @@ def _publish(layout: StoreLayout, row: dict[str, Any], base_model: Path, publish
     row = {**row, "status": "published", "published_at": _now(), "timings": json.dumps(timings)}
     write_round(layout, row)
     log(f"round {k}: published {req.name} from {req.checkpoint_path}")
+    if keep_checkpoints:
+        for gone in prune_checkpoints(layout.checkpoints, keep_checkpoints):
+            log(f"round {k}: removed old checkpoint {gone} (--keep-checkpoints {keep_checkpoints})")
     return row
 
 

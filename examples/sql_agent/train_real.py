@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             [
                 TRACERL,
                 "serve",
+                "--engine",
+                "embedded",
                 "--model",
                 model,
                 "--listen",

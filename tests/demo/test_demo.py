@@ -31,7 +31,7 @@ from trainer.rounds import read_rounds
 def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path):
     work = tmp_path / "work"
     t = time.monotonic()
-    proc = tracerl("demo", "--rounds", "2", "--rollouts-per-round", "8", "--workdir", str(work),
+    proc = tracerl("demo", "--tiny", "--rounds", "2", "--rollouts-per-round", "8", "--workdir", str(work),
                    "--no-final-eval", timeout=170)
     elapsed = time.monotonic() - t
     out = proc.stdout
@@ -94,7 +94,7 @@ def test_a_store_with_data_is_refused_and_the_fix_named(tmp_path):
 
 
 def test_bad_rollouts_per_round_is_a_usage_error(tmp_path):
-    proc = tracerl("demo", "--workdir", str(tmp_path), "--rollouts-per-round", "6", check=False)
+    proc = tracerl("demo", "--tiny", "--workdir", str(tmp_path), "--rollouts-per-round", "6", check=False)
     assert proc.returncode == 2 and "multiple of the 4 tasks" in proc.stderr
 
 
@@ -133,7 +133,7 @@ def occupied(ports: tuple[int, ...]):
 @pytest.mark.slow
 def test_demo_starts_on_free_ports_it_prints_and_ctrl_c_stops_every_process(tmp_path):
     with occupied(LEGACY_PORTS):
-        proc = subprocess.Popen([str(BIN / "tracerl"), "demo", "--workdir", str(tmp_path), "--rollouts-per-round",
+        proc = subprocess.Popen([str(BIN / "tracerl"), "demo", "--tiny", "--workdir", str(tmp_path), "--rollouts-per-round",
                                  "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         ports: list[int] = []
         seen = []

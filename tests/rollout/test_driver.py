@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
@@ -181,15 +182,22 @@ def test_a_reward_function_bug_is_recorded_per_rollout(tmp_path):
     assert rec["reward"] is None and "ValueError: reward bug" in rec["error"]
 
 
-def test_ctrl_c_stops_the_driver_and_leaves_no_agent_behind(tmp_path):
+@pytest.mark.parametrize("sigint", ["default", "inherited as ignored"])
+def test_ctrl_c_stops_the_driver_and_leaves_no_agent_behind(tmp_path, sigint):
+    """Also when started in the background by a shell without job control (`cmd &`), which leaves
+    SIGINT ignored: Python's own Ctrl-C handling would never fire there."""
     import signal
     import subprocess
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     tasks = [{"id": f"h{i}", "do": "hang", "out": str(tmp_path / f"pids{i}.json")} for i in range(2)]
     tasks_file = write_tasks(tmp_path / "tasks.jsonl", tasks)
     driver = subprocess.Popen([str(BIN / "tracerl"), "rollout", "--tasks", str(tasks_file), "--store",
                                str(tmp_path / "store"), "--collector", "", "--concurrency", "2", "--retries", "3",
-                               "--", *AGENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--", *AGENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=ignore_sigint if sigint != "default" else None)
     deadline = time.monotonic() + 20
     while not all((tmp_path / f"pids{i}.json").exists() for i in range(2)):
         assert time.monotonic() < deadline, "agents did not start"

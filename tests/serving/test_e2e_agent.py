@@ -32,7 +32,7 @@ def test_instrumented_openai_agent_through_gateway_joins_exact_tokens_to_agent_s
     store = tmp_path / "store"
     serve_port, gw_port = free_port(), free_port()
     with running_collector(store) as collector:
-        server = start_tracerl("serve", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
+        server = start_tracerl("serve", "--engine", "embedded", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
                        health=f"http://127.0.0.1:{serve_port}/health")
         try:
             gw = start_tracerl("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",

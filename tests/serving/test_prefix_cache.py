@@ -353,12 +353,12 @@ def test_tracerl_serve_flags_reach_the_engine(tiny_model_dir, monkeypatch, capsy
         raise RuntimeError("stopped before serving")  # the CLI reports it and exits 1
 
     monkeypatch.setattr(server_module.EmbeddedServer, "start", staticmethod(fake_start))
-    args = ["serve", "--model", str(tiny_model_dir)]
+    args = ["serve", "--engine", "embedded", "--model", str(tiny_model_dir)]
     assert main([*args, "--no-enable-prefix-caching", "--prefix-cache-mb", "64"]) == 1
     assert not seen["options"].enable_prefix_caching and seen["options"].prefix_cache_mb == 64
     assert main(args) == 1
     assert seen["options"].enable_prefix_caching and seen["options"].prefix_cache_mb == 256
-    assert main(["serve", "--model", str(tiny_model_dir), "--prefix-cache-mb", "-1"]) == 2
+    assert main(["serve", "--engine", "embedded", "--model", str(tiny_model_dir), "--prefix-cache-mb", "-1"]) == 2
     assert "--prefix-cache-mb -1.0 must be >= 0" in capsys.readouterr().err
 
 

@@ -28,6 +28,14 @@ def adapter_dir(tmp_path: Path, name: str = "adapter") -> Path:
     return d
 
 
+def weights(path: Path) -> Path:
+    """A directory that passes the publisher's pre-reload check: one whole (empty) safetensors file."""
+    path.mkdir(parents=True, exist_ok=True)
+    header = b"{}"
+    (path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    return path
+
+
 def publisher(fake: FakeVLLM, **kw) -> VLLMPublisher:
     sleeps: list[float] = []
     pub = VLLMPublisher("http://vllm:8000/v1", httpx.Client(transport=httpx.MockTransport(fake.handler)),
@@ -102,7 +110,7 @@ def test_a_server_that_keeps_timing_out_fails_with_a_clear_message(tmp_path):
 
 def test_full_publish_pauses_reloads_resets_and_resumes_in_order(tmp_path):
     fake = FakeVLLM(world_size=2)
-    r = publisher(fake).publish_full(tmp_path / "ckpt", version=5)
+    r = publisher(fake).publish_full(weights(tmp_path / "ckpt"), version=5)
     assert fake.weights_path == str(tmp_path / "ckpt") and not fake.paused
     assert [c for c in fake.calls if c[1] != "/v1/models"] == [
         ("POST", "/pause"), ("POST", "/collective_rpc"), ("POST", "/reset_prefix_cache"),
@@ -112,25 +120,25 @@ def test_full_publish_pauses_reloads_resets_and_resumes_in_order(tmp_path):
 
 def test_full_publish_on_vllm_without_weight_versions_still_succeeds(tmp_path):
     fake = FakeVLLM(has_weight_version=False)
-    assert publisher(fake).publish_full(tmp_path / "c", version=2).version == 2
+    assert publisher(fake).publish_full(weights(tmp_path / "c"), version=2).version == 2
     assert fake.weights_path == str(tmp_path / "c") and fake.calls[-2] == ("POST", "/resume")
 
 
 def test_full_publish_without_dev_mode_names_the_flag(tmp_path):
     with pytest.raises(PublishError, match="VLLM_SERVER_DEV_MODE=1"):
-        publisher(FakeVLLM(dev_mode=False)).publish_full(tmp_path, version=1)
+        publisher(FakeVLLM(dev_mode=False)).publish_full(weights(tmp_path), version=1)
 
 
 def test_full_publish_on_vllm_without_pause_still_reloads(tmp_path):
     fake = FakeVLLM(has_pause=False)
-    publisher(fake).publish_full(tmp_path / "c", version=1)
+    publisher(fake).publish_full(weights(tmp_path / "c"), version=1)
     assert fake.weights_path == str(tmp_path / "c") and ("POST", "/resume") not in fake.calls
 
 
 def test_resume_is_sent_even_when_the_reload_fails(tmp_path):
     fake = FakeVLLM(timeout_paths={"/collective_rpc": 99})
     with pytest.raises(PublishError, match="timed out"):
-        publisher(fake, retries=1).publish_full(tmp_path, version=1)
+        publisher(fake, retries=1).publish_full(weights(tmp_path), version=1)
     assert fake.calls[-1] == ("POST", "/resume") and not fake.paused
 
 
@@ -139,7 +147,7 @@ def test_publish_policy_is_the_trainers_entry_point(tmp_path):
     client = httpx.Client(transport=httpx.MockTransport(fake.handler))
     res = publish_policy("http://vllm:8000", "policy@3", str(adapter_dir(tmp_path)), adapter=True, client=client)
     assert res.name == "policy@3" and fake.loras == {"policy@3": str(tmp_path / "adapter")}
-    res = publish_policy("http://vllm:8000", "policy@4", str(tmp_path / "full"), adapter=False, client=client)
+    res = publish_policy("http://vllm:8000", "policy@4", str(weights(tmp_path / "full")), adapter=False, client=client)
     assert (res.kind, res.version, fake.weights_path) == ("full", 4, str(tmp_path / "full"))
     with pytest.raises(PublishError, match="must look like 'policy@3'"):
         publish_policy("http://vllm:8000", "policy", str(tmp_path), adapter=True, client=client)

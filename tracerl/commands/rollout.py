@@ -22,6 +22,7 @@ from tracerl.rollout import (
     run_rollouts,
     summarize,
 )
+from tracerl.signals import interrupt_on_signals
 
 EPILOG = """\
 example (collector, server and gateway already running):
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                     otlp=cfg.otlp, otlp_protocol=cfg.otlp_protocol, gateway=cfg.gateway, reward_fn=reward_fn,
                     reward_name=cfg.reward_name, reward_retries=cfg.reward_retries,
                     timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store)
-    records, path = run_rollouts(driver)
+    with interrupt_on_signals():  # Ctrl-C or SIGTERM: agents killed, finished records kept
+        records, path = run_rollouts(driver)
     summary = summarize(records)
     print(format_summary(summary, str(path)), flush=True)
     if summary.unposted_rewards:

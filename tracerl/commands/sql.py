@@ -12,6 +12,7 @@ import csv
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from schemas.store import default_store
 from tracerl.options import UsageError, add_options, from_args, opt
@@ -39,8 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _cell(v: object) -> str:
+    """A table cell; floats to 6 significant digits (``0.225``, not ``0.22499999999999998``: the table
+    is for reading; --format csv/json keep every digit)."""
     if v is None:
         return "NULL"
+    if isinstance(v, float):
+        return f"{v:.6g}"
     return v if isinstance(v, str) else str(v)
 
 
@@ -55,6 +60,10 @@ def format_table(columns: list[str], rows: list[tuple], max_width: int) -> str:
     return "\n".join(out)
 
 
+# what DuckDB's parser calls the statements that only read (DESCRIBE, SHOW, SUMMARIZE parse as SELECT)
+READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
+
+
 def run(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -67,8 +76,17 @@ def run(args: argparse.Namespace) -> int:
     query = sys.stdin.read() if args.query == "-" else args.query
     if not query:
         raise UsageError('give a query, e.g. tracerl sql "SELECT count(*) FROM spans"')
+    if not Path(cfg.store).is_dir():
+        raise UsageError(f"no store at {cfg.store}; pass --store DIR (or set TRACERL_STORE) to the directory "
+                         "`tracerl collect` writes")
     con = connect_readonly(cfg.store)
     try:
+        kinds = {s.type.name for s in con.extract_statements(query)}
+        if kinds - READ_ONLY_STATEMENTS:
+            raise UsageError(f"tracerl sql only reads: {', '.join(sorted(kinds - READ_ONLY_STATEMENTS))} statements "
+                             "are refused (SELECT, FROM, WITH, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN run); to "
+                             "change data, copy it out with --format csv/json or use your own DuckDB on "
+                             "`tracerl sql --views`")
         cur = con.execute(query)
     except duckdb.Error as e:
         raise UsageError(f"{e}".strip()) from None

@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--pack-tokens {settings.pack_tokens} is smaller than the longest possible sample "
                          f"(--max-prompt-tokens {settings.max_prompt_tokens} + --max-response-tokens "
                          f"{settings.max_response_tokens}); raise it or lower those")
+    if settings.keep_checkpoints < 0 or settings.keep_checkpoints == 1:
+        raise UsageError(f"--keep-checkpoints {settings.keep_checkpoints} must be 0 (keep all) or >= 2 (the serving "
+                         "policy and the one a failed reload restores)")
     if settings.dual_clip is not None and settings.dual_clip <= 1.0:
         raise UsageError(f"--dual-clip must be > 1 (it bounds the loss at dual_clip * advantage), got {settings.dual_clip}")
     try:
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if settings.server:
             from trainer.publish import server_publisher
 
-            publisher = server_publisher(settings.server)
+            publisher = server_publisher(settings.server, settings.publish)
         if args.watch:
             watch(settings, publisher=publisher)
             return 0

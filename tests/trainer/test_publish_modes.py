@@ -1,0 +1,58 @@
+"""Which way a round reaches the server, what a failed reload restores, and which checkpoints stay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import MANIFEST, checkpoint_dir, prune_checkpoints
+from trainer.merge import merged_dir, served_weights
+from trainer.publish import choose_mode, server_publisher
+from trainer.rounds import TrainError
+
+
+def test_auto_merges_an_adapter_for_a_cpu_vllm_and_loads_it_by_name_elsewhere():
+    assert choose_mode("auto", adapter=True, device="cpu") == "full"
+    assert choose_mode("auto", adapter=True, device="cuda") == "lora"
+    assert choose_mode("auto", adapter=True, device=None) == "lora"  # tracerl serve --engine embedded, old vLLMs
+    assert choose_mode("lora", adapter=True, device="cpu") == "lora"
+    assert choose_mode("full", adapter=True, device="cuda") == "full"
+    assert choose_mode("lora", adapter=False, device="cuda") == "full"  # full weights are always reloaded
+    with pytest.raises(TrainError, match="auto, lora, full"):
+        server_publisher("http://127.0.0.1:1", "merged")
+
+
+def _checkpoint(root: Path, version: int, merged: bool = False) -> Path:
+    d = checkpoint_dir(root, version)
+    d.mkdir(parents=True)
+    (d / MANIFEST).write_text("{}")
+    if merged:
+        merged_dir(d).mkdir()
+        (merged_dir(d) / MANIFEST).write_text("{}")
+    return d
+
+
+def test_a_failed_reload_restores_what_the_previous_round_left_serving(tmp_path):
+    base = tmp_path / "base"
+    assert served_weights(None, False, base) == base  # round 0: the base model
+    full = _checkpoint(tmp_path, 1)
+    assert served_weights(full, False, base) == full
+    lora = _checkpoint(tmp_path, 2)
+    assert served_weights(lora, True, base) == base  # an adapter by name: the base weights are loaded
+    merged = _checkpoint(tmp_path, 3, merged=True)
+    assert served_weights(merged, True, base) == merged_dir(merged)
+
+
+def test_pruning_keeps_the_newest_checkpoints_and_the_round_files(tmp_path):
+    for v in range(1, 6):
+        _checkpoint(tmp_path, v, merged=v % 2 == 0)
+    (tmp_path / "round-000004.json").write_text("{}")
+    (tmp_path / "policy-000009").mkdir()  # incomplete: not the pruner's to judge
+    gone = prune_checkpoints(tmp_path, keep=3)
+    assert [p.name for p in gone] == ["policy-000001", "policy-000002"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["policy-000003", "policy-000004", "policy-000005", "policy-000009", "round-000004.json"]
+    assert prune_checkpoints(tmp_path, keep=3) == []
+    with pytest.raises(ValueError, match=">= 2"):
+        prune_checkpoints(tmp_path, keep=1)
