@@ -145,17 +145,19 @@ def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
     return None
 
 
-def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
-    """Call spans with another call span below them: one request recorded twice, by a framework
-    (OpenInference's Agents SDK ``generation`` span, a LangChain LLM span) and by the client library
-    under it. The inner record is the request as sent, and the gateway's span hangs below it; the
-    outer one usually has no ``gen_ai.response.id`` to dedupe on, so nesting decides."""
+def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> dict[Key, Key]:
+    """Call spans with another call span below them, each with the nearest such call below it: one request
+    recorded twice, by a framework (OpenInference's Agents SDK ``generation`` span, a LangChain LLM span,
+    LlamaIndex's ``achat`` over ``achat``) and by the client library under it. The inner record is the
+    request as sent, and the gateway's span hangs below it; the outer one usually has no
+    ``gen_ai.response.id`` to dedupe on, so nesting decides."""
     keys = set(call_keys)
-    outer: set[Key] = set()
+    outer: dict[Key, Key] = {}
     for key in call_keys:
         for k in tree.path_up(key):
-            if k in keys and k != key:  # (a span on a corrupt parent cycle is not its own outer record)
-                outer.add(k)
+            # (a span on a corrupt parent cycle is not its own outer record)
+            if k in keys and k != key and (k not in outer or tree.depth(key) < tree.depth(outer[k])):
+                outer[k] = key
     return outer
 
 
@@ -226,11 +228,15 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if call is not None:
             parsed.append((span, call))
 
-    wrapping = wrapping_calls(tree, [span.key for span, _ in parsed]) if len(parsed) > 1 else set()
+    wrapping = wrapping_calls(tree, [span.key for span, _ in parsed]) if len(parsed) > 1 else {}
+    by_key = {span.key: call for span, call in parsed} if wrapping else {}
     calls: list[LLMCall] = []
     for span, call in parsed:
-        if not call.response_id and span.key in wrapping:
+        if span.key in wrapping and (not call.response_id or (not call.messages and call.response is None)):
             out.duplicate_calls += 1  # a framework's record of the request its client library recorded below
+            inner = by_key[wrapping[span.key]]
+            if inner.response_id is None:  # (LlamaIndex: only the outer record keeps the response id)
+                inner.response_id = call.response_id
             continue
         if tree.children[span.key] and (call.response is None or not call.response.get("tool_calls")):
             add_child_tool_calls(tree, span, call)  # (most call spans are leaves: no call at all)

@@ -12,7 +12,8 @@ package in ``tests/span_to_transition/fixtures``:
   tools as ``llm.request.functions.*``.
 - ``semconv_events``: the messages as log events joined to the span by span id, either one event
   per message (``gen_ai.{system,user,assistant,tool}.message``, ``gen_ai.choice``) or one
-  ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes.
+  ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes; or the same
+  events recorded on the span itself (Strands Agents, ``span_events.py``).
 - ``openllmetry``: flattened ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` with both usage
   spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``). AgentOps
   0.4.x and LiteLLM's OTel callback write the same keys; AgentOps stores a list content as its JSON
@@ -22,7 +23,9 @@ package in ``tests/span_to_transition/fixtures``:
   ``ai.response.toolCalls`` / ``ai.prompt.tools`` on its ``ai.*.doGenerate`` / ``doStream`` spans.
 - ``token_ids``: a span with token ids (``tokens.TOKEN_KEYS``: Agent Lightning, LiteLLM's vLLM passthrough)
   and no messages: a call whose row carries the ids only.
-- ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``.
+- ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``; a
+  framework's internal roles (smolagents' ``tool-call`` / ``tool-response``) become the roles it sends
+  (``wire_roles.py``).
 
 Spans are classified by attributes, never by span name. Every parser returns the same shape
 (``LLMCall``), so the same call recorded by any instrumentation yields the same transition.
@@ -36,14 +39,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.span_events import DETAILS_EVENT, MESSAGE_EVENTS, has_genai_events, span_event_logs
 from span_to_transition.tokens import TOKEN_KEYS, response_id_of
+from span_to_transition.wire_roles import openinference_response_id, to_wire_roles
 
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
-DETAILS_EVENT = "gen_ai.client.inference.operation.details"
-MESSAGE_EVENTS = frozenset(
-    {"gen_ai.system.message", "gen_ai.user.message", "gen_ai.assistant.message", "gen_ai.tool.message",
-     "gen_ai.choice"}
-)
 
 VERCEL_MESSAGES = "ai.prompt.messages"
 """The Vercel AI SDK's provider-level prompt on each ``ai.*.doGenerate`` / ``ai.*.doStream`` span (``@ai-sdk/otel``
@@ -69,7 +69,7 @@ CALL_KEYS = frozenset(
     | TOKEN_KEYS
 )
 
-FINISH_REASONS = {"tool_call": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
+FINISH_REASONS = {"tool_call": "tool_calls", "tool_use": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
                   "end_turn": "stop", "stop_sequence": "stop", "tool-calls": "tool_calls",
                   "content-filter": "content_filter"}
 """Semconv / provider spellings mapped to the OpenAI ``finish_reason`` values the trainer sees."""
@@ -386,13 +386,16 @@ def parse_openinference(span: Span) -> LLMCall:
         choices = output_value.get("choices") or []
         if finish is None and choices and isinstance(choices[0], dict):
             finish = choices[0].get("finish_reason")
-    call = _common(span, attrs, "openinference", messages, outputs[0] if outputs else None, finish, tools)
-    call.response_id = attrs.get("gen_ai.response.id") or response_id
+    call = _common(span, attrs, "openinference", to_wire_roles(messages), outputs[0] if outputs else None, finish,
+                   tools)
+    call.response_id = attrs.get("gen_ai.response.id") or response_id or openinference_response_id(output_value)
     call.response_model = attrs.get("llm.model_name")
     if isinstance(input_value, dict):
         call.request_model = input_value.get("model")
     call.input_tokens = as_int(attrs.get("llm.token_count.prompt"))
     call.output_tokens = as_int(attrs.get("llm.token_count.completion"))
+    if call.finish_reason is None and call.response is not None and call.response.get("tool_calls"):
+        call.finish_reason = "tool_calls"  # (smolagents records no finish reason; a tool-call turn ends so)
     return call
 
 
@@ -545,6 +548,11 @@ def classify(attrs: Mapping[str, str]) -> str | None:
 def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
     """The LLM call recorded by ``span`` (plus its joined log events), or None if it is not one.
 
+    An OpenInference LLM span with no messages, no token counts and no response is not a model call: LlamaIndex
+    tags helpers such as ``OpenAILike._prepare_chat_with_tools`` and the outer record of a call it also records
+    inside (``achat`` over ``achat``) as LLM spans. Hidden content (``OPENINFERENCE_HIDE_*``) keeps the token
+    counts, so such a call is still reported as a call without content.
+
     A call span whose content was not captured returns an ``LLMCall`` with no messages and no
     response: the caller reports it (content capture is off) instead of inventing a prompt.
     """
@@ -554,12 +562,18 @@ def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
     if kind == "semconv":
         return parse_semconv(span)
     if kind == "openinference":
-        return parse_openinference(span)
+        call = parse_openinference(span)
+        if call.messages or call.response is not None or call.input_tokens is not None \
+                or call.output_tokens is not None or call.response_id:
+            return call
+        return None  # no messages, no usage, no response: a framework's helper span, not a model call (below)
     if kind == "openllmetry":
         return parse_openllmetry(span)
     if kind == "vercel_ai":
         return parse_vercel(span)
-    from_events = parse_events(span, events)
+    from_events = parse_events(span, events) if events else None
+    if from_events is None and span.events and has_genai_events(span):  # Strands: the events are on the span
+        from_events = parse_events(span, span_event_logs(span))
     if from_events is not None:
         return from_events
     call = _common(span, span.attributes, kind, [], None, None, None)
