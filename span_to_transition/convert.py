@@ -187,6 +187,17 @@ def _without_content(span: Span, call: LLMCall, out: RolloutOutput) -> bool:
     return True
 
 
+def unjoined_reason(call: LLMCall) -> str:
+    """Why a call of a rollout that has gateway spans got no exact token ids (it stays ``retokenized``)."""
+    where = f"LLM call span {call.span_id} ({call.dialect}) in trace {call.trace_id} has no exact token ids: "
+    if call.response_id:
+        return (where + f"no gateway span is below it and none records its gen_ai.response.id {call.response_id!r}; "
+                "was this call sent through the gateway (OPENAI_BASE_URL)?")
+    return (where + "no gateway span is below it (its client sent no traceparent) and it records no "
+            "gen_ai.response.id to join by; propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
+            "which records the response id too) or use an instrumentation that records the response id")
+
+
 def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
     """Each reward's nearest agent span (the scope ``matched`` credit looks in); None for a reward
     recorded outside the tree (side channel, offline) or under no agent."""
@@ -319,6 +330,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         span = tree.spans[(call.trace_id, call.span_id)]
         gateway = claimed.get(call.span_id)
         tokens = resolve_tokens(span, gateway, call, out.problems, twins.get(call.span_id, ()))
+        if gateways and tokens.source == "retokenized":
+            out.problems.append(unjoined_reason(call))
         agent = found[0] if found else None
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens
