@@ -32,7 +32,7 @@ def _parts(content: Any) -> list[Any]:
 
 
 def _content(parts: list[Any]) -> Any:
-    """Back to the canonical content: one text part is its text (``dialects._join_text``)."""
+    """Back to the canonical content: one text part is its text (``chat_messages._join_text``)."""
     if len(parts) == 1 and isinstance(parts[0], dict) and parts[0].get("type") == "text":
         return parts[0].get("text")
     return parts or None
