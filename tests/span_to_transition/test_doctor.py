@@ -286,7 +286,7 @@ def test_rollouts_excluded_for_want_of_a_reward_are_named(store: Path) -> None:
 def test_span_events_and_wrapper_spans_raise_no_false_content_alarm(store: Path) -> None:
     """Strands keeps its messages in span events (both semconv styles); LlamaIndex's content-free LLM spans
     (``_prepare_chat_with_tools``, the outer ``achat``) are not calls; smolagents records internal roles."""
-    for name in ("strands", "strands-latest", "llamaindex", "llamaindex-stream", "smolagents-stream"):
+    for name in ("strands", "strands-latest", "llamaindex", "llamaindex-stream", "smolagents-stream", "crewai"):
         put(store, "spans", fixture_tables(name)[0], name)
     assert not [p for p in problems(store) if "content" in p or "prompt" in p or "dialect" in p]
 

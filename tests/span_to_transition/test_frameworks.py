@@ -26,6 +26,7 @@ FRAMEWORKS = {  # fixture -> the agent name the user gave the agent
     "strands": "weather", "strands-latest": "weather",
     "smolagents": "calculator", "smolagents-stream": "calculator",
     "llamaindex": "weather", "llamaindex-stream": "weather",
+    "crewai": "calculator",  # its AGENT span is calculator._execute_core, with graph.node.id = calculator
 }
 LATER = 2_000_000_000 * 10**9  # a "now" long after the recording: every rollout is complete
 
@@ -77,7 +78,7 @@ def test_each_framework_converts_to_the_recorded_wire(name: str, tmp_path: Path)
         assert row["model"] == "policy@3" and row["policy_version"] == 3
 
 
-@pytest.mark.parametrize("name", ["strands", "smolagents", "llamaindex"])
+@pytest.mark.parametrize("name", ["strands", "smolagents", "llamaindex", "crewai"])
 def test_agents_select_by_the_name_the_user_gave(name: str, tmp_path: Path) -> None:
     rows = convert(name, tmp_path / "on", agents=FRAMEWORKS[name])
     assert [r["trainable"] for r in rows] == [True, True]
