@@ -2,6 +2,17 @@
 
 An agent is whatever span says so, in any of the spellings frameworks use; a call belongs to
 its nearest agent ancestor (the call span itself first, since some frameworks tag it).
+
+The name of an agent span, one rule (``agent_of_span``): the framework's own agent identity first, the
+span name only when there is none, so that ``--agents NAME`` selects the name the user gave the agent:
+
+1. an identity attribute: ``gen_ai.agent.name``, ``agent.name``, ``agent_name``, ``crewai.agent.role``
+   (then OpenLLMetry's ``traceloop.entity.name`` of an agent or LangGraph node, AgentOps' ``operation.name``);
+2. ``invoke_agent NAME`` (the semconv span name);
+3. an OpenInference ``AGENT`` span: ``graph.node.id``, else its span name without the method it names
+   (smolagents ``calculator.run`` and CrewAI ``calculator._execute_core`` are ``calculator``);
+4. an OpenInference ``CHAIN`` span of a LlamaIndex agent workflow step: the ``current_agent_name`` its
+   input records (``FunctionAgent(name="weather")`` is ``weather``).
 """
 
 from __future__ import annotations
@@ -11,6 +22,9 @@ import re
 
 from span_to_transition.records import Attrs, Span
 from span_to_transition.tree import Key, SpanTree
+
+_METHOD = re.compile(r"^(.+)\.([A-Za-z_][A-Za-z0-9_]*)$")
+_LLAMA_AGENT = re.compile(r"current_agent_name='([^']+)'")
 
 AGENT_KEYS = frozenset(
     {
@@ -42,8 +56,18 @@ def agent_of_span(span: Span) -> str | None:
     if a.get("gen_ai.operation.name") == "invoke_agent" or span.name.startswith("invoke_agent"):
         rest = span.name[len("invoke_agent"):].strip()
         return rest or None
-    if a.get("openinference.span.kind", "").upper() == "AGENT":
-        return span.name or None
+    kind = a.get("openinference.span.kind")
+    if kind is None:
+        return None
+    kind = kind.upper()
+    if kind == "AGENT":
+        if a.get("graph.node.id"):
+            return a["graph.node.id"]
+        m = _METHOD.match(span.name)
+        return (m.group(1) if m else span.name) or None
+    if kind == "CHAIN" and "current_agent_name=" in a.get("input.value", ""):
+        m = _LLAMA_AGENT.search(a["input.value"])
+        return m.group(1) if m else None
     return None
 
 

@@ -145,17 +145,19 @@ def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
     return None
 
 
-def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> set[Key]:
-    """Call spans with another call span below them: one request recorded twice, by a framework
-    (OpenInference's Agents SDK ``generation`` span, a LangChain LLM span) and by the client library
-    under it. The inner record is the request as sent, and the gateway's span hangs below it; the
-    outer one usually has no ``gen_ai.response.id`` to dedupe on, so nesting decides."""
+def wrapping_calls(tree: SpanTree, call_keys: list[Key]) -> dict[Key, Key]:
+    """Call spans with another call span below them, each with the nearest such call below it: one request
+    recorded twice, by a framework (OpenInference's Agents SDK ``generation`` span, a LangChain LLM span,
+    LlamaIndex's ``achat`` over ``achat``) and by the client library under it. The inner record is the
+    request as sent, and the gateway's span hangs below it; the outer one usually has no
+    ``gen_ai.response.id`` to dedupe on, so nesting decides."""
     keys = set(call_keys)
-    outer: set[Key] = set()
+    outer: dict[Key, Key] = {}
     for key in call_keys:
         for k in tree.path_up(key):
-            if k in keys and k != key:  # (a span on a corrupt parent cycle is not its own outer record)
-                outer.add(k)
+            # (a span on a corrupt parent cycle is not its own outer record)
+            if k in keys and k != key and (k not in outer or tree.depth(key) < tree.depth(outer[k])):
+                outer[k] = key
     return outer
 
 
@@ -183,6 +185,17 @@ def _without_content(span: Span, call: LLMCall, out: RolloutOutput) -> bool:
         "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental)"
     )
     return True
+
+
+def unjoined_reason(call: LLMCall) -> str:
+    """Why a call of a rollout that has gateway spans got no exact token ids (it stays ``retokenized``)."""
+    where = f"LLM call span {call.span_id} ({call.dialect}) in trace {call.trace_id} has no exact token ids: "
+    if call.response_id:
+        return (where + f"no gateway span is below it and none records its gen_ai.response.id {call.response_id!r}; "
+                "was this call sent through the gateway (OPENAI_BASE_URL)?")
+    return (where + "no gateway span is below it (its client sent no traceparent) and it records no "
+            "gen_ai.response.id to join by; propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
+            "which records the response id too) or use an instrumentation that records the response id")
 
 
 def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
@@ -226,11 +239,15 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if call is not None:
             parsed.append((span, call))
 
-    wrapping = wrapping_calls(tree, [span.key for span, _ in parsed]) if len(parsed) > 1 else set()
+    wrapping = wrapping_calls(tree, [span.key for span, _ in parsed]) if len(parsed) > 1 else {}
+    by_key = {span.key: call for span, call in parsed} if wrapping else {}
     calls: list[LLMCall] = []
     for span, call in parsed:
-        if not call.response_id and span.key in wrapping:
+        if span.key in wrapping and (not call.response_id or (not call.messages and call.response is None)):
             out.duplicate_calls += 1  # a framework's record of the request its client library recorded below
+            inner = by_key[wrapping[span.key]]
+            if inner.response_id is None:  # (LlamaIndex: only the outer record keeps the response id)
+                inner.response_id = call.response_id
             continue
         if tree.children[span.key] and (call.response is None or not call.response.get("tool_calls")):
             add_child_tool_calls(tree, span, call)  # (most call spans are leaves: no call at all)
@@ -313,6 +330,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         span = tree.spans[(call.trace_id, call.span_id)]
         gateway = claimed.get(call.span_id)
         tokens = resolve_tokens(span, gateway, call, out.problems, twins.get(call.span_id, ()))
+        if gateways and tokens.source == "retokenized":
+            out.problems.append(unjoined_reason(call))
         agent = found[0] if found else None
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens

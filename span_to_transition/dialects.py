@@ -12,7 +12,8 @@ package in ``tests/span_to_transition/fixtures``:
   tools as ``llm.request.functions.*``.
 - ``semconv_events``: the messages as log events joined to the span by span id, either one event
   per message (``gen_ai.{system,user,assistant,tool}.message``, ``gen_ai.choice``) or one
-  ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes.
+  ``gen_ai.client.inference.operation.details`` event carrying the semconv attributes; or the same
+  events recorded on the span itself (Strands Agents, ``span_events.py``).
 - ``openllmetry``: flattened ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` with both usage
   spellings (``prompt_tokens``/``completion_tokens`` and ``input_tokens``/``output_tokens``). AgentOps
   0.4.x and LiteLLM's OTel callback write the same keys; AgentOps stores a list content as its JSON
@@ -22,7 +23,9 @@ package in ``tests/span_to_transition/fixtures``:
   ``ai.response.toolCalls`` / ``ai.prompt.tools`` on its ``ai.*.doGenerate`` / ``doStream`` spans.
 - ``token_ids``: a span with token ids (``tokens.TOKEN_KEYS``: Agent Lightning, LiteLLM's vLLM passthrough)
   and no messages: a call whose row carries the ids only.
-- ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``.
+- ``openinference``: ``llm.input_messages.{i}.message.*`` with ``openinference.span.kind = LLM``; a
+  framework's internal roles (smolagents' ``tool-call`` / ``tool-response``) become the roles it sends
+  (``wire_roles.py``).
 
 Spans are classified by attributes, never by span name. Every parser returns the same shape
 (``LLMCall``), so the same call recorded by any instrumentation yields the same transition.
@@ -30,20 +33,28 @@ Spans are classified by attributes, never by span name. Every parser returns the
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from span_to_transition.chat_messages import (
+    _common,
+    _first_output,
+    _join_text,
+    _openai_message,
+    _system_message,
+    _text,
+    _usage,
+    message,
+    messages_from_parts,
+    tool_call,
+)
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.span_events import DETAILS_EVENT, MESSAGE_EVENTS, has_genai_events, span_event_logs
 from span_to_transition.tokens import TOKEN_KEYS, response_id_of
+from span_to_transition.wire_roles import openinference_response_id, to_wire_roles
 
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
-DETAILS_EVENT = "gen_ai.client.inference.operation.details"
-MESSAGE_EVENTS = frozenset(
-    {"gen_ai.system.message", "gen_ai.user.message", "gen_ai.assistant.message", "gen_ai.tool.message",
-     "gen_ai.choice"}
-)
 
 VERCEL_MESSAGES = "ai.prompt.messages"
 """The Vercel AI SDK's provider-level prompt on each ``ai.*.doGenerate`` / ``ai.*.doStream`` span (``@ai-sdk/otel``
@@ -68,182 +79,6 @@ CALL_KEYS = frozenset(
     }
     | TOKEN_KEYS
 )
-
-FINISH_REASONS = {"tool_call": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
-                  "end_turn": "stop", "stop_sequence": "stop", "tool-calls": "tool_calls",
-                  "content-filter": "content_filter"}
-"""Semconv / provider spellings mapped to the OpenAI ``finish_reason`` values the trainer sees."""
-
-
-# ---------------------------------------------------------------------------------------------
-# OpenAI message helpers: every dialect builds messages with these, so outputs compare equal.
-
-
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False)
-
-
-def tool_call(call_id: str | None, name: str | None, arguments: Any) -> dict[str, Any]:
-    """An OpenAI tool call. Structured arguments (semconv) are re-serialised with ``json.dumps``
-    defaults, which is how OpenAI-compatible servers print them; strings are kept verbatim."""
-    if arguments is None:
-        args = ""
-    elif isinstance(arguments, str):
-        args = arguments
-    else:
-        args = json.dumps(arguments, ensure_ascii=False)
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def message(role: str, content: Any = None, *, tool_calls: list[dict[str, Any]] | None = None,
-            tool_call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
-    """A canonical OpenAI chat message: ``role`` and ``content`` always, the rest only when set."""
-    out: dict[str, Any] = {"role": role, "content": content if content != "" or role != "assistant" else None}
-    if tool_calls:
-        out["tool_calls"] = tool_calls
-    if tool_call_id:
-        out["tool_call_id"] = tool_call_id
-    if name:
-        out["name"] = name
-    return out
-
-
-def normalise_finish_reason(value: str | None) -> str | None:
-    if value is None:
-        return None
-    return FINISH_REASONS.get(value, value)
-
-
-def normalise_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Tool definitions in OpenAI form ``{"type": "function", "function": {name, description, parameters}}``."""
-    if not isinstance(tools, list) or not tools:
-        return None
-    out = []
-    for t in tools:
-        if not isinstance(t, dict):
-            continue
-        fn = t.get("function") if isinstance(t.get("function"), dict) else t
-        spec: dict[str, Any] = {"name": fn.get("name")}
-        if fn.get("description") is not None:
-            spec["description"] = fn["description"]
-        params = fn.get("parameters", fn.get("inputSchema"))  # (the Vercel AI SDK: inputSchema)
-        if isinstance(params, str):
-            params = load_json(params)
-        if params is not None:
-            spec["parameters"] = params
-        out.append({"type": "function", "function": spec})
-    return out or None
-
-
-def _openai_message(m: Mapping[str, Any]) -> dict[str, Any]:
-    """An already OpenAI-shaped message dict (events, ``input.value``), canonicalised."""
-    calls = [
-        tool_call(c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
-        for c in (m.get("tool_calls") or [])
-        if isinstance(c, dict)
-    ]
-    return message(m.get("role") or "user", m.get("content"), tool_calls=calls or None,
-                   tool_call_id=m.get("tool_call_id"), name=m.get("name"))
-
-
-# ---------------------------------------------------------------------------------------------
-# semconv parts
-
-
-def _join_text(texts: list[str]) -> str | list[dict[str, str]] | None:
-    if not texts:
-        return None
-    if len(texts) == 1:
-        return texts[0]
-    return [{"type": "text", "text": t} for t in texts]
-
-
-def messages_from_parts(items: Any) -> list[dict[str, Any]]:
-    """Semconv messages (``{"role", "parts": [...]}``) to OpenAI messages.
-
-    A ``tool_call_response`` part becomes its own ``tool`` message (OpenAI has one per result);
-    ``reasoning`` parts are not part of the chat-template prompt and are dropped.
-    """
-    out: list[dict[str, Any]] = []
-    if not isinstance(items, list):
-        return out
-    for m in items:
-        if not isinstance(m, dict):
-            continue
-        if "parts" not in m:
-            out.append(_openai_message(m))
-            continue
-        role = m.get("role") or "user"
-        ps = m["parts"]
-        if isinstance(ps, list) and len(ps) == 1 and isinstance(ps[0], dict) and ps[0].get("type") == "text" \
-                and not m.get("name") and "tool_call_id" not in m:  # the common case: ``message(role, text)``
-            text = ps[0].get("content") or ""
-            out.append({"role": role, "content": text if text or role != "assistant" else None})
-            continue
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        results: list[dict[str, Any]] = []
-        for p in m.get("parts") or []:
-            kind = p.get("type") if isinstance(p, dict) else None
-            if kind == "text":
-                texts.append(p.get("content") or "")
-            elif kind == "tool_call":
-                calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
-            elif kind == "tool_call_response":
-                results.append(message("tool", _text(p.get("response", p.get("result"))), tool_call_id=p.get("id")))
-        if m.get("tool_calls"):  # LiteLLM's hybrid: OpenAI ``tool_calls`` / ``tool_call_id`` beside the parts
-            calls += _openai_message({"role": role, "tool_calls": m["tool_calls"]}).get("tool_calls", [])
-        if results:
-            out.extend(results)
-        if texts or calls or not results:
-            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name"),
-                               tool_call_id=m.get("tool_call_id")))
-    return out
-
-
-def _system_message(instructions: Any) -> dict[str, Any] | None:
-    if isinstance(instructions, str):
-        return message("system", instructions)
-    if isinstance(instructions, list):
-        texts = [p.get("content") or "" for p in instructions if isinstance(p, dict) and p.get("type") == "text"]
-        if texts:
-            return message("system", _join_text(texts))
-    return None
-
-
-def _first_output(outputs: list[dict[str, Any]], raw: Any) -> tuple[dict[str, Any] | None, str | None]:
-    finish = None
-    if isinstance(raw, list) and raw and isinstance(raw[0], dict):
-        finish = raw[0].get("finish_reason")
-    return (outputs[0] if outputs else None), finish
-
-
-def _finish_from_attr(attrs: Mapping[str, str]) -> str | None:
-    reasons = load_json(attrs.get("gen_ai.response.finish_reasons"))
-    if isinstance(reasons, list) and reasons:
-        return reasons[0]
-    return reasons if isinstance(reasons, str) else None
-
-
-def _usage(attrs: Mapping[str, str], key: str, old_key: str) -> int | None:
-    v = as_int(attrs.get(key))
-    return as_int(attrs.get(old_key)) if v is None else v
-
-
-def _common(span: Span, attrs: Mapping[str, str], dialect: str, messages: list[dict[str, Any]],
-            response: dict[str, Any] | None, finish: str | None, tools: Any) -> LLMCall:
-    get = attrs.get
-    return LLMCall(
-        span.span_id, span.trace_id, dialect, messages, response,
-        normalise_tools(tools) if tools else None,
-        normalise_finish_reason(finish or _finish_from_attr(attrs)),
-        get("gen_ai.request.model"), get("gen_ai.response.model"), get("gen_ai.response.id"),
-        _usage(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
-        _usage(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
-        span.start_time_ns, span.end_time_ns,
-    )
 
 
 def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: str = "semconv") -> LLMCall:
@@ -386,13 +221,16 @@ def parse_openinference(span: Span) -> LLMCall:
         choices = output_value.get("choices") or []
         if finish is None and choices and isinstance(choices[0], dict):
             finish = choices[0].get("finish_reason")
-    call = _common(span, attrs, "openinference", messages, outputs[0] if outputs else None, finish, tools)
-    call.response_id = attrs.get("gen_ai.response.id") or response_id
+    call = _common(span, attrs, "openinference", to_wire_roles(messages), outputs[0] if outputs else None, finish,
+                   tools)
+    call.response_id = attrs.get("gen_ai.response.id") or response_id or openinference_response_id(output_value)
     call.response_model = attrs.get("llm.model_name")
     if isinstance(input_value, dict):
         call.request_model = input_value.get("model")
     call.input_tokens = as_int(attrs.get("llm.token_count.prompt"))
     call.output_tokens = as_int(attrs.get("llm.token_count.completion"))
+    if call.finish_reason is None and call.response is not None and call.response.get("tool_calls"):
+        call.finish_reason = "tool_calls"  # (smolagents records no finish reason; a tool-call turn ends so)
     return call
 
 
@@ -545,6 +383,11 @@ def classify(attrs: Mapping[str, str]) -> str | None:
 def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
     """The LLM call recorded by ``span`` (plus its joined log events), or None if it is not one.
 
+    An OpenInference LLM span with no messages, no token counts and no response is not a model call: LlamaIndex
+    tags helpers such as ``OpenAILike._prepare_chat_with_tools`` and the outer record of a call it also records
+    inside (``achat`` over ``achat``) as LLM spans. Hidden content (``OPENINFERENCE_HIDE_*``) keeps the token
+    counts, so such a call is still reported as a call without content.
+
     A call span whose content was not captured returns an ``LLMCall`` with no messages and no
     response: the caller reports it (content capture is off) instead of inventing a prompt.
     """
@@ -554,12 +397,18 @@ def parse_call(span: Span, events: Iterable[LogEvent] = ()) -> LLMCall | None:
     if kind == "semconv":
         return parse_semconv(span)
     if kind == "openinference":
-        return parse_openinference(span)
+        call = parse_openinference(span)
+        if call.messages or call.response is not None or call.input_tokens is not None \
+                or call.output_tokens is not None or call.response_id:
+            return call
+        return None  # no messages, no usage, no response: a framework's helper span, not a model call (below)
     if kind == "openllmetry":
         return parse_openllmetry(span)
     if kind == "vercel_ai":
         return parse_vercel(span)
-    from_events = parse_events(span, events)
+    from_events = parse_events(span, events) if events else None
+    if from_events is None and span.events and has_genai_events(span):  # Strands: the events are on the span
+        from_events = parse_events(span, span_event_logs(span))
     if from_events is not None:
         return from_events
     call = _common(span, span.attributes, kind, [], None, None, None)

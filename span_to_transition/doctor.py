@@ -116,11 +116,26 @@ GATEWAY_FIX = (
     "start the gateway in front of the model server (tracerl gateway --upstream URL --otlp "
     f"http://127.0.0.1:4317) and {POINT_AT_GATEWAY}"
 )
+SKIPPED_INSTRUMENTORS = (
+    "python -c \"from importlib.metadata import entry_points; from opentelemetry.instrumentation.dependencies "
+    "import get_dist_dependency_conflicts as c; [print(e.name, c(e.dist) or 'ok') for e in "
+    "entry_points(group='opentelemetry_instrumentor')]\""
+)
+"""Run in the agent's environment: each instrumentor ``opentelemetry-instrument`` would load, and the dependency
+conflict that makes it skip one without a word (it logs the skip at debug level only). LlamaIndex's OpenInference
+instrumentor, for one, is skipped unless its ``[instruments]`` extra's packages are installed."""
+SKIPPED_HINT = (
+    "; if the agent runs under opentelemetry-instrument and its framework's instrumentation sent nothing, "
+    "opentelemetry-instrument may have skipped it silently for a dependency conflict: run "
+    f"{SKIPPED_INSTRUMENTORS} in the agent's environment to see each instrumentor's conflict, and install what it "
+    "names (e.g. pip install 'openinference-instrumentation-llama-index[instruments]')"
+)
 INSTRUMENT_FIX = (
-    "instrument the agent's LLM client, e.g. pip install opentelemetry-instrumentation-openai-v2 "
-    "and run the agent under opentelemetry-instrument with OTEL_EXPORTER_OTLP_ENDPOINT="
-    "http://127.0.0.1:4317; or send its calls through the gateway, whose spans are calls "
-    f"themselves ({POINT_AT_GATEWAY})"
+    "instrument the agent's LLM client, e.g. pip install opentelemetry-instrumentation-openai (OpenLLMetry; it "
+    "works with the openai 3.x client and propagates traceparent; the contrib opentelemetry-instrumentation-openai-v2 "
+    "2.4b0 makes no spans with openai >= 3.57) and run the agent under opentelemetry-instrument with "
+    "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317; or send its calls through the gateway, whose spans are "
+    f"calls themselves ({POINT_AT_GATEWAY})" + SKIPPED_HINT
 )
 
 
@@ -186,7 +201,18 @@ def diagnose(f: StoreFacts) -> list[Finding]:
                 "no agent has exported traces to this store's collector yet",
                 "run `tracerl collect --store DIR` and start the agent with OTEL_EXPORTER_OTLP_ENDPOINT="
                 "http://127.0.0.1:4317 (OTLP/gRPC; http://127.0.0.1:4318 for OTLP/HTTP); "
-                "check --store points at the collector's directory",
+                "check --store points at the collector's directory" + SKIPPED_HINT,
+            )
+        ]
+    if f.gateway_spans and f.gateway_spans == f.spans:
+        return [
+            Finding(
+                "no spans from the agent",
+                f"{_plural(f.spans, 'span')}, all from the tracerl gateway; none from the agent's process",
+                "the gateway saw the calls, but the agent exported no span (its instrumentation did not load, or its "
+                "exporter points elsewhere), so there are no prompts, agents or rewards to train on",
+                "start the agent under opentelemetry-instrument with OTEL_EXPORTER_OTLP_ENDPOINT="
+                "http://127.0.0.1:4317 (the collector)" + SKIPPED_HINT,
             )
         ]
     out: list[Finding] = []
@@ -227,6 +253,8 @@ def diagnose(f: StoreFacts) -> list[Finding]:
 
     missing: dict[tuple[bool, str | None], int] = {}  # (has a response, scope) -> call spans with no prompt
     for g in calls:
+        if g.wraps_call:  # a framework's outer record of a call recorded with its messages below it
+            continue
         call = parse_call(g.sample, g.sample_logs)
         if call is not None and not call.messages:
             key = (call.response is not None, g.scope)
@@ -317,10 +345,12 @@ def _token_findings(f: StoreFacts, n_calls: int) -> list[Finding]:
                     else ""
                 ),
                 "the gateway saw the calls but its spans join an agent call only by gen_ai.response.id; calls whose "
-                "id differs fall back to retokenization (token ids may not match what the model sampled)",
-                "let the agent's HTTP client send the W3C traceparent header to the gateway: instrument the OpenAI "
-                "client (opentelemetry-instrumentation-openai-v2 or OpenLLMetry) or its HTTP library "
-                "(opentelemetry-instrumentation-httpx), under the same tracer provider that exports to the collector",
+                "span records no response id (Strands records none) or another one fall back to retokenization "
+                "(token ids may not match what the model sampled); `tracerl convert` names each such call",
+                "let the agent's client send the W3C traceparent header to the gateway: instrument the OpenAI client "
+                "with OpenLLMetry (pip install opentelemetry-instrumentation-openai: it injects traceparent and "
+                "records gen_ai.response.id, also with openai 3.x), under the same tracer provider that exports to the "
+                "collector (opentelemetry-instrumentation-httpx cannot: openai 3.x does not use httpx)",
             )
         ]
     if not f.gateway_spans and n_calls and not exact and not _has_span_ids(f):

@@ -1,5 +1,6 @@
-"""Which rollout each span belongs to: ``tracerl.rollout_id`` spread over its whole trace, and
-traces joined by span links (AutoGen starts a trace per message, linked to the sender's)."""
+"""Which rollout each span belongs to: ``tracerl.rollout_id`` spread over its whole trace, traces
+joined by span links (AutoGen starts a trace per message, linked to the sender's), and gateway traces
+joined to the call with the same ``gen_ai.response.id`` (an agent that sends no ``traceparent``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def unify_rollouts(
     The collector derives ``rollout_id`` per span (span attribute, resource attribute, else trace
     id), so spans from a process that does not set the id (the serving gateway, a downstream
     service) would form a rollout of their own, keyed by the trace id. They join the rollout
-    their trace belongs to. With ``follow_links``, a trace that names no rollout and links to a
+    their trace belongs to; a gateway span whose trace names no rollout joins the rollout of the call span
+    with its ``gen_ai.response.id`` (``gateway_rollouts``). With ``follow_links``, a trace that names no rollout and links to a
     span of another trace joins that trace's rollout (``link_rollouts``). ``known`` holds the
     trace -> rollout pairs of earlier passes, so late spans still find their rollout. Returns the
     relabelled table and the updated pairs.
@@ -47,6 +49,7 @@ def unify_rollouts(
     mapping.update(zip(pairs.column("trace_id").to_pylist(), pairs.column("rollout_id_min").to_pylist()))
     if follow_links:
         mapping.update(link_rollouts(_link_edges(spans, explicit), mapping))
+    mapping.update(gateway_rollouts(spans, explicit, mapping))
     if not mapping:
         return spans, mapping
     keys, values = pa.array(list(mapping), pa.string()), pa.array(list(mapping.values()), pa.string())
@@ -107,4 +110,46 @@ def link_rollouts(edges: Iterable[tuple[str, str]], known: dict[str, str]) -> di
         named = [known[t] for t in group if t in known]
         rollout = min(named) if named else min((t for t in group if t not in linking), default=min(group))
         out.update({t: rollout for t in group if t not in known and t != rollout})
+    return out
+
+
+GATEWAY_FLAG = "tracerl.gateway"
+_OUTPUT_ID = r"""(?:^\{"id": ?"|"raw": ?\{"id": ?"|"raw": ?"ChatCompletion(?:Chunk)?\(id=')(?P<id>[^"']+)"""
+"""Where an OpenInference LLM span keeps the response id inside ``output.value`` (``wire_roles.openinference_response_id``
+reads the same three places): the OpenAI response itself, LlamaIndex's ``raw`` dict, smolagents' ``raw`` repr."""
+
+
+def gateway_rollouts(spans: pa.Table, explicit: pa.ChunkedArray, known: dict[str, str]) -> dict[str, str]:
+    """trace -> rollout for gateway traces that name no rollout: the rollout of the call span (in another trace)
+    that carries the same response id, in ``gen_ai.response.id`` or inside OpenInference's ``output.value``.
+
+    An agent whose instrumentation sends no ``traceparent`` (Strands, smolagents, LlamaIndex, contrib
+    openai-v2; the openai 3.x client is not on ``httpx``, so the httpx instrumentation cannot add it) leaves
+    every gateway span at the root of a trace of its own; the gateway and the agent's call span still record
+    the provider's response id. Only root gateway spans of traces no rollout claims are looked at, so a
+    store without them pays for one lookup over its root spans."""
+    roots = spans.filter(pc.and_(pc.is_null(spans.column("parent_span_id")), pc.invert(explicit)))
+    if known and len(roots):
+        roots = roots.filter(pc.invert(pc.is_in(roots.column("trace_id"), value_set=pa.array(list(known), pa.string()))))
+    if not len(roots):
+        return {}
+    flag = pc.map_lookup(roots.column("attributes"), GATEWAY_FLAG, "first")
+    gw = roots.filter(pc.fill_null(pc.equal(flag, "true"), False))
+    gw_ids = pc.map_lookup(gw.column("attributes"), "gen_ai.response.id", "first")
+    wanted = {rid: t for rid, t in zip(gw_ids.to_pylist(), gw.column("trace_id").to_pylist()) if rid}
+    if not wanted:
+        return {}
+    attrs = spans.column("attributes")
+    ids = pc.coalesce(
+        pc.map_lookup(attrs, "gen_ai.response.id", "first"),
+        pc.struct_field(pc.extract_regex(pc.map_lookup(attrs, "output.value", "first"), _OUTPUT_ID), "id"),
+    )
+    hit = spans.select(["trace_id", "rollout_id"]).append_column("rid", ids)
+    hit = hit.filter(pc.fill_null(pc.is_in(hit.column("rid"), value_set=pa.array(list(wanted), pa.string())), False))
+    out: dict[str, str] = {}
+    for rid, trace, rollout in zip(hit.column("rid").to_pylist(), hit.column("trace_id").to_pylist(),
+                                   hit.column("rollout_id").to_pylist()):
+        gw_trace = wanted[rid]
+        if trace != gw_trace and gw_trace not in out:
+            out[gw_trace] = known.get(trace) or rollout
     return out

@@ -22,6 +22,7 @@ from schemas.tables import SPANS_SCHEMA
 from schemas.views import connect_readonly
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig
+from span_to_transition.dialects import classify, parse_call
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span
@@ -51,6 +52,7 @@ class SpanGroup:
     count: int
     sample: Span
     sample_logs: list[LogEvent] = field(default_factory=list)  # gen_ai.* log records joined to the sample
+    wraps_call: bool = False  # the sample is a content-free record over a call span that has the messages
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,8 @@ _SHAPE = r"""scope_name,
                                            lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
     attributes['gen_ai.operation.name'], attributes['openinference.span.kind'], attributes['llm.request.type'],
     attributes['tracerl.gateway'],
-    span_id IN (SELECT span_id FROM logs WHERE event_name LIKE 'gen_ai.%')"""
+    span_id IN (SELECT span_id FROM logs WHERE event_name LIKE 'gen_ai.%'),
+    len(list_filter(events, lambda e: starts_with(e.name, 'gen_ai.'))) > 0"""
 _GROUPS_SQL = (
     "SELECT scope_name, count(*) AS n, count(*) FILTER (WHERE parent_span_id IS NULL) AS roots, "
     + ", ".join(f'count(*) FILTER (WHERE {w}) AS "{k}"' for k, w in _REWARD_WHERE.items())
@@ -112,7 +115,8 @@ _GROUPS_SQL = (
     + " ORDER BY n DESC"
 )
 """One scan: spans grouped by scope, attribute-key shape (indexes collapsed), the values that decide
-a call's dialect, the gateway flag, whether gen_ai.* log records carry its content, and each reward
+a call's dialect, the gateway flag, whether gen_ai.* log records or span events (Strands) carry its
+content, and each reward
 channel, with a count and the first span of each
 group as its sample (a group's spans look alike to every rule the doctor applies)."""
 
@@ -142,6 +146,35 @@ def _groups(con: duckdb.DuckDBPyConnection, f: StoreFacts) -> None:
         if is_gateway(sample):
             f.gateway_spans += n
             f.gateway_roots += row["roots"]
+    for g in f.groups:
+        call = parse_call(g.sample, g.sample_logs) if classify(g.sample.attributes) else None
+        if call is not None and not call.messages:
+            g.wraps_call = _wraps_call(con, g.sample)
+
+
+def _wraps_call(con: duckdb.DuckDBPyConnection, sample: Span) -> bool:
+    """Whether a call span without messages has, somewhere below it, a call span with them: the same request
+    recorded twice (LlamaIndex's outer ``achat`` keeps the response, the inner one the messages); the converter
+    keeps the inner record, so the outer one is no content problem."""
+    spans = spans_from_table(
+        con.sql(f"SELECT {', '.join(SPAN_COLUMNS)} FROM spans WHERE trace_id = ?", params=[sample.trace_id])
+        .to_arrow_table(),
+        all_attributes=True,
+    )
+    children: dict[str | None, list[Span]] = {}
+    for s in spans:
+        children.setdefault(s.parent_span_id, []).append(s)
+    todo, seen = list(children.get(sample.span_id, [])), set()
+    while todo:
+        s = todo.pop()
+        if s.span_id in seen:
+            continue
+        seen.add(s.span_id)
+        call = parse_call(s) if classify(s.attributes) else None
+        if call is not None and call.messages:
+            return True
+        todo.extend(children.get(s.span_id, []))
+    return False
 
 
 def gather(

@@ -29,13 +29,14 @@ EXAMPLES = ROOT / "examples"
 VENVS = ROOT / ".venv-examples"
 
 
-def example_venv(name: str) -> Path:
-    """The bin directory of ``examples/<name>``'s own virtualenv, built once per requirements hash.
+def example_venv(name: str, requirements: Path | None = None) -> Path:
+    """The bin directory of ``examples/<name>``'s own virtualenv (or of ``.venv-examples/<name>`` built from
+    ``requirements``), built once per requirements hash.
 
     pip's own cache makes a rebuild cheap; the stamp makes an unchanged one free. A failed build
     leaves no stamp, so the next run retries from scratch.
     """
-    req = EXAMPLES / name / "requirements.txt"
+    req = requirements or EXAMPLES / name / "requirements.txt"
     digest = hashlib.sha256(req.read_bytes()).hexdigest()[:12]
     venv = VENVS / name
     stamp = venv / f".built-{digest}"

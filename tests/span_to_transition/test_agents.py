@@ -59,6 +59,16 @@ def test_bad_regex_names_the_fix() -> None:
     ("x", {"traceloop.span.kind": "task", "traceloop.entity.name": "t"}, None),
     ("Planner", {"openinference.span.kind": "AGENT"}, "Planner"),
     ("chat", {"gen_ai.operation.name": "chat"}, None),
+    # the framework's identity over the span name (one rule, agents.py docstring)
+    ("calculator.run", {"openinference.span.kind": "AGENT"}, "calculator"),  # smolagents
+    ("calculator._execute_core", {"openinference.span.kind": "AGENT", "graph.node.id": "calc"}, "calc"),  # CrewAI
+    ("calculator._execute_core", {"openinference.span.kind": "AGENT"}, "calculator"),
+    ("v1.2", {"openinference.span.kind": "AGENT"}, "v1.2"),  # not a method: the name as it is
+    ("Team.run", {"openinference.span.kind": "AGENT", "agent.name": "team"}, "team"),
+    ("BaseWorkflowAgent.run_agent_step", {"openinference.span.kind": "CHAIN", "input.value":  # LlamaIndex
+     '{"ev": "AgentSetup(input=[], current_agent_name=\'weather\')"}'}, "weather"),
+    ("BaseWorkflowAgent.call_tool", {"openinference.span.kind": "CHAIN", "input.value": "{}"}, None),
+    ("RunnableSequence", {"openinference.span.kind": "CHAIN"}, None),
 ])
 def test_framework_spellings_of_an_agent_span(name: str, attrs: dict, want: str | None) -> None:
     t = TraceBuilder()

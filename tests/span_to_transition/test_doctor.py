@@ -281,3 +281,52 @@ def test_rollouts_excluded_for_want_of_a_reward_are_named(store: Path) -> None:
     f = one(store, "rollouts excluded for want of a reward")
     assert "1 rollout converted with no reward (e.g. " + "3" * 32 in f.saw and "tracerl.reward: 1" in f.saw
     assert "/v1/rewards" in f.fix
+
+
+def test_span_events_and_wrapper_spans_raise_no_false_content_alarm(store: Path) -> None:
+    """Strands keeps its messages in span events (both semconv styles); LlamaIndex's content-free LLM spans
+    (``_prepare_chat_with_tools``, the outer ``achat``) are not calls; smolagents records internal roles."""
+    for name in ("strands", "strands-latest", "llamaindex", "llamaindex-stream", "smolagents-stream", "crewai"):
+        put(store, "spans", fixture_tables(name)[0], name)
+    assert not [p for p in problems(store) if "content" in p or "prompt" in p or "dialect" in p]
+
+
+def test_an_empty_store_says_how_to_see_a_skipped_instrumentation(store: Path) -> None:
+    (store / "spans").mkdir(parents=True)
+    f = one(store, "no spans")
+    assert "entry_points(group='opentelemetry_instrumentor')" in f.fix and "[instruments]" in f.fix
+
+
+def test_only_gateway_spans_mean_the_agent_exported_nothing(store: Path) -> None:
+    g = TraceBuilder("9" * 32, received_at_ns=100 * S)
+    g.span("gateway chat", None, gateway_attrs("r1", [1], [2]))
+    put(store, "spans", spans_table(g.spans), "a")
+    got = problems(store)
+    assert list(got) == ["no spans from the agent"]  # not a traceparent or token-id problem
+    assert "get_dist_dependency_conflicts" in got["no spans from the agent"].fix
+
+
+def test_the_skipped_instrumentor_command_runs_and_names_each_instrumentor(tmp_path: Path) -> None:
+    """The command the doctor prints, run as printed in an environment with opentelemetry-instrumentation."""
+    import os
+    import subprocess
+    import sys
+
+    from span_to_transition.doctor import SKIPPED_INSTRUMENTORS
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", SKIPPED_INSTRUMENTORS], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip(), "no instrumentor listed"
+    assert all(len(line.split(" ", 1)) == 2 for line in done.stdout.strip().splitlines())
+
+
+def test_calls_without_a_response_id_behind_an_unpropagated_gateway_are_explained(store: Path) -> None:
+    put(store, "spans", fixture_tables("strands")[0], "agent")
+    g = TraceBuilder("9" * 32, received_at_ns=100 * S)
+    g.span("gateway chat", None, gateway_attrs("chatcmpl-strands-1", [1], [2]))
+    put(store, "spans", spans_table(g.spans), "gw")
+    stats = convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    assert any("matches no LLM call span" in p for p in stats.problems)  # Strands' calls record no response id
+    f = one(store, "gateway spans are not under the agent's call spans")
+    assert "Strands records none" in f.means and "opentelemetry-instrumentation-openai" in f.fix
