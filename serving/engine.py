@@ -7,8 +7,8 @@ generations, and run between two generations, never during one.
 
 Sampling semantics follow vLLM (``serving.sampler``); ``seed`` gives a per-request generator, so
 the same request reproduces its samples. Output ``token_ids`` include the EOS/stop token that ended
-a sequence (its text is not shown), as vLLM's do (``serving.text_stream``). The prompt pass reuses
-shared and cached prompt prefixes (``serving.prefill``, ``serving.prefix_cache``).
+a sequence (its text is not shown), as vLLM's do (``serving.text_stream``). The prompt pass is the
+plain left-padded one: no prefix caching here (``tracerl serve --engine vllm`` has vLLM's own).
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.prefill import prefill
-from serving.prefix_cache import PrefixCache
 from serving.sampler import LOGPROBS_MODES, process_logits, sample
 from serving.sampling import EngineError, SamplingParams
 from serving.text_stream import Completion, Delta, TextStream
@@ -62,8 +60,7 @@ class ModelEngine:
 
     def __init__(self, model_dir: str | Path, *, served_model_name: str = "policy",
                  logprobs_mode: str = "raw_logprobs", max_model_len: int | None = None,
-                 enable_lora: bool = True, dtype: str = "float32", seed: int = 0,
-                 enable_prefix_caching: bool = True, prefix_cache_mb: float = 256.0) -> None:
+                 enable_lora: bool = True, dtype: str = "float32", seed: int = 0) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,13 +82,7 @@ class ModelEngine:
         self.weights_path = self.model_dir
         self.weight_version: str | None = None  # set by /update_weight_version after a reload
         self._rng = random.Random(seed)
-        # vLLM's automatic prefix caching (serving.prefix_cache): entries are scoped by the adapter,
-        # its load generation and the weights generation, so no reload can ever meet a stale entry
-        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if enable_prefix_caching else None
-        self.prefix_cache_resets = 0
-        self._loads = itertools.count(1)
-        self._adapter_generation: dict[str, int] = {}
-        self._weights_generation = 0
+        self.prefix_cache_resets = 0  # /reset_prefix_cache calls (nothing to clear: no prefix cache here)
 
     def release(self) -> None:
         """Drop the weights now, on the caller's thread.
@@ -103,17 +94,10 @@ class ModelEngine:
         """
         self.model = self.base = None
         self.adapters = {}
-        if self.prefix_cache is not None:  # its tensors too, for the same reason
-            self.prefix_cache.clear()
 
     def reset_prefix_cache(self) -> None:
-        """vLLM's ``/reset_prefix_cache``: forget every cached prefix (counted in ``prefix_cache_resets``)."""
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
+        """vLLM's ``/reset_prefix_cache``: this engine caches no prefixes, so only count the call."""
         self.prefix_cache_resets += 1
-
-    def _cache_scope(self, adapter: str | None) -> tuple[str | None, int, int]:
-        return adapter, self._adapter_generation.get(adapter, 0) if adapter else 0, self._weights_generation
 
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -216,9 +200,6 @@ class ModelEngine:
         which requests share a forward pass, not what any of them samples (up to float noise
         of padded attention, ~1e-6 in logprobs). A job whose own setup or sampling fails gets
         its error in its slot and stops; the others of the batch go on untouched.
-
-        The prompt pass computes a prefix shared by several rows once, and reuses prefixes cached by
-        earlier batches (``serving.prefill``), within float noise of the plain pass.
         """
         torch = self._torch
         if len({j.adapter for j in jobs}) > 1:
@@ -251,8 +232,7 @@ class ModelEngine:
                 fail(j, e)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         with torch.inference_mode(), self._adapter(jobs[0].adapter):
-            out, mask, pos = prefill(self.model, [job.prompt_ids for job in jobs], [j for j, _ in rows], pad,
-                                     self.prefix_cache, self._cache_scope(jobs[0].adapter))
+            out, mask, pos = _prompt_pass(torch, self.model, [jobs[j].prompt_ids for j, _ in rows], pad)
             for step in range(max(max_new)):
                 logits = out.logits[:, -1, :].float()
                 tokens = torch.zeros(len(rows), dtype=torch.long)
@@ -352,7 +332,6 @@ class ModelEngine:
                               "the adapter in place, set 'load_inplace' to True.", 400, "InvalidUserInput")
         from peft import PeftModel
 
-        self._forget_prefixes(name)
         try:
             if name in self.adapters:
                 self._delete_adapter(name)
@@ -364,19 +343,11 @@ class ModelEngine:
             raise EngineError(f"Loading lora {name} failed: {e}", 400, "BadRequestError") from None
         self.model.eval()
         self.adapters[name] = LoraAdapter(name, str(path))
-        self._adapter_generation[name] = next(self._loads)  # a re-load under the same name is a new scope
 
     def unload_lora(self, name: str) -> None:
         if name not in self.adapters:
             raise EngineError(f"The lora adapter '{name}' cannot be found.", 404, "NotFoundError")
-        self._forget_prefixes(name)
         self._delete_adapter(name)
-
-    def _forget_prefixes(self, name: str) -> None:
-        """Free an adapter's cached prefixes (its next load has a new scope anyway)."""
-        self._adapter_generation.pop(name, None)
-        if self.prefix_cache is not None:
-            self.prefix_cache.drop(lambda scope: scope[0] == name)
 
     def _delete_adapter(self, name: str) -> None:
         del self.adapters[name]
@@ -420,9 +391,6 @@ class ModelEngine:
             for k, v in mapped.items():
                 current[k].copy_(v.to(current[k].dtype))
         self.weights_path = str(path)
-        self._weights_generation += 1  # every cached prefix was computed with the old weights
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()
 
 
 @dataclass
@@ -442,6 +410,21 @@ class _JobState:
             st.seen = torch.zeros(p.n, vocab, dtype=torch.bool)
             st.seen[:, job.prompt_ids] = True
         return st
+
+
+def _prompt_pass(torch: Any, model: Any, prompts: list[list[int]], pad_id: int) -> tuple[Any, Any, Any]:
+    """One forward over the batch's prompts (one row each), left-padded; returns (output, mask, positions).
+
+    The output's logits hold the last position only; ``mask`` and ``positions`` are for the decode
+    steps to extend.
+    """
+    width = max(len(p) for p in prompts)
+    ids = [[pad_id] * (width - len(p)) + list(p) for p in prompts]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    pos = torch.tensor([[0] * (width - len(p)) + list(range(len(p))) for p in prompts])
+    out = model(input_ids=torch.tensor(ids), attention_mask=mask, position_ids=pos,
+                use_cache=True, logits_to_keep=1)
+    return out, mask, pos
 
 
 def _job_error(e: Exception) -> EngineError:

@@ -18,8 +18,8 @@ talk to it exactly as to vLLM. Endpoints, with the vLLM contract each follows:
   "timeout"}`` -> ``{"results": [...]}`` (vLLM 0.10+, ``api_server.py``) with the method
   ``reload_weights`` (kwarg ``weights_path``); ``POST /pause?mode=abort|wait|keep``,
   ``POST /resume``, ``GET /is_paused`` (vLLM 0.12+, ``vllm/entrypoints/serve/dev/rlhf``);
-  ``POST /reset_prefix_cache`` (200, empty body; empties the prefix cache of ``serving.prefix_cache``,
-  ``--enable-prefix-caching``); ``POST /update_weight_version``
+  ``POST /reset_prefix_cache`` (200, empty body; this engine caches no prefixes, so there is
+  nothing to clear, but the publish client calls it as on vLLM); ``POST /update_weight_version``
   ``{"new_version": str}`` -> ``{"success": true, "new_version"}`` and ``GET /weight_info`` ->
   ``{"weight_version": str | null}`` (vLLM main after 0.12, same rlhf router file).
 
@@ -93,8 +93,6 @@ class ServeOptions:
     tls_key: str | None = None  # [--ssl-keyfile]
     trust_request_chat_template: bool = False  # [--trust-request-chat-template]
     allowed_hosts: tuple[str, ...] = ()  # more Host values the state-changing endpoints accept
-    enable_prefix_caching: bool = True  # [--enable-prefix-caching] reuse the KV of shared prompt prefixes
-    prefix_cache_mb: float = 256.0  # bound on the cached prefixes' KV, MiB (vLLM sizes it by GPU memory)
 
 
 # Endpoints that change the served model or the server's state: a web page in the user's browser must
@@ -159,8 +157,7 @@ class EmbeddedServer(ShellServer):
               seed: int = 0) -> EmbeddedServer:
         opts = options or ServeOptions()
         engine = ModelEngine(model_dir, served_model_name=served_model_name, logprobs_mode=logprobs_mode,
-                             max_model_len=max_model_len, enable_lora=opts.enable_lora, seed=seed,
-                             enable_prefix_caching=opts.enable_prefix_caching, prefix_cache_mb=opts.prefix_cache_mb)
+                             max_model_len=max_model_len, enable_lora=opts.enable_lora, seed=seed)
         server = cls((host, port), engine, opts)
         server.start_background()
         return server

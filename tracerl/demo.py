@@ -719,18 +719,26 @@ def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.an
         con.close()
 
 
+def tracerl_command() -> str:
+    """How to type ``tracerl`` here: the bare name when it is on PATH, else this venv's full path
+    (after `make`, .venv/bin is usually not on PATH)."""
+    found = shutil.which("tracerl")
+    own = BIN / "tracerl"
+    return "tracerl" if found and Path(found).resolve() == own.resolve() else str(own)
+
+
 def explore_queries(store: Path) -> str:
-    s = f"--store {store}"
+    s, t = f"--store {store}", tracerl_command()
     return "\n".join([
         "explore the run with DuckDB SQL:",
-        f'  tracerl sql {s} "SELECT round, policy_version, n_rollouts, mean_reward, loss, kl, status FROM rounds '
+        f'  {t} sql {s} "SELECT round, policy_version, n_rollouts, mean_reward, loss, kl, status FROM rounds '
         'ORDER BY round"',
-        f'  tracerl sql {s} "SELECT policy_version, agent_name, count(*) AS calls, avg(reward) AS mean_reward '
+        f'  {t} sql {s} "SELECT policy_version, agent_name, count(*) AS calls, avg(reward) AS mean_reward '
         'FROM transitions GROUP BY ALL ORDER BY ALL"',
-        f'  tracerl sql {s} "SELECT policy_version, json_extract_string(response_message, \'$.content\') AS reply, '
+        f'  {t} sql {s} "SELECT policy_version, json_extract_string(response_message, \'$.content\') AS reply, '
         'count(*) AS n FROM transitions WHERE agent_name = \'writer\' GROUP BY ALL ORDER BY policy_version, n DESC"',
-        f'  tracerl sql {s} "SELECT attributes[\'tracerl.policy_version\'] AS version, count(*) AS calls FROM spans '
+        f'  {t} sql {s} "SELECT attributes[\'tracerl.policy_version\'] AS version, count(*) AS calls FROM spans '
         'WHERE attributes[\'tracerl.gateway\'] = \'true\' GROUP BY 1 ORDER BY 1"',
-        f'  tracerl sql {s} "SELECT * FROM rollouts ORDER BY started_at DESC LIMIT 10"',
-        f"  tracerl report {s}",
+        f'  {t} sql {s} "SELECT * FROM rollouts ORDER BY started_at DESC LIMIT 10"',
+        f"  {t} report {s}",
     ])

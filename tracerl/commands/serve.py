@@ -75,12 +75,8 @@ class ServeConfig:
                              "endpoints (/pause, /collective_rpc, LoRA loads...) accept besides the bound "
                              "address; needed when clients reach a 0.0.0.0 bind by name", metavar="HOST[,HOST]")
     seed: int = opt(0, "seed of the sampler for requests without a seed")
-    enable_prefix_caching: bool = opt(True, "compute the KV of a prompt prefix shared by the rows of a batch "
-                                      "once, and keep block-aligned prefixes for later batches (vLLM's "
-                                      "automatic prefix caching, on by default as in vLLM V1); a LoRA load, a "
-                                      "weight reload and /reset_prefix_cache invalidate it")
-    prefix_cache_mb: float = opt(256.0, "embedded: most MiB of cached prefix KV, least recently used evicted first "
-                                 "(SmolLM2-135M fp32: 45 KiB per token)")
+    enable_prefix_caching: bool = opt(True, "vllm: automatic prefix caching (vLLM --enable-prefix-caching, on by "
+                                      "default as in vLLM V1); the embedded engine caches no prefixes")
     threads: int = opt(1, "embedded: torch CPU threads (0: torch's default, one per core). On a small machine shared "
                           "with agent processes, 1 avoids threads spinning while they wait for a core")
 
@@ -100,9 +96,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--tls-cert and --tls-key go together; pass both (PEM files) or neither")
     if cfg.engine == "vllm":
         return run_vllm(cfg)
-    if cfg.prefix_cache_mb < 0:
-        raise UsageError(f"--prefix-cache-mb {cfg.prefix_cache_mb} must be >= 0 (0 caches nothing across "
-                         "batches; --no-enable-prefix-caching turns prefix reuse off)")
     if cfg.threads < 0:
         raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     from serving.asgi import parse_listen
@@ -123,8 +116,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_wait_ms=max(0.0, cfg.batch_wait_ms),
                         max_connections=cfg.max_connections, tls_cert=cfg.tls_cert or None,
                         tls_key=cfg.tls_key or None, trust_request_chat_template=cfg.trust_request_chat_template,
-                        allowed_hosts=tuple(h for h in cfg.allowed_hosts.split(",") if h.strip()),
-                        enable_prefix_caching=cfg.enable_prefix_caching, prefix_cache_mb=cfg.prefix_cache_mb)
+                        allowed_hosts=tuple(h for h in cfg.allowed_hosts.split(",") if h.strip()))
     server = EmbeddedServer.start(cfg.model, host=host, port=port, served_model_name=cfg.served_model_name,
                                   logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
                                   options=opts, seed=cfg.seed)
