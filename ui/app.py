@@ -144,8 +144,14 @@ def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
     def error(status: int, message: str) -> HTMLResponse:
         return page("error.html", status, status=status, message=message, live=False, nav="")
 
+    def fresh(fn: Any, *args: Any) -> Any:
+        """A page's data from the store's current files: its ``generation`` is then the one a live page
+        polls against, so the page swaps itself only when data arrives after it was drawn."""
+        reader.refresh()
+        return fn(reader, *args)
+
     async def rounds(request: Request) -> Response:
-        data = await run_blocking(pages.rounds_data, reader)
+        data = await run_blocking(fresh, pages.rounds_data)
         return page("rounds.html", live=True, nav="rounds", generation=reader.generation, **data)
 
     async def rollouts(request: Request) -> Response:
@@ -153,24 +159,24 @@ def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
             q = parse_query(dict(request.query_params))
         except FilterError as e:
             return error(400, f"Bad filter: {e}")
-        data = await run_blocking(pages.rollouts_data, reader, q)
+        data = await run_blocking(fresh, pages.rollouts_data, q)
         return page("rollouts.html", live=True, nav="rollouts", generation=reader.generation, **data)
 
     async def rollout(request: Request) -> Response:
         rid = request.path_params["rollout_id"]
-        data = await run_blocking(pages.rollout_data, reader, rid, cfg.tokenizer)
+        data = await run_blocking(fresh, pages.rollout_data, rid, cfg.tokenizer)
         if data is None:
             return error(404, f"No rollout {rid!r} in this store (it may not be converted yet).")
         return page("rollout.html", live=False, nav="rollouts", **data)
 
     async def task(request: Request) -> Response:
-        data = await run_blocking(pages.group_data, reader, request.path_params["task_id"])
+        data = await run_blocking(fresh, pages.group_data, request.path_params["task_id"])
         if not data["versions"]:
             return error(404, f"No rollouts of task {request.path_params['task_id']!r} in this store.")
         return page("group.html", live=True, nav="rollouts", generation=reader.generation, **data)
 
     async def doctor(request: Request) -> Response:
-        data = await run_blocking(pages.doctor_data, reader)
+        data = await run_blocking(fresh, pages.doctor_data)
         return page("doctor.html", live=False, nav="doctor", **data)
 
     async def live(request: Request) -> Response:
