@@ -707,6 +707,12 @@ def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.an
         con.close()
 
 
+def ui_hint(store: Path, url: str = "http://127.0.0.1:8700/") -> str:
+    """The last lines of the demo: the viewer over this run, and its address."""
+    return (f"see every round, rollout and call token by token in the browser:\n"
+            f"  tracerl ui --store {store}      # then open {url}")
+
+
 def explore_queries(store: Path) -> str:
     s = f"--store {store}"
     return "\n".join([

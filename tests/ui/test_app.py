@@ -106,6 +106,11 @@ def test_the_token_works_from_a_browser_once_then_as_an_httponly_cookie(store):
     assert fresh.get("/rounds", headers={"authorization": "Bearer nope"}).status_code == 401
 
 
+def test_the_demo_ends_with_the_viewer_command_and_its_url(real_store):
+    out = (real_store.parent / "demo.out").read_text()
+    assert out.rstrip().endswith(f"tracerl ui --store {real_store}      # then open http://127.0.0.1:8700/")
+
+
 def test_tracerl_ui_prints_its_url_serves_it_and_stops_on_sigterm(store):
     help_text = subprocess.run([str(BIN / "tracerl"), "ui", "--help"], capture_output=True, text=True).stdout
     assert "--api-key" in help_text and "read-only" in help_text and "?token=" in help_text

@@ -9,7 +9,8 @@ are stored and converts them into transitions; trains one round on the policy@k 
 publishes policy@k+1 to the server. The next round's calls reach policy@k+1 through the gateway.
 
 It prints one line per round (from the trainer's rounds manifest, plus the round's wall time),
-the final policy's mean reward, a reward-curve PNG and DuckDB queries to explore the store.
+the final policy's mean reward, a reward-curve PNG, DuckDB queries to explore the store, and the
+`tracerl ui` command (with its URL) that shows the run in a browser.
 The agent is unmodified: it only gets OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_RESOURCE_ATTRIBUTES and
 OPENAI_BASE_URL. Ctrl-C stops every process the demo started.
 """
@@ -69,7 +70,7 @@ def before_after(before: dict, after: dict, k0: int, k1: int, n: int = 4) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracerl.demo import DemoConfig, explore_queries, run_demo
+    from tracerl.demo import DemoConfig, explore_queries, run_demo, ui_hint
 
     cfg = from_args(DemoConfig, args)
     result = run_demo(cfg)
@@ -88,4 +89,5 @@ def run(args: argparse.Namespace) -> int:
     if result.plot is not None:
         print(f"reward curve: {result.plot}")
     print(explore_queries(result.store))
+    print(ui_hint(result.store))
     return 0
