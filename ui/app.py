@@ -58,8 +58,9 @@ class UiConfig:
     """Model directory whose ``tokenizer.json`` decodes token ids; default: the rounds' base model."""
     poll_s: float = 3.0
     """How often open Rounds and Rollouts pages ask whether the store changed."""
-    refresh_s: float = 1.0
-    """How often the reader lists the store's files to notice new ones."""
+    wait_s: float = 2.0
+    """How long a page waits for the store's newest files to be opened before it answers from the
+    previous version (a live page then updates itself when they are)."""
 
 
 def _number(v: Any, digits: int = 3) -> str:
@@ -130,7 +131,7 @@ class TokenGate:
 
 def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
     """The ASGI app (token gate included) over ``cfg.store``."""
-    reader = reader or StoreReader(cfg.store, cfg.refresh_s)
+    reader = reader or StoreReader(cfg.store)
     env = templates()
     static = {p.name: p.read_bytes() for p in (HERE / "static").iterdir() if p.is_file()}
     static["scale.css"] = scale_css().encode()
@@ -147,7 +148,7 @@ def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
     def fresh(fn: Any, *args: Any) -> Any:
         """A page's data from the store's current files: its ``generation`` is then the one a live page
         polls against, so the page swaps itself only when data arrives after it was drawn."""
-        reader.refresh()
+        reader.refresh(cfg.wait_s)
         return fn(reader, *args)
 
     async def rounds(request: Request) -> Response:
@@ -180,7 +181,7 @@ def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
         return page("doctor.html", live=False, nav="doctor", **data)
 
     async def live(request: Request) -> Response:
-        generation = await run_blocking(reader.refresh)
+        generation = await run_blocking(reader.refresh, 0.0)
         return JSONResponse({"generation": generation}, headers={"cache-control": "no-store"})
 
     async def asset(request: Request) -> Response:

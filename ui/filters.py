@@ -138,20 +138,20 @@ def parse_query(params: Mapping[str, str]) -> RolloutQuery:
 
 
 FILTERED = """
-SELECT rollout_id, task_id, reward, n_calls, n_trainable, agents, coalesce(policy_version, 0) AS version,
-       token_coverage, started_at, ended_at
-FROM rollouts
+SELECT rollout_id, task_id, reward, n_calls, n_trainable, agents, version, token_coverage, started_at, ended_at
+FROM ui_rollouts
 WHERE ($task IS NULL OR task_id = $task)
   AND ($agent IS NULL OR list_contains(agents, $agent))
-  AND ($version IS NULL OR coalesce(policy_version, 0) = $version)
+  AND ($version IS NULL OR version = $version)
   AND ($reward_min IS NULL OR reward >= $reward_min)
   AND ($reward_max IS NULL OR reward <= $reward_max)
   AND ($since IS NULL OR started_at >= $since)
   AND ($until IS NULL OR started_at < $until)
-  AND ($token_source IS NULL OR rollout_id IN (SELECT rollout_id FROM transitions WHERE token_source = $token_source))
+  AND ($token_source IS NULL OR list_contains(token_sources, $token_source))
 """
-"""The filtered rollouts. Unversioned calls (the base model served under its plain name) count as
-version 0, as the trainer's default ``--unversioned-as 0`` does."""
+"""The filtered rollouts, from the reader's per-rollout table (``ui.store.ROLLOUT_INDEX_SQL``).
+Unversioned calls (the base model served under its plain name) count as version 0, as the trainer's
+default ``--unversioned-as 0`` does."""
 
 
 def rollouts_sql(q: RolloutQuery) -> tuple[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from schemas.views import LATEST_ONLY
 from span_to_transition.credit import CREDIT
 from span_to_transition.doctor import GATEWAY_FIX, diagnose
 from span_to_transition.ledger import Ledger
@@ -88,18 +89,15 @@ def rounds_data(reader: StoreReader) -> dict[str, Any]:
 
 
 STALENESS_SQL = """
-WITH sel AS (SELECT unnest($rounds) AS round, unnest($ids) AS rollout_id),
-v AS (SELECT rollout_id, coalesce(min(policy_version), 0) AS version FROM transitions
-      WHERE rollout_id IN (SELECT rollout_id FROM sel) GROUP BY rollout_id)
+WITH sel AS (SELECT unnest($rounds) AS round, unnest($ids) AS rollout_id)
 SELECT round, avg(round - version) AS mean_staleness, max(round - version) AS max_staleness
-FROM sel JOIN v USING (rollout_id) GROUP BY round
+FROM sel JOIN ui_rollouts USING (rollout_id) GROUP BY round
 """
 """How many versions behind the trained policy each round's rollouts were (0: on-policy)."""
 
 HELDOUT_SQL = """
-SELECT coalesce(policy_version, 0) AS version, count(*) AS n, avg(reward) AS mean_reward,
-       avg(CASE WHEN reward >= 1 THEN 1.0 ELSE 0.0 END) AS success
-FROM rollouts WHERE NOT regexp_matches(coalesce(task_id, ''), $re) AND reward IS NOT NULL
+SELECT version, count(*) AS n, avg(reward) AS mean_reward, avg(CASE WHEN reward >= 1 THEN 1.0 ELSE 0.0 END) AS success
+FROM ui_rollouts WHERE NOT regexp_matches(coalesce(task_id, ''), $re) AND reward IS NOT NULL
 GROUP BY 1 ORDER BY 1
 """
 """Rollouts of tasks the trainer's ``--tasks`` regex leaves out (never trained on), per version;
@@ -121,11 +119,8 @@ def rollouts_data(reader: StoreReader, q: RolloutQuery) -> dict[str, Any]:
 # -- advantages --------------------------------------------------------------------------------------
 
 GROUP_SQL = """
-SELECT rollout_id, any_value(task_id) AS task_id, coalesce(min(policy_version), 0) AS version,
-       coalesce(max(rollout_reward), sum(reward)) AS reward_used, bool_or(coalesce(is_last, false)) AS complete,
-       count(*) AS n_calls, min(started_at) AS started_at, arg_max(response_message, step) AS last_response,
-       list(DISTINCT agent_name) FILTER (WHERE agent_name IS NOT NULL) AS agents
-FROM transitions WHERE task_id = $task GROUP BY rollout_id ORDER BY version, started_at, rollout_id
+SELECT rollout_id, task_id, version, reward_used, complete, n_calls, started_at, last_response, agents
+FROM ui_rollouts WHERE task_id = $task ORDER BY version, started_at, rollout_id
 """
 """A task's rollouts as the trainer's dataset sees them (``trainer/dataset.py`` TRANSITIONS_SQL: the
 reward used is the rollout reward, else the sum of the calls' rewards; complete = it has a last call)."""
@@ -174,13 +169,18 @@ def group_data(reader: StoreReader, task_id: str) -> dict[str, Any]:
 
 # -- one rollout -------------------------------------------------------------------------------------
 
-CALLS_SQL = """
+CALLS_SQL = f"""
 SELECT transition_id, step, agent_name, trainable, model, policy_version, prompt_messages, tools,
        response_message, finish_reason, response_token_ids, response_logprobs,
        len(prompt_token_ids) AS n_prompt_tokens, token_source, reward, rollout_reward, reward_source, is_last,
        started_at, ended_at, span_id, trace_id, input_tokens, output_tokens
-FROM transitions WHERE rollout_id = $id ORDER BY step, transition_id
+FROM _transitions_data WHERE rollout_id = $id {LATEST_ONLY["transitions"]}
+ORDER BY step, transition_id
 """
+"""One rollout's calls: the ``transitions`` view's own rows and rule (``schemas.views.LATEST_ONLY``: the
+latest conversion of the rollout), with the rollout filter applied *before* the rule's window, which
+DuckDB does not push it through; the window is per rollout, so the rows are the same. On a 1M-call
+store this reads one file instead of windowing every row (bench/ui.py)."""
 SPANS_SQL = """
 SELECT span_id, parent_span_id, name, start_time_ns, end_time_ns, status_code, status_message,
        map_from_entries(list_filter(map_entries(attributes), lambda e: e.key IN
@@ -206,7 +206,7 @@ def tokenizer_dir(reader: StoreReader, override: str | None) -> str | None:
 
 
 def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = None) -> dict[str, Any] | None:
-    head = reader.rows("SELECT * FROM rollouts WHERE rollout_id = $id", {"id": rollout_id})
+    head = reader.rows("SELECT * EXCLUDE (last_response) FROM ui_rollouts WHERE rollout_id = $id", {"id": rollout_id})
     if not head:
         return None
     rollout = head[0]

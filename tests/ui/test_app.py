@@ -65,6 +65,20 @@ def test_every_page_answers_from_the_store_and_never_writes_to_it(client, store)
     assert _files(store) == before  # nothing written, renamed or touched
 
 
+def test_a_rollouts_calls_are_the_transitions_views_rows(store):
+    from ui.pages import CALLS_SQL
+
+    con = connect_readonly(str(store))
+    try:
+        for (rid,) in con.execute("SELECT DISTINCT rollout_id FROM transitions").fetchall():
+            view = con.execute("SELECT transition_id FROM transitions WHERE rollout_id = ? ORDER BY step, "
+                               "transition_id", [rid]).fetchall()
+            mine = con.execute(CALLS_SQL, {"id": rid}).fetchall()
+            assert [r[0] for r in mine] == [r[0] for r in view] and view, rid
+    finally:
+        con.close()
+
+
 @pytest.mark.parametrize("query, field", [("reward_min=abc", "reward_min"), ("version=x", "version"),
                                           ("sort=evil", "sort"), ("since=never", "since")])
 def test_a_bad_filter_value_is_a_400_page_that_names_it(client, query, field):

@@ -44,7 +44,7 @@ def _sql(store: Path, query: str, params: list | None = None) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def server(real_store: Path) -> Iterator[str]:
-    running = serve(UiConfig(store=str(real_store), poll_s=0.5, refresh_s=0.2), port=0)
+    running = serve(UiConfig(store=str(real_store), poll_s=0.5), port=0)
     yield running.url
     running.stop(grace_s=1)
 

@@ -49,13 +49,14 @@ def test_filter_values_are_parameters_never_sql_text():
     evil = "x' OR '1'='1"
     sql, params = rollouts_sql(parse_query({"task": evil, "agent": evil}))
     assert evil not in sql and params["task"] == evil and params["agent"] == evil
-    con = duckdb.connect()  # the statement runs as written against a rollouts/transitions shaped like the views
-    con.execute("""CREATE TABLE rollouts AS SELECT * FROM (VALUES
-        ('r1', 'x'' OR ''1''=''1', 1.0, 2, 2, ['a'], 0, 1.0, TIMESTAMPTZ '2026-11-24 10:00:00+00', NULL::TIMESTAMPTZ),
-        ('r2', 'other', 0.0, 1, 1, ['b'], NULL, 0.5, TIMESTAMPTZ '2026-11-24 11:00:00+00', NULL::TIMESTAMPTZ))
-        t(rollout_id, task_id, reward, n_calls, n_trainable, agents, policy_version, token_coverage, started_at,
-          ended_at)""")
-    con.execute("CREATE TABLE transitions AS SELECT 'r2' AS rollout_id, 'retokenized' AS token_source")
+    con = duckdb.connect()  # the statement runs as written against a table shaped like the reader's ui_rollouts
+    con.execute("""CREATE TABLE ui_rollouts AS SELECT * FROM (VALUES
+        ('r1', 'x'' OR ''1''=''1', 1.0, 2, 2, ['a'], 0, 1.0, TIMESTAMPTZ '2026-11-24 10:00:00+00', NULL::TIMESTAMPTZ,
+         ['gateway']),
+        ('r2', 'other', 0.0, 1, 1, ['b'], 0, 0.5, TIMESTAMPTZ '2026-11-24 11:00:00+00', NULL::TIMESTAMPTZ,
+         ['gateway', 'retokenized']))
+        t(rollout_id, task_id, reward, n_calls, n_trainable, agents, version, token_coverage, started_at,
+          ended_at, token_sources)""")
     rows = con.execute(sql, params).fetchall()
     assert rows[0][0] == 0  # the task equals the literal text; no row's agent is the literal text
     sql, params = rollouts_sql(parse_query({"task": evil}))
