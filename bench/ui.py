@@ -149,15 +149,8 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
 
     rid = run("SELECT rollout_id FROM transitions WHERE step = 0 ORDER BY started_at DESC LIMIT 1")[0][0]
     task = run("SELECT task_id FROM transitions WHERE rollout_id = ? LIMIT 1", [rid])[0][0]
-    layout = StoreLayout.at(store)
-
-    def rounds() -> None:
-        rows = run("SELECT * EXCLUDE (date) FROM rounds ORDER BY round")
-        pairs = []
-        for r in rows:
-            sel = json.loads((layout.checkpoints / f"round-{r[0]:06d}.json").read_text())
-            pairs += [(r[0], x) for x in sel["rollout_ids"]]
-        run(pages.STALENESS_SQL, {"rounds": [p[0] for p in pairs], "ids": [p[1] for p in pairs]})
+    def rounds() -> None:  # the per-request statements; the staleness join is kept per store version
+        run("SELECT * EXCLUDE (date) FROM rounds ORDER BY round")
         run(pages.HELDOUT_SQL, {"re": "^task-"})
 
     def rollouts(params: dict[str, str]) -> Callable[[], None]:

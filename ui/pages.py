@@ -47,9 +47,20 @@ def manifest_of(reader: StoreReader, checkpoint_path: str | None) -> dict[str, A
     return reader.read_json(Path(checkpoint_path) / "tracerl_checkpoint.json") or {}
 
 
+def staleness(reader: StoreReader, rounds: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """Round -> mean and max versions behind of the rollouts it trained on (its selection file)."""
+    pairs: list[tuple[int, str]] = []
+    for k in rounds:
+        sel = reader.read_json(reader.layout.checkpoints / f"round-{k:06d}.json") or {}
+        pairs += [(k, rid) for rid in sel.get("rollout_ids", [])]
+    if not pairs:
+        return {}
+    rows = reader.rows(STALENESS_SQL, {"rounds": [p[0] for p in pairs], "ids": [p[1] for p in pairs]})
+    return {s["round"]: s for s in rows}
+
+
 def rounds_data(reader: StoreReader) -> dict[str, Any]:
     rounds = reader.rows("SELECT * EXCLUDE (date) FROM rounds ORDER BY round")
-    pairs: list[tuple[int, str]] = []
     tasks_re = None
     for r in rounds:
         man = manifest_of(reader, r["checkpoint_path"])
@@ -58,13 +69,9 @@ def rounds_data(reader: StoreReader) -> dict[str, Any]:
         r["estimator"] = settings.get("estimator", "grpo")
         r["seconds"] = sum(json.loads(r["timings"] or "{}").values())
         r["settings_json"] = json.dumps(settings, indent=1, sort_keys=True) if settings else ""
-        sel = reader.read_json(reader.layout.checkpoints / f"round-{r['round']:06d}.json") or {}
-        pairs += [(r["round"], rid) for rid in sel.get("rollout_ids", [])]
         tasks_re = tasks_re or settings.get("tasks")
-    stale: dict[int, dict[str, Any]] = {}
-    if pairs:
-        for s in reader.rows(STALENESS_SQL, {"rounds": [p[0] for p in pairs], "ids": [p[1] for p in pairs]}):
-            stale[s["round"]] = s
+    ks = tuple(r["round"] for r in rounds)
+    stale = reader.memo(f"staleness{ks}", lambda: staleness(reader, ks))
     for r in rounds:
         r["staleness"] = stale.get(r["round"], {}).get("mean_staleness")
         r["max_staleness"] = stale.get(r["round"], {}).get("max_staleness")

@@ -87,6 +87,7 @@ class StoreReader:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._signature: tuple | None = None
         self._building: threading.Thread | None = None
+        self._memo: dict[str, tuple[int, Any]] = {}
         self.generation = 0
         """Bumped each time a newer version of the store is in use: what live pages poll."""
 
@@ -143,6 +144,17 @@ class StoreReader:
             cur = con.execute(sql, params) if params is not None else con.execute(sql)
             cols = [d[0] for d in cur.description or []]
             return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    def memo(self, key: str, compute: Any) -> Any:
+        """``compute()``, kept until the store changes: for what depends only on the store's files and is
+        dear to recompute on every request (the rounds' staleness reads every selection file)."""
+        generation = self.generation
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == generation:
+            return hit[1]
+        value = compute()
+        self._memo[key] = (generation, value)
+        return value
 
     def close(self) -> None:
         with self._lock:
