@@ -76,6 +76,17 @@ def browser() -> Iterator:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+def now(driver, css: str) -> list:
+    """The elements matching ``css`` on the page as it is (no implicit wait: an empty list is an answer)."""
+    from selenium.webdriver.common.by import By
+
+    driver.implicitly_wait(0)
+    try:
+        return driver.find_elements(By.CSS_SELECTOR, css)
+    finally:
+        driver.implicitly_wait(5)
+
+
 def shot(driver, name: str) -> None:
     out = os.environ.get("TRACERL_UI_SHOTS")
     if out:
@@ -179,7 +190,7 @@ def test_hostile_html_in_spans_renders_as_text_and_runs_nothing(server, browser,
     main = d.find_element(By.ID, "main")
     assert XSS_PROMPT in main.text and XSS_REPLY in main.text and "<b>agent</b>" in main.text
     # no element made from span strings (<script>, <img>, <u> of the agent span, <i> of the task id, <b>)
-    assert d.find_elements(By.CSS_SELECTOR, "main img, main script, main u, main i:not(.sw)") == []
+    assert now(d, "main img, main script, main u, main i:not(.sw)") == []
     assert [b.text for b in d.find_elements(By.CSS_SELECTOR, "main b")] == ["Why not gateway:"]
     assert d.find_element(By.CSS_SELECTOR, ".span-row.error")  # the failed tool span, flagged
     assert "retokenized" in d.find_element(By.CSS_SELECTOR, ".call .badge").text
@@ -195,14 +206,35 @@ def test_hostile_html_in_spans_renders_as_text_and_runs_nothing(server, browser,
 
 def test_a_bad_filter_value_is_a_400_page(server, browser):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     d = browser
-    d.get(server + "/rollouts")
+    d.get(server + "/rollouts?task=letter-a")  # a filtered table: this page will not change under the test
     d.get_log("browser")
     field = d.find_element(By.NAME, "reward_min")
     field.send_keys("abc")
     field.submit()
-    assert d.find_element(By.TAG_NAME, "h1").text == "400 · Bad request"
+    WebDriverWait(d, 10, 0.1).until(lambda drv: drv.find_element(By.TAG_NAME, "h1").text == "400 · Bad request")
     assert "reward_min must be a number" in d.find_element(By.ID, "error-message").text
-    assert any("status of 400" in e["message"] for e in d.get_log("browser"))
+    assert "reward_min=abc" in d.current_url and "task=letter-a" in d.current_url
+    seen: list[str] = []  # Chrome reports the failed load on its console, not always at once
+    WebDriverWait(d, 10, 0.2).until(
+        lambda drv: seen.extend(e["message"] for e in drv.get_log("browser")) or any("status of 400" in m for m in seen))
     shot(d, "bad-filter")
+
+
+def test_the_doctor_page_shows_what_doctor_finds_with_each_fix(server, browser, real_store):
+    from selenium.webdriver.common.by import By
+
+    from span_to_transition.doctor import diagnose
+    from span_to_transition.survey import gather
+
+    findings = diagnose(gather(str(real_store)))
+    d = browser
+    d.get(server + "/doctor")
+    d.find_element(By.TAG_NAME, "h1")  # the page is there
+    assert [h.text for h in now(d, ".finding h3")] == [f.problem for f in findings]
+    assert [x.text for x in now(d, ".finding .fix")] == [f.fix for f in findings]
+    if not findings:
+        assert d.find_element(By.ID, "healthy")
+    shot(d, "doctor")
