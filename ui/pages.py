@@ -134,12 +134,17 @@ reward used is the rollout reward, else the sum of the calls' rewards; complete 
 
 
 def estimators(reader: StoreReader) -> dict[int, str]:
-    """Policy version -> the estimator of the round that trained on it (its checkpoint's settings)."""
-    out = {}
-    for r in reader.rows("SELECT policy_version, checkpoint_path FROM rounds"):
-        settings = manifest_of(reader, r["checkpoint_path"]).get("settings") or {}
-        out[int(r["policy_version"] or 0)] = str(settings.get("estimator", "grpo"))
-    return out
+    """Policy version -> the estimator of the round that trained on it (its checkpoint's settings);
+    kept per store version (it reads every round's checkpoint manifest)."""
+
+    def read() -> dict[int, str]:
+        out = {}
+        for r in reader.rows("SELECT policy_version, checkpoint_path FROM rounds"):
+            settings = manifest_of(reader, r["checkpoint_path"]).get("settings") or {}
+            out[int(r["policy_version"] or 0)] = str(settings.get("estimator", "grpo"))
+        return out
+
+    return reader.memo("estimators", read)
 
 
 def with_advantages(rows: Sequence[dict[str, Any]], estimator_of: dict[int, str]) -> None:
@@ -226,8 +231,9 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
     with_advantages(group, estimators(reader))
     mine = next((g for g in group if g["rollout_id"] == rollout_id), {})
     advantage = mine.get("advantage")
-    decode = load_decoder(tokenizer_dir(reader, tokenizer))
-    settings = Ledger.load(reader.layout).settings
+    decode = load_decoder(reader.memo(f"tokenizer:{tokenizer}", lambda: tokenizer_dir(reader, tokenizer)))
+    # the converter's ledger lists every converted rollout (large on a large store): read once per version
+    settings = reader.memo("convert-settings", lambda: Ledger.load(reader.layout).settings)
     for c in calls:
         c["messages"] = msg.messages(c["prompt_messages"])
         c["tool_names"] = msg.tool_names(c["tools"])
