@@ -162,12 +162,10 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
         cur = con.execute(pages.CALLS_SQL, {"id": rid})
         at = [d[0] for d in cur.description].index("trace_id")
         run(pages.SPANS_SQL, {"id": rid, "traces": sorted({c[at] for c in cur.fetchall()})})
-        run(pages.GROUP_SQL, {"task": task})
-        run("SELECT policy_version, checkpoint_path FROM rounds")
+        run(pages.GROUP_SQL, {"task": task})  # (the rounds' estimators are kept per store version)
 
     def group() -> None:
         run(pages.GROUP_SQL, {"task": task})
-        run("SELECT policy_version, checkpoint_path FROM rounds")
 
     filtered = {"task": task, "reward_min": "0.5", "sort": "reward"}
     runners = {
