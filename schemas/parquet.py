@@ -25,11 +25,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], table_name: str) -> Path:
+def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], table_name: str,
+                       row_group_size: int | None = None) -> Path:
     """Write ``table`` to ``path`` atomically; the file either exists whole or not at all.
 
     The table is cast to the contract schema first so a stage cannot drift from ``schemas/``.
     Writing the same path again replaces the file, which makes replays idempotent.
+    ``row_group_size``: rows per row group (default: pyarrow's, 1M); smaller groups let a reader that
+    filters on a sorted column skip most of a file by the groups' min/max statistics.
     """
     schema = TABLES[table_name]
     table = table.select(schema.names).cast(schema)
@@ -41,7 +44,7 @@ def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], table_name
     tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
     try:
         with open(tmp, "wb") as f:
-            pq.write_table(table, f, compression="zstd")
+            pq.write_table(table, f, compression="zstd", row_group_size=row_group_size)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -225,6 +225,10 @@ def convert_parallel(
 
 
 _EPOCH = datetime.date(1970, 1, 1)
+ROW_GROUP_ROWS = 8192
+"""Rows per row group of a transitions file. Rows are sorted by rollout, so a reader looking up one
+rollout (``tracerl ui``'s rollout page) skips the groups whose rollout_id range excludes it: on a
+1M-call store, 36 ms instead of 210 ms (one whole 78k-row file) per lookup (bench/ui.py, load 4-5)."""
 _DAY_NS = 86_400 * 10**9
 
 
@@ -247,5 +251,5 @@ def write_transitions(layout: StoreLayout, table: pa.Table) -> list[Path]:
         part = table.slice(a, b - a)
         digest = hashlib.sha256("\n".join(part.column("transition_id").to_pylist()).encode()).hexdigest()[:24]
         path = layout.partition("transitions", date) / f"part-{digest}.parquet"
-        out.append(write_table_atomic(part, path, "transitions"))
+        out.append(write_table_atomic(part, path, "transitions", row_group_size=ROW_GROUP_ROWS))
     return out

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("tracerl.commands.rollout", "run an unmodified agent per task and sample, pointed at tracerl by env vars"),
     "demo": ("tracerl.commands.demo", "the whole loop on this machine: serve, collect, rollouts, train, repeat"),
     "doctor": ("tracerl.commands.doctor", "why a store yields no or few transitions, and the fix for each problem"),
+    "ui": ("tracerl.commands.ui", "read-only web viewer: rounds, rollouts, each call token by token, groups, doctor"),
 }
 
 EPILOG = """\

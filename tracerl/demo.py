@@ -727,6 +727,12 @@ def tracerl_command() -> str:
     return "tracerl" if found and Path(found).resolve() == own.resolve() else str(own)
 
 
+def ui_hint(store: Path, url: str = "http://127.0.0.1:8700/") -> str:
+    """The last lines of the demo: the viewer over this run, and its address."""
+    return (f"see every round, rollout and call token by token in the browser:\n"
+            f"  {tracerl_command()} ui --store {store}      # then open {url}")
+
+
 def explore_queries(store: Path) -> str:
     s, t = f"--store {store}", tracerl_command()
     return "\n".join([

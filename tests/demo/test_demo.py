@@ -72,6 +72,7 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     assert (work / "reward-curve.png").stat().st_size > 1000
     assert f'tracerl sql --store {store} "SELECT round' in out
     assert "tracerl demo: 2 rounds in" in out
+    assert out.rstrip().endswith(f"tracerl ui --store {store}      # then open http://127.0.0.1:8700/")
     assert elapsed < 150, f"the 2-round demo took {elapsed:.0f}s"
 
 

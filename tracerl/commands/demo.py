@@ -13,9 +13,10 @@ round's calls reach policy@k+1 through the gateway. After the last round it meas
 policy on the same held-out draws.
 
 It prints one line per round (from the trainer's rounds manifest, plus the round's wall time), the
-held-out success before and after, a few answers side by side, a reward-curve PNG and DuckDB queries
-to explore the store. The agent is unmodified: it only gets OTEL_EXPORTER_OTLP_ENDPOINT,
-OTEL_RESOURCE_ATTRIBUTES and OPENAI_BASE_URL. Ctrl-C (or SIGTERM) stops every process it started.
+held-out success before and after, a few answers side by side, a reward-curve PNG, DuckDB queries
+to explore the store, and the `tracerl ui` command (with its URL) that shows the run in a browser.
+The agent is unmodified: it only gets OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_RESOURCE_ATTRIBUTES and
+OPENAI_BASE_URL. Ctrl-C (or SIGTERM) stops every process it started.
 --tiny runs the same loop on a tiny random model and a letter task instead (seconds a round, no vLLM).
 """
 
@@ -74,7 +75,7 @@ def before_after(before: dict, after: dict, k0: int, k1: int, n: int = 4) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracerl.demo import DemoConfig, explore_queries, run_demo
+    from tracerl.demo import DemoConfig, explore_queries, run_demo, ui_hint
 
     cfg = from_args(DemoConfig, args)
     result = run_demo(cfg)
@@ -93,4 +94,5 @@ def run(args: argparse.Namespace) -> int:
     if result.plot is not None:
         print(f"reward curve: {result.plot}")
     print(explore_queries(result.store))
+    print(ui_hint(result.store))
     return 0
