@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "gateway.py"
 
@@ -16,3 +21,26 @@ def test_gateway_bench_measures_both_paths_and_records_every_call():
     assert r["spans"] == 60 + 50  # warm-up calls are proxied (and recorded) too
     assert 0 < r["direct_p50_ms"] < r["gateway_p50_ms"]
     assert r["added_p50_ms"] < 20, "sanity bound only; the 1 ms target is checked by running the bench"
+
+
+ROUND = Path(__file__).resolve().parents[2] / "bench" / "round.py"
+
+
+@pytest.mark.slow
+def test_round_bench_runs_a_quick_embedded_round(tiny_model_dir: Path, tmp_path: Path):
+    """bench/round.py end to end in its quick shape (embedded engine, tiny model, one round); the vLLM
+    engine is exercised by running the bench itself (its CPU start alone takes 30-170 s)."""
+    out = tmp_path / "round.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROUND), "--model", str(tiny_model_dir), "--engines", "embedded", "--letters", "aeot",
+         "--samples", "4", "--max-tokens", "8", "--repeats", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "gateway / direct" in proc.stdout and "targets:" in proc.stdout
+    r = json.loads(out.read_text())
+    e = r["engines"]["embedded"]
+    assert list(r["engines"]) == ["embedded"] and r["calls_per_round"] == 32
+    assert e["loop"]["generation_tokens_per_s"] > 0 and e["direct"]["generation_tokens_per_s"] > 0
+    assert e["gateway_over_direct"] > 0 and "publish" in e["loop"]["train_round_parts_s"]
+    assert set(e["targets_met"]) == {"gateway_over_direct", "round_s", "publish_s"}

