@@ -94,10 +94,10 @@ class DemoConfig:
                           "cores: with 2 threads per torch process on 2 busy cores, a step took 5x longer here, "
                           "waiting on each other")
     train_threads: int | None = opt(None, "torch CPU threads of training (0: torch's default, one per core); "
-                                          "unset: --threads. Training runs alone, between rollouts: on 2 idle "
-                                          "cores a 135M LoRA step on 640 tokens took 2.8 s on 2 threads, 3.9 s "
-                                          "on 1; but at load 8 a real-demo round took 283 s on 2 threads, "
-                                          "100-150 s on 1")
+                                          "unset: one per core while training runs alone (vLLM idles between "
+                                          "rounds; a 135M LoRA step on 640 tokens took 2.8 s on 2 idle cores, "
+                                          "3.9 s on 1), --threads while policy@0's held-out evaluation runs "
+                                          "beside round 0; --tiny: --threads")
     estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: rloo (reward units: GRPO's std scaling made 0.05 of partial credit in a group "
                                       "of failures weigh as much as a solved question); --tiny: grpo",
                                 choices=["grpo", "rloo", "reinforce_baseline"])
@@ -515,11 +515,11 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     from trainer.publish import server_publisher
     from trainer.rounds import read_rounds, run_once
 
-    train_threads = cfg.threads if cfg.train_threads is None else cfg.train_threads
-    if train_threads:
-        import torch
-
-        torch.set_num_threads(train_threads)
+    real = task.name == "sql"
+    # training alone has the machine (the engine idles between rounds); beside the evaluation it shares it
+    alone_threads = cfg.train_threads if cfg.train_threads is not None else (os.cpu_count() or 1) if real \
+        else cfg.threads
+    shared_threads = cfg.threads if cfg.train_threads is None else cfg.train_threads
 
     for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
         if batch:
@@ -529,13 +529,12 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     command = [str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)]
     base_env = agent_env(cfg)
     convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
-    real = task.name == "sql"
     settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
                              epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
                              lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
                              # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
                              max_prompt_tokens=512 if real else 256, max_response_tokens=64,
-                             pack_tokens=640 if real else 512, progress=False, threads=train_threads,
+                             pack_tokens=640 if real else 512, progress=False, threads=alone_threads,
                              estimator=cfg.estimator,
                              # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
                              # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
@@ -613,7 +612,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         if background is not None and not run.heldout and pending is None:
             pending = background.submit(held_out_rollouts, 0)
         if pending is not None:  # train now, publish once the evaluation's calls are all answered
-            outcome = run_once(settings, publisher=None, log=lambda _msg: None)
+            beside = dataclasses.replace(settings, threads=shared_threads)
+            outcome = run_once(beside, publisher=None, log=lambda _msg: None)
             held_out_score(0, *pending.result())
             pending = None
             if outcome.status == "trained":
