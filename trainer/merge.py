@@ -17,6 +17,8 @@ from pathlib import Path
 from trainer.checkpoint import is_complete, write_checkpoint
 
 MERGED = "merged"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json", "vocab.json", "merges.txt")
 
 
 def merged_dir(checkpoint: Path) -> Path:
@@ -36,7 +38,8 @@ def merge_adapter(base_model: Path, checkpoint: Path, *, dtype: str = "bfloat16"
         return out
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
 
     for stale in Path(checkpoint).glob(f".{MERGED}.*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -44,12 +47,24 @@ def merge_adapter(base_model: Path, checkpoint: Path, *, dtype: str = "bfloat16"
     model = PeftModel.from_pretrained(base, str(checkpoint)).merge_and_unload().to(getattr(torch, dtype))
 
     def save(tmp: Path) -> None:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        AutoTokenizer.from_pretrained(str(base_model)).save_pretrained(str(tmp))  # a whole model, servable alone
+        # safetensors' own writer: transformers' save_pretrained took 3.0 s for these 270 MB, this 0.4 s
+        # (SmolLM2, 2 cores), and publish time is the engine's idle time. Tied tensors (lm_head =
+        # embed_tokens) are written once, under the first name, as save_pretrained writes them.
+        seen: set[int] = set()
+        tensors = {}
+        for name, t in model.state_dict().items():
+            if t.data_ptr() in seen:
+                continue
+            seen.add(t.data_ptr())
+            tensors[name] = t.contiguous()
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(str(tmp))
+        for name in TOKENIZER_FILES:  # a whole model, servable alone
+            if (Path(base_model) / name).is_file():
+                shutil.copy2(Path(base_model) / name, tmp / name)
 
     return write_checkpoint(out, save, {"merged_from": str(checkpoint), "base_model": str(base_model),
                                         "dtype": dtype})
-
 
 def served_weights(checkpoint: Path | None, adapter: bool, base_model: Path) -> Path:
     """The full weights an engine holds once ``checkpoint`` was published (what a failed reload
