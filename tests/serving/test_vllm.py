@@ -190,8 +190,9 @@ def test_a_lora_round_then_a_full_round_through_vllm_serve_the_new_weights(stack
 
 
 def test_a_reload_that_fails_keeps_the_previous_policy_serving(vllm, model32, tmp_path):
+    serving_now = model32  # known weights first (an earlier test may have left a trained policy serving)
+    VLLMPublisher(vllm.url).publish_full(serving_now, version=0)
     prompt, response, before, _ = served_logprobs(vllm.url)
-    serving_now = Path(httpx.get(f"{vllm.url}/v1/models", timeout=10).json()["data"][0]["root"])
     # a truncated copy is refused before anything is sent
     cut = tmp_path / "cut"
     cut.mkdir()

@@ -17,7 +17,7 @@ from tracerl_testing import tracerl
 def real_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real round's store (``tracerl demo``: 2 letters x 2 samples, 1 round, then policy@1 evaluated)."""
     work = tmp_path_factory.mktemp("ui-demo")
-    proc = tracerl("demo", "--rounds", "1", "--rollouts-per-round", "4", "--letters", "ae", "--workdir", str(work),
+    proc = tracerl("demo", "--tiny", "--rounds", "1", "--rollouts-per-round", "4", "--letters", "ae", "--workdir", str(work),
                    timeout=240)
     (work / "demo.out").write_text(proc.stdout)  # for the test of the demo's last lines
     return work / "store"
