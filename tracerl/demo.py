@@ -488,8 +488,11 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         server_url = f"http://127.0.0.1:{serve_port}"
         argv = [tracerl_bin, "serve", "--engine", cfg.engine, "--model", str(model), "--listen",
                 f"127.0.0.1:{serve_port}", "--max-num-seqs", str(max(8, concurrency))]
-        if cfg.engine == "vllm":  # rounds publish merged weights (on CPU an adapter costs ~4x decode speed)
-            argv += ["--no-enable-lora", "--max-model-len", "1024"]
+        if cfg.engine == "vllm":
+            # rounds publish merged weights (on CPU an adapter costs ~4x decode speed), served in fp32: in
+            # bf16 a round's update is below the weights' resolution (trainer/merge.py), and the engine's
+            # logprobs, which the trainer's importance correction divides by, are coarse
+            argv += ["--no-enable-lora", "--max-model-len", "1024", "--dtype", "float32"]
         else:
             argv += ["--threads", str(cfg.threads)]
         server = children.start(Child("serve", argv, logs / "serve.log"))

@@ -5,8 +5,12 @@ the adapter merged (SmolLM2-135M: 18-20 against 62-91 tokens/s, ../shared/ENVIRO
 full-weight reload takes under a second; so there a LoRA round is published as merged weights.
 Training still continues from the adapter (and its optimizer state); the merged copy is only
 what the engine reads. The merge is peft's ``merge_and_unload`` (W + scale * B @ A per target
-module), saved in the serving dtype (bf16 halves what vLLM reads) inside the checkpoint it came
-from, with the checkpoint writer's guarantees: a temp directory fsynced and renamed into place.
+module), saved in fp32 inside the checkpoint it came from, with the checkpoint writer's guarantees
+(a temp directory fsynced and renamed into place). Not bf16: a round's LoRA update is a fraction
+of a percent of a weight, below bf16's resolution (8 bits of mantissa), so bf16 merged weights
+served nearly the same policy round after round (measured: the demo's held-out success rose
+0.042 -> 0.150 in 8 rounds served in bf16, against 0.058 -> 0.275 with the adapter served exactly).
+An engine serving bf16 rounds them anyway; one serving fp32 (the demo's) serves the policy trained.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ def merged_dir(checkpoint: Path) -> Path:
     return Path(checkpoint) / MERGED
 
 
-def merge_adapter(base_model: Path, checkpoint: Path, *, dtype: str = "bfloat16") -> Path:
+def merge_adapter(base_model: Path, checkpoint: Path, *, dtype: str = "float32") -> Path:
     """Write base + the checkpoint's adapter as one HF model in ``merged_dir(checkpoint)``.
 
     Idempotent: a finished merge is reused, so a retried publish does not merge twice; the
