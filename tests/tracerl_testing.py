@@ -96,3 +96,21 @@ def npm_ci(project: Path) -> Path:
             pytest.fail(f"npm ci in {project} failed:\n{npm.stderr[-3000:]}")
         stamp.touch()
     return project
+
+
+def wire_message(m: dict) -> dict:
+    """A chat message in canonical form: role, content (one text part as its text; "" or absent as null),
+    tool calls as ``{id, type, function: {name, arguments}}``, ``tool_call_id``."""
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = [{"type": "text", "text": p["text"]} if p.get("type", "text") == "text" and "text" in p else p
+                 for p in content]
+        content = parts[0]["text"] if len(parts) == 1 and parts[0].get("type") == "text" else parts
+    out = {"role": m["role"], "content": content if content != "" else None}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{"id": c["id"], "type": "function",
+                              "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                             for c in m["tool_calls"]]
+    if m.get("tool_call_id"):
+        out["tool_call_id"] = m["tool_call_id"]
+    return out

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from example_rig import answer_text, example_venv, prompt_text, running_stack, token_ids
+from tracerl_testing import wire_message
 
 HERE = Path(__file__).resolve().parent / "frameworks"
 sys.path.insert(0, str(HERE))
@@ -48,22 +49,6 @@ CASES = {
     "llamaindex-stream": Case("openai2", "llama_agent.py", (("AGENT_STREAM", "1"),), "weather", False),
 }
 """Streamed, smolagents keeps no raw response and LlamaIndex records none, so neither records the response id."""
-
-
-def wire_message(m: dict) -> dict:
-    """Canonical form (as ``tests/span_to_transition/test_frameworks.py``): one text part reads as its text."""
-    content = m.get("content")
-    if isinstance(content, list):
-        parts = [{"type": "text", "text": p["text"]} if p.get("type", "text") == "text" and "text" in p else p
-                 for p in content]
-        content = parts[0]["text"] if len(parts) == 1 and parts[0].get("type") == "text" else parts
-    out = {"role": m["role"], "content": content if content != "" else None}
-    if m.get("tool_calls"):
-        out["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
-            "name": c["function"]["name"], "arguments": c["function"]["arguments"]}} for c in m["tool_calls"]]
-    if m.get("tool_call_id"):
-        out["tool_call_id"] = m["tool_call_id"]
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tracerl_testing import wire_message
 
 from schemas.parquet import write_table_atomic
 from schemas.store import StoreLayout
@@ -29,24 +30,6 @@ FRAMEWORKS = {  # fixture -> the agent name the user gave the agent
     "crewai": "calculator",  # its AGENT span is calculator._execute_core, with graph.node.id = calculator
 }
 LATER = 2_000_000_000 * 10**9  # a "now" long after the recording: every rollout is complete
-
-
-def wire_message(m: dict) -> dict:
-    """A chat message in canonical form: role, content (one text part as its text; "" or absent as null),
-    tool calls as ``{id, type, function: {name, arguments}}``, ``tool_call_id``."""
-    content = m.get("content")
-    if isinstance(content, list):
-        parts = [{"type": "text", "text": p["text"]} if p.get("type", "text") == "text" and "text" in p else p
-                 for p in content]
-        content = parts[0]["text"] if len(parts) == 1 and parts[0].get("type") == "text" else parts
-    out = {"role": m["role"], "content": content if content != "" else None}
-    if m.get("tool_calls"):
-        out["tool_calls"] = [{"id": c["id"], "type": "function",
-                              "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
-                             for c in m["tool_calls"]]
-    if m.get("tool_call_id"):
-        out["tool_call_id"] = m["tool_call_id"]
-    return out
 
 
 def convert(name: str, tmp_path: Path, **config) -> list[dict]:
