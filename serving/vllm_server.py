@@ -59,11 +59,12 @@ class VLLMSettings:
     api_key: str = ""
     kv_cache_gb: float = 2.0
     threads_bind: str = "auto"
+    https: bool = False  # TLS flags go in extra_args; the health probe then speaks https
     extra_args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.https else 'http'}://{self.host}:{self.port}"
 
 
 def find_vllm_python(explicit: str | None = None) -> Path:
@@ -159,7 +160,8 @@ class VLLMProcess:
                                    + (f"; its log ({self.log_path}) ends with:\n{self.log_tail()}" if self.log_path
                                       else " (its output is above)"))
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                # loopback probe of our own child: a self-signed certificate is fine here
+                if httpx.get(f"{self.url}/health", timeout=2.0, verify=False).status_code == 200:
                     return True
             if cancel is not None and cancel.wait(0.5):
                 return False

@@ -153,7 +153,7 @@ def run_vllm(cfg: ServeConfig) -> int:
                             max_lora_rank=cfg.max_lora_rank, lora_updating=cfg.lora_updating, dev_mode=cfg.dev_mode,
                             max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.enable_prefix_caching,
                             seed=cfg.seed, api_key=cfg.api_key, kv_cache_gb=cfg.kv_cache_gb,
-                            threads_bind=cfg.threads_bind, extra_args=extra)
+                            threads_bind=cfg.threads_bind, https=bool(cfg.tls_cert), extra_args=extra)
     stop = stop_requested()  # before vLLM starts: a Ctrl-C while it loads must stop it too
     proc = VLLMProcess(settings, python=python)
     try:
