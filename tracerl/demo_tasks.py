@@ -1,9 +1,9 @@
 """The two tasks of ``tracerl demo``: what the agent is, what it is asked, and how it is evaluated.
 
-* ``letters`` (the default and the CI smoke test): a tiny random model learns to reply with a
+* ``letters`` (``--tiny``, the CI smoke test): a tiny random model learns to reply with a
   letter (examples/demo/agent.py); every round asks every letter; the evaluation is one more
   batch of the same tasks.
-* ``sql`` (``--real``): SmolLM2-135M-Instruct learns text-to-SQL over a generated SQLite
+* ``sql`` (the default): SmolLM2-135M-Instruct learns text-to-SQL over a generated SQLite
   database (examples/demo/sql_agent.py, a writer and a rewriter that sees the execution result).
   Each round asks the next few questions of the training split; the held-out split (questions
   never trained on, every template represented) is evaluated before the first round and after

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks_mod.build_db(db)
     split = tasks_mod.questions(db)
     train = list(split["train"])
-    random.Random(0).shuffle(train)  # rounds mix the templates (as tracerl demo --real does)
+    random.Random(0).shuffle(train)  # rounds mix the templates (as tracerl demo does)
     heldout = tasks_mod.with_seeds(split["heldout"], args.heldout_samples) if args.heldout_samples else []
     batch = args.questions * args.samples
     concurrency = args.concurrency or batch
