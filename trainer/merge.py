@@ -8,10 +8,10 @@ what the engine reads. The merge is peft's ``merge_and_unload`` (W + scale * B @
 module), saved in fp32 inside the checkpoint it came from, with the checkpoint writer's guarantees
 (a temp directory fsynced and renamed into place). Not bf16: after one Adam step at lr 1e-3 an
 entry of SmolLM2's LoRA update is about 1e-4 to 1e-3, the size of half a bf16 step of a weight
-near 0.05 (8 bits of mantissa), so a bf16 merge serves a coarsely rounded policy; the demo's run
-served in bf16 learned less (held-out success 0.042 -> 0.150 in 8 rounds) than its run served in
-fp32 (0.042 -> 0.242; one run each, training threads differed too). An engine serving bf16 rounds
-the weights anyway; one serving fp32 (the demo's) serves the policy trained.
+near 0.05 (8 bits of mantissa), so a bf16 merge serves a coarsely rounded policy. (Measured on the
+demo, this did not show beyond run-to-run noise: served in bf16, held-out success went 0.042 ->
+0.150; in fp32, 0.042 -> 0.242 and 0.042 -> 0.158.) An engine serving bf16 rounds the weights
+anyway; one serving fp32 (the demo's) serves the policy trained.
 """
 
 from __future__ import annotations
