@@ -64,12 +64,16 @@ def add_rollout(store: Path, rollout_id: str = XSS_ROLLOUT, task_id: str = XSS_T
 
 def ensure_hostile_rollout(store: Path) -> None:
     """Add the hostile rollout once per store (the modules share the session's store)."""
+    if not store_sql(store, "SELECT count(*) FROM transitions WHERE rollout_id = ?", [XSS_ROLLOUT])[0][0]:
+        add_rollout(store)
+
+
+def store_sql(store: Path, query: str, params: list | None = None) -> list[tuple]:
+    """Rows of a query over the store, through the same read-only connection the viewer uses."""
     from schemas.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
-        n = con.execute("SELECT count(*) FROM transitions WHERE rollout_id = ?", [XSS_ROLLOUT]).fetchone()[0]
+        return con.execute(query, params or []).fetchall()
     finally:
         con.close()
-    if not n:
-        add_rollout(store)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 from tracerl_testing import BIN
-from ui_testing import XSS_PROMPT, XSS_ROLLOUT, XSS_TASK, ensure_hostile_rollout
+from ui_testing import XSS_PROMPT, XSS_ROLLOUT, XSS_TASK, ensure_hostile_rollout, store_sql
 
 from schemas.views import connect_readonly
 from ui.app import COOKIE, UiConfig, make_app
@@ -34,14 +34,6 @@ def client(store: Path) -> TestClient:
     return TestClient(make_app(UiConfig(store=str(store))), follow_redirects=False)
 
 
-def _sql(store: Path, query: str, params: list | None = None) -> list[tuple]:
-    con = connect_readonly(str(store))
-    try:
-        return con.execute(query, params or []).fetchall()
-    finally:
-        con.close()
-
-
 def _files(store: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(store)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in store.rglob("*") if p.is_file()}
@@ -49,8 +41,8 @@ def _files(store: Path) -> dict[str, tuple[int, int]]:
 
 def test_every_page_answers_from_the_store_and_never_writes_to_it(client, store):
     before = _files(store)
-    rid = _sql(store, "SELECT rollout_id FROM rollouts WHERE policy_version = 1 LIMIT 1")[0][0]
-    task = _sql(store, "SELECT task_id FROM rollouts WHERE rollout_id = ?", [rid])[0][0]
+    rid = store_sql(store, "SELECT rollout_id FROM rollouts WHERE policy_version = 1 LIMIT 1")[0][0]
+    task = store_sql(store, "SELECT task_id FROM rollouts WHERE rollout_id = ?", [rid])[0][0]
     pages = {"/rounds": "policy@0", "/rollouts": rid, f"/rollouts/{urllib.parse.quote(rid)}": "tracerl.gateway policy",
              f"/tasks/{task}": rid, "/doctor": "Quarantined records"}
     for path, needle in pages.items():
@@ -59,7 +51,7 @@ def test_every_page_answers_from_the_store_and_never_writes_to_it(client, store)
         assert needle in r.text, path
         assert "script-src 'self'" in r.headers["content-security-policy"]
         assert r.headers["x-content-type-options"] == "nosniff"
-    total = _sql(store, "SELECT count(*) FROM rollouts")[0][0]
+    total = store_sql(store, "SELECT count(*) FROM rollouts")[0][0]
     assert re.search(rf'<b id="total">{total}</b>', client.get("/rollouts").text)
     assert client.get("/").headers["location"] == "/rounds"
     assert _files(store) == before  # nothing written, renamed or touched

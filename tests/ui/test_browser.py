@@ -20,9 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ui_testing import XSS_PROMPT, XSS_REPLY, XSS_TASK, add_rollout, ensure_hostile_rollout
+from ui_testing import XSS_PROMPT, XSS_REPLY, XSS_TASK, add_rollout, ensure_hostile_rollout, store_sql
 
-from schemas.views import connect_readonly
 from ui.app import UiConfig, serve
 from ui.colors import ADVANTAGE_SCALE, LOGPROB_SCALE, advantage_bucket, logprob_bucket
 
@@ -32,14 +31,6 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 def _rgb(hex_colour: str) -> str:
     h = hex_colour.lstrip("#")
     return "rgba({}, {}, {}, 1)".format(*(int(h[i:i + 2], 16) for i in (0, 2, 4)))  # as Selenium reports it
-
-
-def _sql(store: Path, query: str, params: list | None = None) -> list[tuple]:
-    con = connect_readonly(str(store))
-    try:
-        return con.execute(query, params or []).fetchall()
-    finally:
-        con.close()
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +88,10 @@ def shot(driver, name: str) -> None:
 def _trained_rollout(store: Path) -> tuple[str, float]:
     """A rollout round 0 trained on, and the grpo advantage its group of two gives it: ±1/√2."""
     sel = json.loads((store / "checkpoints" / "round-000000.json").read_text())
-    rid, task, reward = _sql(store, """SELECT rollout_id, task_id, reward FROM rollouts WHERE rollout_id IN
+    rid, task, reward = store_sql(store, """SELECT rollout_id, task_id, reward FROM rollouts WHERE rollout_id IN
         (SELECT rollout_id FROM transitions WHERE transition_id IN (SELECT unnest(?::VARCHAR[])))
         ORDER BY rollout_id LIMIT 1""", [sel["transition_ids"]])[0]
-    other = _sql(store, "SELECT reward FROM rollouts WHERE task_id = ? AND coalesce(policy_version, 0) = 0 "
+    other = store_sql(store, "SELECT reward FROM rollouts WHERE task_id = ? AND coalesce(policy_version, 0) = 0 "
                         "AND rollout_id <> ?", [task, rid])
     assert len(other) == 1 and other[0][0] != reward  # a group of two with a spread: why it was trained on
     return rid, math.copysign(1 / math.sqrt(2), reward - other[0][0])
@@ -125,7 +116,7 @@ def test_rounds_to_rollout_to_call_tokens_coloured_by_logprob_then_by_advantage(
     target = d.execute_script("return document.querySelector(':target').id")
     assert target.startswith("call-") and d.current_url.endswith("#" + target)
     tid = target.removeprefix("call-")
-    ids, logprobs = _sql(real_store, "SELECT response_token_ids, response_logprobs FROM transitions "
+    ids, logprobs = store_sql(real_store, "SELECT response_token_ids, response_logprobs FROM transitions "
                                      "WHERE transition_id = ?", [tid])[0]
     tokens = d.find_elements(By.CSS_SELECTOR, f"#{target} .tokens .tok")
     assert len(tokens) == len(ids) > 0
@@ -145,8 +136,8 @@ def test_rounds_to_rollout_to_call_tokens_coloured_by_logprob_then_by_advantage(
     shot(d, "rollout-advantage")
 
     d.find_element(By.CSS_SELECTOR, ".crumbs a.task-link").click()  # the task's group
-    task = _sql(real_store, "SELECT task_id FROM rollouts WHERE rollout_id = ?", [rid])[0][0]
-    n = _sql(real_store, "SELECT count(*) FROM rollouts WHERE task_id = ?", [task])[0][0]
+    task = store_sql(real_store, "SELECT task_id FROM rollouts WHERE rollout_id = ?", [rid])[0][0]
+    n = store_sql(real_store, "SELECT count(*) FROM rollouts WHERE task_id = ?", [task])[0][0]
     assert len(d.find_elements(By.CSS_SELECTOR, ".card")) == n
     v0 = {c.find_element(By.CSS_SELECTOR, ".rollout-link").text: c.find_element(By.CSS_SELECTOR, ".advantage").text
           for c in d.find_elements(By.CSS_SELECTOR, "#version-0 .card")}
