@@ -9,9 +9,6 @@ so a failing test leaves no engine core or worker behind.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +18,7 @@ import httpx
 from tracerl_testing import BIN, free_port
 
 from serving.vllm_venv import DEFAULT_DIR, build
+from tracerl.demo import Child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,11 +31,14 @@ def vllm_python() -> Path:
 @dataclass
 class VLLM:
     url: str
-    proc: subprocess.Popen
-    log: Path
+    child: Child
+
+    @property
+    def log(self) -> Path:
+        return self.child.log_path
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.child.proc.poll() is None
 
     def healthy(self) -> bool:
         try:
@@ -46,31 +47,23 @@ class VLLM:
             return False
 
     def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        return self.child.log_tail(n)
 
 
 @contextlib.contextmanager
 def running_vllm(model: Path, log: Path, *args: str, timeout_s: float = 600) -> Iterator[VLLM]:
-    """``tracerl serve --engine vllm --model MODEL ARGS`` on a free port, healthy, stopped on exit."""
+    """``tracerl serve --engine vllm --model MODEL ARGS`` on a free port, healthy, stopped on exit (its
+    whole process group, as the demo stops its servers)."""
     port = free_port()
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([str(BIN / "tracerl"), "serve", "--engine", "vllm", "--model", str(model),
-                                 "--listen", f"127.0.0.1:{port}", "--vllm-python", str(vllm_python()), *args],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    server = VLLM(f"http://127.0.0.1:{port}", proc, log)
+    child = Child("serve", [str(BIN / "tracerl"), "serve", "--engine", "vllm", "--model", str(model), "--listen",
+                            f"127.0.0.1:{port}", "--vllm-python", str(vllm_python()), *args], log)
+    server = VLLM(f"http://127.0.0.1:{port}", child)
     try:
         deadline = time.monotonic() + timeout_s
         while not server.healthy():
-            assert server.alive(), f"vLLM exited {proc.returncode}:\n{server.tail()}"
+            assert server.alive(), f"vLLM exited {child.proc.returncode}:\n{server.tail()}"
             assert time.monotonic() < deadline, f"vLLM not healthy in {timeout_s}s:\n{server.tail()}"
             time.sleep(0.5)
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        child.stop(grace_s=30)
