@@ -10,6 +10,7 @@ import traceback
 
 from tracerl import __version__
 from tracerl.options import UsageError
+from tracerl.signals import was_interrupted
 
 # name -> (module, one-line help). Modules are imported only when their command runs, so
 # `tracerl sql` never pays for torch.
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the CLI boundary: name the cause, keep the traceback opt-in
+        if was_interrupted():  # Ctrl-C surfaced through a native library's own error type
+            return 130
         if os.environ.get("TRACERL_DEBUG"):
             traceback.print_exc()
         print(f"tracerl {name}: error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -31,13 +31,27 @@ def wait_for_stop(stop: threading.Event | None = None) -> None:
     (stop or stop_requested()).wait()
 
 
+_interrupted = threading.Event()
+
+
+def was_interrupted() -> bool:
+    """Whether a signal raised KeyboardInterrupt inside ``interrupt_on_signals`` in this process.
+
+    The CLI asks this about any exception that ends a command: a KeyboardInterrupt raised while a
+    native library was calling back into Python (DuckDB reading an Arrow table, for one) comes out
+    wrapped in that library's own error, yet the command stopped because it was asked to."""
+    return _interrupted.is_set()
+
+
 @contextlib.contextmanager
 def interrupt_on_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while inside, even where SIGINT
     was inherited as ignored, so a driver unwinds and stops everything it started."""
     def handler(*_: Any) -> None:
+        _interrupted.set()
         raise KeyboardInterrupt
 
+    _interrupted.clear()
     try:
         old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread (tests calling a driver from a thread)

@@ -152,6 +152,7 @@ def test_demo_starts_on_free_ports_it_prints_and_ctrl_c_stops_every_process(tmp_
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            seen.append(proc.stdout.read())  # what it said while stopping: the failure's cause, if any
     assert proc.returncode == 130, "".join(seen)
     assert len(ports) == 4 and not set(ports) & set(LEGACY_PORTS), "".join(seen)
     assert all(_port_closed(p) for p in ports)
