@@ -24,7 +24,8 @@ import torch
 from serving.tiny_model import build_tiny_model
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainSettings
-from trainer.dataset import Sample, assign_weights, make_batches, make_padded_batches, sequence_logprobs
+from trainer.dataset import Sample, assign_weights
+from trainer.packing import make_batches, make_padded_batches, sequence_logprobs
 
 
 def skewed_samples(n: int, vocab: int, long_len: int, seed: int) -> list[Sample]:

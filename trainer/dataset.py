@@ -1,6 +1,6 @@
-"""Transitions (Parquet) -> token sequences -> packed training batches.
+"""Transitions (Parquet) -> token sequences (``Sample``), which ``trainer.packing`` batches.
 
-Three steps, each a function with its counts in ``DatasetStats`` so the round metrics say exactly
+Two steps, each a function with its counts in ``DatasetStats`` so the round metrics say exactly
 what was used, retokenized, truncated or dropped:
 
 1. ``load_transitions``: one DuckDB query over the store picks the calls of the requested policy
@@ -13,24 +13,16 @@ what was used, retokenized, truncated or dropped:
    its *last* ``max_prompt_tokens`` tokens (the most recent context), the response its *first*
    ``max_response_tokens``; both are counted. Each sample gets its rollout's advantage and a
    loss weight (see ``trainer.advantages``).
-3. ``pack_samples`` / ``collate``: samples are packed first-fit-decreasing into rows of at most
-   ``pack_tokens`` tokens. ``position_ids`` restart at 0 for every sample and an explicit
-   block-diagonal causal 4D mask keeps attention inside each sample. transformers 5.23 infers
-   packing from ``position_ids`` only when no mask is given *and* no KV cache is active (with the
-   default ``use_cache=True`` the samples see each other), so the trainer never relies on that:
-   the mask is explicit, in the form the attention kernel expects (``model_attention_mask``).
-   ``tests/trainer/test_dataset.py`` checks packed logprobs equal per-sample ones.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import torch
 
 from trainer.advantages import RolloutReward, per_rollout_token_weights, rollout_advantages
 
@@ -103,37 +95,6 @@ class Sample:
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
-
-
-@dataclass
-class Batch:
-    """One micro-batch. Per-token tensors are ``[rows, L-1]``, aligned with ``input_ids[:, 1:]``."""
-
-    input_ids: torch.Tensor  # [R, L] long
-    position_ids: torch.Tensor  # [R, L] long, restart at 0 per sample
-    attention_mask: torch.Tensor  # [R, 1, L, L] bool, block-diagonal causal
-    advantages: torch.Tensor  # [R, L-1] float
-    weights: torch.Tensor  # [R, L-1] float, 0 on prompt/padding
-    rollout_logprobs: torch.Tensor  # [R, L-1] float, 0 where unknown
-    has_rollout_logprobs: torch.Tensor  # [R, L-1] bool
-    n_samples: int = 0
-    n_tokens: int = 0  # real (non-padding) tokens
-    sample_spans: list[list[tuple[int, int]]] = field(default_factory=list)  # per row: (start, end)
-
-    def to(self, device: torch.device | str) -> Batch:
-        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
-        return Batch(**moved)
-
-    def state(self) -> dict[str, Any]:
-        """Plain tensors and lists for ``torch.save`` (loadable with ``weights_only=True``), without the
-        ``[R, 1, L, L]`` mask: it is L² per row (256 MiB at 16k tokens) and follows from ``sample_spans``."""
-        return {k: v for k, v in self.__dict__.items() if k != "attention_mask"}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Batch:
-        spans = [[tuple(span) for span in row] for row in state["sample_spans"]]
-        mask = block_causal_mask(spans, state["input_ids"].shape[1])
-        return cls(**{**state, "sample_spans": spans, "attention_mask": mask})
 
 
 def load_transitions(
@@ -270,119 +231,3 @@ def assign_weights(samples: Sequence[Sample], aggregation: str) -> None:
         raise ValueError(f"unknown aggregation {aggregation!r}; must be one of rollout, token, sequence")
     for s, w in zip(samples, ws, strict=True):
         s.weight = w
-
-
-def pack_samples(samples: Sequence[Sample], pack_tokens: int) -> list[list[Sample]]:
-    """First-fit-decreasing bin packing of samples into rows of at most ``pack_tokens`` tokens."""
-    rows: list[list[Sample]] = []
-    room: list[int] = []
-    for s in sorted(samples, key=lambda s: s.length, reverse=True):
-        if s.length > pack_tokens:
-            raise ValueError(
-                f"sample {s.transition_id} has {s.length} tokens, more than pack_tokens={pack_tokens}; "
-                "raise --pack-tokens or lower --max-prompt-tokens/--max-response-tokens"
-            )
-        for i, free in enumerate(room):
-            if s.length <= free:
-                rows[i].append(s)
-                room[i] -= s.length
-                break
-        else:
-            rows.append([s])
-            room.append(pack_tokens - s.length)
-    return rows
-
-
-def collate(rows: Sequence[Sequence[Sample]], pad_id: int = 0, pad_to: int | None = None) -> Batch:
-    """Tensors for one micro-batch of rows; a row holds one sample (padded) or several (packed)."""
-    length = max(sum(s.length for s in row) for row in rows)
-    length = max(length, pad_to or 0)
-    n_rows = len(rows)
-    input_ids = torch.full((n_rows, length), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((n_rows, length), dtype=torch.long)
-    adv = torch.zeros((n_rows, length))
-    weights = torch.zeros((n_rows, length))
-    rlp = torch.zeros((n_rows, length))
-    has_rlp = torch.zeros((n_rows, length), dtype=torch.bool)
-    spans: list[list[tuple[int, int]]] = []
-    for i, row in enumerate(rows):
-        pos, row_spans = 0, []
-        for s in row:
-            p, n = len(s.prompt_ids), len(s.response_ids)
-            end = pos + p + n
-            input_ids[i, pos:end] = torch.tensor(s.prompt_ids + s.response_ids)
-            position_ids[i, pos:end] = torch.arange(p + n)
-            resp = slice(pos + p, end)
-            adv[i, resp] = s.advantage
-            weights[i, resp] = s.weight
-            if s.rollout_logprobs is not None:
-                rlp[i, resp] = torch.tensor(s.rollout_logprobs)
-                has_rlp[i, resp] = True
-            row_spans.append((pos, end))
-            pos = end
-        spans.append(row_spans)
-    return Batch(
-        input_ids=input_ids, position_ids=position_ids, attention_mask=block_causal_mask(spans, length),
-        advantages=adv[:, 1:], weights=weights[:, 1:], rollout_logprobs=rlp[:, 1:],
-        has_rollout_logprobs=has_rlp[:, 1:], n_samples=sum(len(r) for r in rows),
-        n_tokens=sum(s.length for r in rows for s in r), sample_spans=spans,
-    )
-
-
-def block_causal_mask(sample_spans: Sequence[Sequence[tuple[int, int]]], length: int) -> torch.Tensor:
-    """``[R, 1, L, L]`` bool: causal attention inside each ``(start, end)`` span of a row, none across."""
-    segment = torch.full((len(sample_spans), length), -1, dtype=torch.long)
-    for i, spans in enumerate(sample_spans):
-        for j, (start, end) in enumerate(spans):
-            segment[i, start:end] = j
-    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
-    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
-    eye = torch.eye(length, dtype=torch.bool)  # padding attends to itself only (no all-masked rows)
-    return ((same & causal) | eye)[:, None]
-
-
-def make_batches(samples: Sequence[Sample], pack_tokens: int, pad_id: int = 0) -> list[Batch]:
-    """Packed micro-batches: one row of up to ``pack_tokens`` tokens each."""
-    return [collate([row], pad_id) for row in pack_samples(samples, pack_tokens)]
-
-
-def make_padded_batches(samples: Sequence[Sample], rows_per_batch: int, pad_id: int = 0) -> list[Batch]:
-    """The unpacked baseline: ``rows_per_batch`` samples per micro-batch, each padded to the longest."""
-    ordered = list(samples)
-    return [collate([[s] for s in ordered[i:i + rows_per_batch]], pad_id)
-            for i in range(0, len(ordered), rows_per_batch)]
-
-
-def model_attention_mask(model: Any, batch: Batch) -> torch.Tensor | None:
-    """The block-diagonal mask in the form the model's attention implementation expects.
-
-    transformers passes a 4D mask straight to the kernel: sdpa wants bool (True = attend), eager
-    *adds* the mask to the scores, so it needs 0 / -inf-like floats (a bool mask there is silently
-    wrong). flash-attention finds sample boundaries from ``position_ids`` itself (varlen) and gets
-    no mask.
-    """
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
-    if impl.startswith("flash_attention"):
-        return None
-    if impl == "eager":
-        dtype = next(model.parameters()).dtype
-        zeros = torch.zeros(batch.attention_mask.shape, dtype=dtype, device=batch.attention_mask.device)
-        return zeros.masked_fill(~batch.attention_mask, torch.finfo(dtype).min)
-    if impl == "sdpa":
-        return batch.attention_mask
-    raise ValueError(f"attention implementation {impl!r} is not supported for packed training; "
-                     "load the model with attn_implementation='sdpa', 'eager' or 'flash_attention_2'")
-
-
-def sequence_logprobs(model: Any, batch: Batch) -> torch.Tensor:
-    """Log-probability of every next token, ``[R, L-1]``, under ``model`` with the packing mask."""
-    if all(len(spans) <= 1 for spans in batch.sample_spans):
-        # one right-padded sample per row: default positions and the causal mask are exact, and with
-        # no position_ids transformers does not mistake the padding for packed sequences
-        logits = model(input_ids=batch.input_ids, use_cache=False).logits
-    else:
-        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                       attention_mask=model_attention_mask(model, batch), use_cache=False).logits
-    logits = logits[:, :-1].float()
-    targets = batch.input_ids[:, 1:]
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

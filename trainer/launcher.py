@@ -51,7 +51,7 @@ from serving.workers import die_with_parent
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import pick_device
 from trainer.config import TrainSettings
-from trainer.dataset import Batch
+from trainer.packing import Batch
 
 JOB, BATCHES, OUT, RESULT = "job.json", "batches.pt", "out", "result.json"
 STEP_PREFIX = "@@tracerl-step "

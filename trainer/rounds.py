@@ -53,8 +53,9 @@ from trainer.checkpoint import (
     write_json_atomic,
 )
 from trainer.config import TrainSettings
-from trainer.dataset import Batch, DatasetConfig, DatasetStats, build_samples, load_transitions, make_batches
+from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions
 from trainer.merge import served_weights
+from trainer.packing import Batch, make_batches
 
 DONE = ("trained", "published")
 
@@ -270,7 +271,9 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
         else:
             nproc = settings.nproc
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-            batches = make_batches(samples, settings.pack_tokens, pad_id)
+            # OpenRLHF's model takes one sample per row: a shared prefix is the torch backend's alone
+            batches = make_batches(samples, settings.pack_tokens, pad_id,
+                                   share_prefix=settings.share_prefix and settings.backend == "torch")
             ranks = f" in {nproc} ranks" if nproc > 1 else " in 1 rank" if settings.backend == "openrlhf" else ""
             log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
                 f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))

@@ -26,8 +26,8 @@ import torch
 from trainer.backends.base import TrainMetrics
 from trainer.checkpoint import write_json_atomic
 from trainer.config import TrainSettings
-from trainer.dataset import Batch
 from trainer.launcher import BATCHES, JOB, OUT, RESULT, STEP_PREFIX, die_with_parent
+from trainer.packing import Batch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from schemas.views import connect_readonly
-from trainer.dataset import (
-    DatasetConfig,
-    build_samples,
-    collate,
-    load_transitions,
-    make_batches,
-    make_padded_batches,
-    pack_samples,
-    sequence_logprobs,
-)
+from trainer.dataset import DatasetConfig, build_samples, load_transitions
 
 
 def _ids(n: int, start: int = 10) -> list[int]:
@@ -107,63 +97,6 @@ def test_zero_variance_groups_are_dropped_and_counted(tmp_path, make_row, write_
     table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig())
     assert samples == [] and stats.n_groups_zero_variance == 1 and stats.n_rollouts_zero_variance == 3
-
-
-def _samples(lengths, tokenizer):
-    from trainer.dataset import Sample, assign_weights
-
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i, (p, r) in enumerate(lengths):
-        ids = torch.randint(3, len(tokenizer), (p + r,), generator=g).tolist()
-        out.append(Sample(f"t{i}", f"r{i}", ids[:p], ids[p:], None, advantage=float(i % 3 - 1)))
-    assign_weights(out, "token")
-    return out
-
-
-def test_packing_fills_rows_without_exceeding_capacity(tokenizer):
-    samples = _samples([(5, 3), (20, 10), (2, 2), (7, 7), (30, 2)], tokenizer)
-    rows = pack_samples(samples, pack_tokens=32)
-    assert all(sum(s.length for s in row) <= 32 for row in rows)
-    assert sorted(s.transition_id for row in rows for s in row) == sorted(s.transition_id for s in samples)
-    assert len(rows) == 3  # 32 | 30+2 | 14+8+4 = 26 ... first-fit decreasing
-    with pytest.raises(ValueError, match="raise --pack-tokens"):
-        pack_samples(samples, pack_tokens=16)
-
-
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_packed_logprobs_equal_unpacked_logprobs(tiny_model_dir, tokenizer, attn):
-    """No attention leaks across packed samples: each sample scores as if it were alone."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=attn).eval()
-    samples = _samples([(6, 4), (3, 9), (11, 2)], tokenizer)
-    packed = collate([samples], pad_id=tokenizer.pad_token_id, pad_to=40)  # with trailing padding
-    with torch.no_grad():
-        lp_packed = sequence_logprobs(model, packed)
-        for (start, end), s in zip(packed.sample_spans[0], samples, strict=True):
-            alone = collate([[s]])
-            lp_alone = sequence_logprobs(model, alone)[0]
-            torch.testing.assert_close(lp_packed[0, start:end - 1], lp_alone, rtol=1e-4, atol=1e-5)
-        # the weights sit on response tokens only and survive packing unchanged
-        assert packed.weights.sum().item() == pytest.approx(sum(s.weight * len(s.response_ids) for s in samples))
-        # without the block-diagonal mask (position_ids only, cache on: transformers then does not look for
-        # packed sequences) the later samples *would* see the earlier ones
-        leaky = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=True).logits
-        s0_end = packed.sample_spans[0][0][1]
-        alone1 = model(input_ids=collate([[samples[1]]]).input_ids).logits[0]
-        assert not torch.allclose(leaky[0, s0_end:s0_end + samples[1].length], alone1, atol=1e-3)
-
-
-def test_padded_batches_give_the_same_logprobs_as_packed(tiny_model_dir, tokenizer):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    samples = _samples([(6, 4), (3, 9), (11, 2), (2, 2)], tokenizer)
-    with torch.no_grad():
-        def weighted(batches):
-            return sum((sequence_logprobs(model, b) * b.weights).sum().item() for b in batches)
-        assert weighted(make_batches(samples, 32)) == pytest.approx(weighted(make_padded_batches(samples, 3)), rel=1e-5)
 
 
 def test_retokenized_rows_render_tools_with_the_chat_template(tmp_path, make_row, write_rows, tokenizer):

@@ -18,8 +18,9 @@ import torch
 
 from schemas.store import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
-from trainer.dataset import Batch, Sample, assign_weights, make_batches
+from trainer.dataset import Sample, assign_weights
 from trainer.distributed import step_plan
+from trainer.packing import Batch, make_batches
 from trainer.rounds import TrainError, read_rounds, run_once, selection_path
 
 REPO = Path(__file__).resolve().parents[2]

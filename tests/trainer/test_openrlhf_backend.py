@@ -17,8 +17,9 @@ import torch
 
 from schemas.store import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
-from trainer.dataset import Sample, assign_weights, make_batches, sequence_logprobs
+from trainer.dataset import Sample, assign_weights
 from trainer.loss import LossConfig, policy_loss
+from trainer.packing import make_batches, sequence_logprobs
 from trainer.rounds import run_once
 
 _missing = [m for m in ("openrlhf", "deepspeed", "torchdata") if importlib.util.find_spec(m) is None]
@@ -38,6 +39,9 @@ FAST = {
     "max_response_tokens": 16,
     "steps_per_epoch": 2,
     "kl_coef": 0.05,
+    # the same micro-batches in both backends (OpenRLHF takes one sample per row): with 2 steps a
+    # round, which samples share a step follows the batching
+    "share_prefix": False,
 }
 
 

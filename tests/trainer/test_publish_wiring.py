@@ -67,7 +67,8 @@ def test_serving_logprobs_line_up_with_the_trainers(server, tiny_model_dir, toke
     ids (ratio 1 on-policy), or the correction would silently reweight every token."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.dataset import Sample, collate, sequence_logprobs
+    from trainer.dataset import Sample
+    from trainer.packing import collate, sequence_logprobs
 
     body = {"model": "policy", "messages": [{"role": "user", "content": "task 1: pick a token"}], "n": 3,
             "max_tokens": 6, "temperature": 1.0, "seed": 7, "logprobs": True, "return_token_ids": True}

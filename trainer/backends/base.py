@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.dataset import Batch
+from trainer.packing import Batch
 
 
 @dataclass

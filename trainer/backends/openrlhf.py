@@ -47,8 +47,8 @@ from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
 from trainer.backends.torch_backend import OPTIMIZER_FILE
 from trainer.config import TrainSettings
-from trainer.dataset import Batch
 from trainer.distributed import finish_metrics, rank_world, step_plan
+from trainer.packing import Batch
 
 
 def import_openrlhf() -> Any:
@@ -91,6 +91,8 @@ class OpenRLHFBatch:
 
 def openrlhf_batch(batch: Batch, pad_id: int = 0) -> OpenRLHFBatch:
     """Unpack a packed ``Batch`` into one row per sample in OpenRLHF's left/right-padded layout."""
+    if batch.shares_prefixes:
+        raise ValueError("OpenRLHF trains one sample per row: build its batches without share_prefix")
     pieces = []
     for i, spans in enumerate(batch.sample_spans):
         for start, end in spans:

@@ -25,9 +25,9 @@ import torch
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
 from trainer.config import TrainSettings
-from trainer.dataset import Batch, sequence_logprobs
 from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import LossConfig, policy_loss
+from trainer.packing import Batch, sequence_logprobs
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -105,14 +105,14 @@ class TorchBackend:
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
         with self._autocast():
             if self.ref_model is not None:
-                return sequence_logprobs(self.ref_model, batch)
+                return sequence_logprobs(self.ref_model, batch, batch.weights > 0)
             with self.model.disable_adapter():
-                return sequence_logprobs(self.model, batch)
+                return sequence_logprobs(self.model, batch, batch.weights > 0)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: Batch) -> torch.Tensor:
         with self._autocast():
-            return sequence_logprobs(self.model, batch)
+            return sequence_logprobs(self.model, batch, batch.weights > 0)
 
     def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
         """Every rank gets all of the round's ``batches`` and trains its share of each step (one rank:
@@ -139,7 +139,7 @@ class TorchBackend:
                 for i in step:
                     b = local[i]
                     with self._autocast():
-                        lp = sequence_logprobs(self.model, b)
+                        lp = sequence_logprobs(self.model, b, b.weights > 0)
                     old_lp = old[i] if old is not None else lp.detach()
                     rollout = None
                     if b.has_rollout_logprobs.any():
