@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from span_to_transition.agents import CallAgents, compile_agents, is_trainable
+from span_to_transition.chat_messages import message
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
-from span_to_transition.dialects import classify, message, parse_call, parse_semconv, tool_calls_from_spans
+from span_to_transition.dialects.openllmetry import tool_calls_from_spans
+from span_to_transition.dialects.registry import classify, parse_call
+from span_to_transition.dialects.semconv import parse_semconv
 from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
 from span_to_transition.rewards import in_band_rewards, rollout_reward
 from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens, tokens_from
