@@ -472,7 +472,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
           logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
-    from tracerl.rollout import Driver, load_reward_fn, parse_tasks, run_rollouts, summarize
+    from rollout.driver import Driver, load_reward_fn, parse_tasks, run_rollouts, summarize
 
     serve_port, gateway_port, grpc_port, http_port = ports
     tracerl_bin = str(BIN / "tracerl")
