@@ -399,7 +399,7 @@ def _model(cfg: DemoConfig, workdir: Path) -> Path:
     if (model / "config.json").exists():
         _say(f"reusing tiny model {model}")
         return model
-    from serving.tiny_model import build_tiny_model
+    from serving.models.tiny_model import build_tiny_model
 
     t = time.perf_counter()
     if model.exists():
