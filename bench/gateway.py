@@ -70,12 +70,12 @@ def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
 
 def run(calls: int, model_dir: str | None) -> dict[str, float]:
     from _shared import ScriptedUpstream
+    from scripted_server import Server  # (tests/, put on the path by _shared)
 
-    from serving.gateway import Gateway, GatewayConfig
-    from serving.httpserver import Server
+    from serving.gateway.proxy import Gateway, GatewayConfig
 
     if model_dir:
-        from serving.server import EmbeddedServer
+        from serving.embedded.server import EmbeddedServer
 
         upstream: Any = EmbeddedServer.start(model_dir)
     else:
@@ -178,7 +178,10 @@ def serve_process(args: argparse.Namespace) -> int:
         server = streaming_upstream(args.tokens, args.token_ms).start_background()
         provider = exporter = None
     else:
-        from serving.gateway import Gateway, GatewayConfig
+        try:
+            from serving.gateway.proxy import Gateway, GatewayConfig
+        except ModuleNotFoundError:  # a checkout from before serving/ was split by job
+            from serving.gateway import Gateway, GatewayConfig
 
         if os.environ.get("BENCH_GATEWAY_ROOT"):  # an older checkout's gateway: one process
             provider, exporter = recording_provider()
@@ -188,7 +191,7 @@ def serve_process(args: argparse.Namespace) -> int:
                 config = GatewayConfig(upstreams=[args.upstream])
             server = Gateway(("127.0.0.1", 0), config, provider).start_background()
         else:  # this tree's, run as `tracerl gateway --workers N` runs it
-            from serving.workers import calm_gc, fork_workers
+            from serving.gateway.workers import calm_gc, fork_workers
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
             provider, exporter = recording_provider()  # after the fork: each process exports its own

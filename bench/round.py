@@ -611,7 +611,7 @@ def main() -> None:
     if not engines or any(e not in ENGINES for e in engines):
         p.error(f"--engines {a.engines!r}: name one or more of {', '.join(ENGINES)}")
     if a.model == DEFAULT_MODEL:
-        from serving.pretrained import build_pretrained
+        from serving.models.pretrained import build_pretrained
 
         build_pretrained("smollm2-135m-instruct", DEFAULT_MODEL)
     r = run(a.model, a.letters, a.samples, a.max_tokens, a.lora_rank, a.threads, a.max_num_seqs,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from serving.tiny_model import build_tiny_model
+from serving.models.tiny_model import build_tiny_model
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainSettings
 from trainer.dataset import Sample, assign_weights

@@ -1,6 +1,6 @@
 """OpenAI chat messages, the one shape every dialect parses into: the helpers all parsers build with.
 
-Every dialect (``dialects.py``, and the span-event reader through it) builds its messages, tool calls, finish
+Every dialect (``dialects/``, and the span-event reader through it) builds its messages, tool calls, finish
 reasons and the ``LLMCall`` itself with these functions, so the same call recorded by any instrumentation
 compares equal field for field. Also the semconv parts format (``messages_from_parts``), which the semconv
 attributes, the details log event and Strands' span events share.

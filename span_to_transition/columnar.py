@@ -17,15 +17,14 @@ import pyarrow.compute as pc
 
 from schemas.tables import TRANSITIONS_SCHEMA
 from span_to_transition.agents import AGENT_KEYS
-from span_to_transition.dialects import CALL_KEYS, CALL_OPERATIONS
+from span_to_transition.dialects.registry import KEPT_KEYS, KEPT_PREFIXES, KEPT_VALUES
 from span_to_transition.records import LogEvent, Reward, Span, SpanEvent, Transition
 from span_to_transition.rewards import AGL_LEGACY_NAMES, REWARD_KEYS
 from span_to_transition.tokens import GATEWAY_FLAG
 from span_to_transition.tree import END_MARKER
 
-RELEVANT_OPERATIONS = sorted(CALL_OPERATIONS | {"invoke_agent"})
 RELEVANT_KEYS = sorted(
-    (CALL_KEYS - {"gen_ai.operation.name", "llm.request.type"})
+    KEPT_KEYS
     | AGENT_KEYS
     | REWARD_KEYS
     | {
@@ -36,7 +35,11 @@ RELEVANT_KEYS = sorted(
         "reward",
     }
 )
-"""A span with any of these attribute keys is materialised with its attributes (see module docstring)."""
+"""A span with any of these attribute keys is materialised with its attributes (see module docstring); the
+dialects' keys come from their registry, so a dialect cannot be recognised by a key pruned here."""
+RELEVANT_PREFIXES = ("agentlightning.reward.", *KEPT_PREFIXES)
+RELEVANT_VALUES = {**KEPT_VALUES, "gen_ai.operation.name": KEPT_VALUES.get("gen_ai.operation.name", frozenset()) | {"invoke_agent"}}
+"""Keys that matter only with some values: calls (the dialects') and agents, not tool spans."""
 
 SKELETON_COLUMNS = [
     "trace_id",
@@ -83,20 +86,13 @@ def relevant_mask(table: pa.Table) -> pa.Array:
     if n == 0:
         return pa.array([], pa.bool_())
     keys, items = attrs.keys, attrs.items
-    hit = pc.or_(
-        pc.is_in(keys, value_set=pa.array(RELEVANT_KEYS)),
-        pc.or_(pc.starts_with(keys, "agentlightning.reward."), pc.starts_with(keys, "llm.input_messages.")),
-    )
-    # gen_ai.operation.name / llm.request.type matter only for calls and agents (not tool spans)
-    by_value = pc.or_(
-        pc.and_(
-            pc.equal(keys, "gen_ai.operation.name"), pc.is_in(items, value_set=pa.array(RELEVANT_OPERATIONS))
-        ),
-        pc.and_(
-            pc.equal(keys, "llm.request.type"), pc.is_in(items, value_set=pa.array(["chat", "completion"]))
-        ),
-    )
-    hit = pc.or_(hit, pc.fill_null(by_value, False)).to_numpy(zero_copy_only=False)
+    hit = pc.is_in(keys, value_set=pa.array(RELEVANT_KEYS))
+    for prefix in RELEVANT_PREFIXES:
+        hit = pc.or_(hit, pc.starts_with(keys, prefix))
+    for key, values in RELEVANT_VALUES.items():
+        by_value = pc.and_(pc.equal(keys, key), pc.is_in(items, value_set=pa.array(sorted(values))))
+        hit = pc.or_(hit, pc.fill_null(by_value, False))
+    hit = hit.to_numpy(zero_copy_only=False)
     lengths = np.diff(attrs.offsets.to_numpy(zero_copy_only=False))
     row_of_key = np.repeat(np.arange(n), lengths)
     rows = np.zeros(n, dtype=bool)

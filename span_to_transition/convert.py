@@ -16,12 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from span_to_transition.agents import CallAgents, compile_agents, is_trainable
+from span_to_transition.chat_messages import message
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
-from span_to_transition.dialects import classify, message, parse_call, parse_semconv, tool_calls_from_spans
+from span_to_transition.dialects.openllmetry import tool_calls_from_spans
+from span_to_transition.dialects.registry import classify, parse_call
+from span_to_transition.dialects.semconv import parse_semconv
 from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
 from span_to_transition.rewards import in_band_rewards, rollout_reward
 from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens, tokens_from
 from span_to_transition.tree import Key, SpanTree, build_tree
+from tracerl.options import opt
 
 MISSING_REWARD = ("exclude", "fill")
 
@@ -31,33 +35,27 @@ NO_CALLS_WITHOUT_CONTENT = "its LLM call spans carry no message content (content
 NO_REWARD = "no reward on any channel (tracerl.reward / agentlightning.reward spans, gen_ai.evaluation.result events, rewards rows)"
 
 
-def _field(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field carrying its CLI help (read by ``tracerl.options.add_options``)."""
-    meta = {"help": help, "flag": None, "metavar": None, "choices": None, "env": None, **extra}
-    return field(default=default, metadata=meta)
-
-
 @dataclass
 class ConvertConfig:
     """How spans become transitions; the same settings for ``tracerl convert`` and ``collect --convert``."""
 
-    agents: str | None = _field(None, "regex (full match) of agent names whose calls are trainable; others are "
-                                      "kept with trainable=false; default: every call", metavar="REGEX")
-    credit: str = _field("identical", "credit assignment strategy", choices=list(CREDIT))
-    gamma: float = _field(0.9, "discount for --credit discounted")
-    quiet_s: float = _field(30.0, "a rollout whose root span ended is complete after this many seconds "
-                                  "without a new span")
-    max_wait_s: float = _field(600.0, "a rollout whose root span never arrives is converted anyway (tree "
-                                      "repaired) after this many quiet seconds")
-    missing_reward: str = _field("exclude", "a rollout with no reward on any channel is excluded (and "
-                                            "reconsidered when a reward row arrives), or filled",
-                                 choices=list(MISSING_REWARD))
-    fill_reward: float = _field(0.0, "reward given to reward-less rollouts with --missing-reward fill")
-    follow_links: bool = _field(True, "a trace without tracerl.rollout_id that links to a span of another trace "
-                                      "(AutoGen starts a trace per message, linked to the sender's) joins that "
-                                      "trace's rollout")
-    workers: int = _field(0, "worker processes for large batches (0: one per CPU, at most 16; 1: "
-                             "in-process)")
+    agents: str | None = opt(None, "regex (full match) of agent names whose calls are trainable; others are "
+                                   "kept with trainable=false; default: every call", metavar="REGEX")
+    credit: str = opt("identical", "credit assignment strategy", choices=list(CREDIT))
+    gamma: float = opt(0.9, "discount for --credit discounted")
+    quiet_s: float = opt(30.0, "a rollout whose root span ended is complete after this many seconds "
+                               "without a new span")
+    max_wait_s: float = opt(600.0, "a rollout whose root span never arrives is converted anyway (tree "
+                                   "repaired) after this many quiet seconds")
+    missing_reward: str = opt("exclude", "a rollout with no reward on any channel is excluded (and "
+                                         "reconsidered when a reward row arrives), or filled",
+                              choices=list(MISSING_REWARD))
+    fill_reward: float = opt(0.0, "reward given to reward-less rollouts with --missing-reward fill")
+    follow_links: bool = opt(True, "a trace without tracerl.rollout_id that links to a span of another trace "
+                                   "(AutoGen starts a trace per message, linked to the sender's) joins that "
+                                   "trace's rollout")
+    workers: int = opt(0, "worker processes for large batches (0: one per CPU, at most 16; 1: "
+                          "in-process)")
 
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""

@@ -14,7 +14,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from span_to_transition.dialects import CALL_OPERATIONS, classify, parse_call
+from span_to_transition.dialects.attributes_only import CALL_OPERATIONS
+from span_to_transition.dialects.registry import classify, parse_call
 from span_to_transition.records import Span
 from span_to_transition.rewards import in_band_rewards
 from span_to_transition.survey import REWARD_SPELLINGS, Pending, SpanGroup, StoreFacts

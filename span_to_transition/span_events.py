@@ -1,4 +1,4 @@
-"""GenAI messages recorded as span events (Strands Agents), read as the log events ``dialects.parse_events`` reads.
+"""GenAI messages recorded as span events (Strands Agents), read as the log events ``dialects/semconv_events.py`` reads.
 
 Some instrumentations put a call's messages on the span itself, as span events, instead of emitting log
 records. Strands Agents (``strands.telemetry.tracer``) does so in both semconv event styles:

@@ -22,7 +22,7 @@ from schemas.tables import SPANS_SCHEMA
 from schemas.views import connect_readonly
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig
-from span_to_transition.dialects import classify, parse_call
+from span_to_transition.dialects.registry import VALUE_KEYS, classify, parse_call
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span
@@ -97,11 +97,12 @@ _REWARD_WHERE = {
 }
 """How each in-span reward channel of ``REWARD_SPELLINGS`` is spotted (the others are counted in logs/rewards)."""
 
-_SHAPE = r"""scope_name,
+_DECIDING = ", ".join(f"attributes['{key}']" for key in VALUE_KEYS)
+"""The values that decide whether a span is a call, as each dialect declares them (``registry.VALUE_KEYS``)."""
+_SHAPE = rf"""scope_name,
     list_sort(list_distinct(list_transform(map_keys(attributes),
                                            lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
-    attributes['gen_ai.operation.name'], attributes['openinference.span.kind'], attributes['llm.request.type'],
-    attributes['tracerl.gateway'],
+    {_DECIDING}, attributes['tracerl.gateway'],
     span_id IN (SELECT span_id FROM logs WHERE event_name LIKE 'gen_ai.%'),
     len(list_filter(events, lambda e: starts_with(e.name, 'gen_ai.'))) > 0"""
 _GROUPS_SQL = (

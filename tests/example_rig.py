@@ -152,7 +152,7 @@ class ScriptedEngine:
 
 def start_engine(engine: ScriptedEngine):
     """Serve ``engine`` on 127.0.0.1 (POST /v1/chat/completions, GET /v1/models)."""
-    from serving.httpserver import Handler, Server
+    from scripted_server import Handler, Server
 
     class Scripted(Handler):
         def do_POST(self) -> None:
@@ -248,7 +248,7 @@ def running_stack(store: Path, script: Script) -> Iterator[Stack]:
     """Collector, gateway and scripted engine on 127.0.0.1 for one ``with`` block; the gateway's spans
     are flushed to the collector before it stops."""
     from collector_exporter.testing import running_collector
-    from serving.gateway import Gateway, GatewayConfig, make_tracer_provider
+    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
 
     engine = ScriptedEngine(script)
     upstream = start_engine(engine)

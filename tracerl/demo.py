@@ -399,7 +399,7 @@ def _model(cfg: DemoConfig, workdir: Path) -> Path:
     if (model / "config.json").exists():
         _say(f"reusing tiny model {model}")
         return model
-    from serving.tiny_model import build_tiny_model
+    from serving.models.tiny_model import build_tiny_model
 
     t = time.perf_counter()
     if model.exists():
@@ -472,7 +472,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
           logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
-    from tracerl.rollout import Driver, load_reward_fn, parse_tasks, run_rollouts, summarize
+    from rollout.driver import Driver, load_reward_fn, parse_tasks, run_rollouts, summarize
 
     serve_port, gateway_port, grpc_port, http_port = ports
     tracerl_bin = str(BIN / "tracerl")

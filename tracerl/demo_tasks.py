@@ -72,7 +72,7 @@ class DemoTask:
 
     name: str
     agent: Path
-    reward: str  # "path.py:function" for tracerl.rollout.load_reward_fn
+    reward: str  # "path.py:function" for rollout.driver.load_reward_fn
     train: list[dict]
     group: int  # samples per task per round
     per_round: int  # tasks per round

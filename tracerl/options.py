@@ -3,6 +3,11 @@
 A field declares its flag help with ``opt(default, "help text")``; ``add_options`` turns the
 fields into ``--kebab-case`` flags and ``from_args`` builds the dataclass back from the parsed
 namespace. Defaults shown by ``--help`` are the dataclass defaults.
+
+``opt`` is the one settings helper: the stages' own configs (``trainer.config.TrainSettings``,
+``span_to_transition.convert.ConvertConfig``, ``rollout.driver.RolloutConfig``) declare their fields
+with it too. This module imports only the standard library, so a stage that does pulls in nothing
+else of the CLI.
 """
 
 from __future__ import annotations

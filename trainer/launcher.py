@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from serving.workers import die_with_parent
+from serving.processes import die_with_parent
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import pick_device
 from trainer.config import TrainSettings

@@ -4,7 +4,7 @@ The trainer only knows ``Publisher = Callable[[PublishRequest], None]``: it rais
 engine did not take the new policy, and the round then stays ``trained`` until a later run
 publishes it. Tests inject a recording callable; ``tracerl train --server URL`` uses
 ``server_publisher``, which delegates the HTTP to the serving package's vLLM client
-(``serving.publish``, imported when the first publish runs).
+(``serving.vllm.publish``: httpx only, no torch and no vLLM).
 
 How a checkpoint is published (``--publish``):
 
@@ -24,6 +24,8 @@ safe (a replica that already has ``policy@k`` answers as vLLM does and is skippe
 
 from __future__ import annotations
 
+from serving.vllm.publish import VLLMPublisher, publish_policy
+from trainer.merge import merge_adapter
 from trainer.rounds import Publisher, PublishRequest, TrainError
 
 MODES = ("auto", "lora", "full")
@@ -55,9 +57,6 @@ def server_publisher(url: str, mode: str = "auto") -> Publisher:
     choose_mode(mode, adapter=True, device=None)  # a bad mode fails before the first round trains
 
     def publish(req: PublishRequest) -> None:
-        from serving.publish import VLLMPublisher, publish_policy
-        from trainer.merge import merge_adapter
-
         for u in urls:  # a failure leaves the round `trained`; the next run publishes to every replica again
             device = VLLMPublisher(u).device() if req.adapter and mode == "auto" else None
             how = choose_mode(mode, req.adapter, device)

@@ -11,8 +11,8 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
+from rollout.driver import parse_resource_attributes
 from schemas.views import connect_readonly
-from tracerl.rollout import parse_resource_attributes
 
 HERE = Path(__file__).parent
 AGENT = [str(BIN / "python"), str(HERE / "fake_agent.py")]
@@ -219,7 +219,7 @@ def test_an_agent_started_while_the_driver_stops_is_killed_as_it_is_registered()
     import signal
     import subprocess
 
-    from tracerl.rollout import _Running
+    from rollout.driver import _Running
 
     running = _Running()
     before = subprocess.Popen(["sleep", "30"], start_new_session=True)

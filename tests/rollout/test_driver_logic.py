@@ -8,8 +8,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from tracerl.options import UsageError
-from tracerl.rollout import (
+from rollout.driver import (
     Driver,
     RolloutRecord,
     Task,
@@ -30,6 +29,7 @@ from tracerl.rollout import (
     task_id_for,
     validate,
 )
+from tracerl.options import UsageError
 
 
 def test_tasks_keep_their_ids_and_get_stable_generated_ones():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.tiny_model import build_tiny_model
+from serving.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +17,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def embedded(tiny_model_dir: Path):
     """One embedded server for read-only tests (nothing here loads adapters or weights)."""
-    from serving.server import EmbeddedServer
+    from serving.embedded.server import EmbeddedServer
 
     server = EmbeddedServer.start(str(tiny_model_dir))
     yield server

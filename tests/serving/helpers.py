@@ -43,7 +43,7 @@ def scripted_upstream(handle: Callable[[Any, dict], None]):
 
     Used where the embedded model cannot misbehave on demand: slow, erroring, identifying itself.
     """
-    from serving.httpserver import Handler, Server
+    from scripted_server import Handler, Server
 
     class Scripted(Handler):
         seen_headers: ClassVar[list[dict]] = []

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
+from scripted_server import Server
 
-from serving.gateway import Gateway, GatewayConfig
-from serving.httpserver import Server
+from serving.gateway.proxy import Gateway, GatewayConfig
 
 from .helpers import chat_answer, chat_prompt_ids, recompute_logprobs, scripted_upstream, wait_for
 
@@ -276,8 +276,8 @@ def random_lora(tiny_model_dir, out, seed: int):
 
 
 def test_agents_asking_for_policy_get_the_newest_published_version(spans, tiny_model_dir, tmp_path):
-    from serving.publish import publish_policy
-    from serving.server import EmbeddedServer
+    from serving.embedded.server import EmbeddedServer
+    from serving.vllm.publish import publish_policy
 
     server = EmbeddedServer.start(str(tiny_model_dir))
     try:
@@ -314,8 +314,8 @@ def test_upstream_answering_garbage_is_a_502(spans):
 
 
 def test_full_weight_reloads_are_tagged_with_the_published_version(spans, tiny_model_dir):
-    from serving.publish import publish_policy
-    from serving.server import EmbeddedServer
+    from serving.embedded.server import EmbeddedServer
+    from serving.vllm.publish import publish_policy
 
     server = EmbeddedServer.start(str(tiny_model_dir))
     try:

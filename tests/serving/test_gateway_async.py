@@ -17,7 +17,7 @@ from tracerl_testing import free_port, start_tracerl, stop_tracerl
 
 from collector_exporter.testing import running_collector
 from schemas.views import connect_readonly
-from serving.gateway import Gateway, GatewayConfig
+from serving.gateway.proxy import Gateway, GatewayConfig
 
 from .helpers import wait_for
 

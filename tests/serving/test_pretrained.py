@@ -9,8 +9,8 @@ import pytest
 import torch
 from real_model import SMOLLM2, real_model_dir
 
-from serving import pretrained
-from serving.pretrained import SOURCES, SourceError, locate_gguf
+from serving.models import pretrained
+from serving.models.pretrained import SOURCES, SourceError, locate_gguf
 from tracerl.cli import main
 
 SRC = SOURCES[SMOLLM2]

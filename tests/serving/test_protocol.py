@@ -25,7 +25,7 @@ from serving.protocol import (
     strip_response,
     trace_id_from_traceparent,
 )
-from serving.publish import diagnose, version_name
+from serving.vllm.publish import diagnose, version_name
 
 
 @pytest.mark.parametrize("model,version", [("policy@3", 3), ("org/qwen@12", 12), ("policy", None),

@@ -10,8 +10,8 @@ import openai
 import pytest
 import torch
 
-from serving.publish import PublishError, VLLMPublisher, publish_policy
-from serving.server import EmbeddedServer, ServeOptions
+from serving.embedded.server import EmbeddedServer, ServeOptions
+from serving.vllm.publish import PublishError, VLLMPublisher, publish_policy
 
 from .fake_vllm import FakeVLLM
 from .helpers import WEATHER_TOOL, chat_prompt_ids, recompute_logprobs

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serving.sampling import UNTRUSTED_TEMPLATE, EngineError, SamplingParams, lone_surrogate_path
-from serving.server import EmbeddedServer, ServeOptions, cross_site_refusal, host_allow_list
+from serving.embedded.sampling import UNTRUSTED_TEMPLATE, EngineError, SamplingParams, lone_surrogate_path
+from serving.embedded.server import EmbeddedServer, ServeOptions, cross_site_refusal, host_allow_list
 
 from .helpers import chat_prompt_ids, wait_for
 
@@ -154,7 +154,7 @@ def test_one_bad_request_never_fails_the_others_batched_with_it(tiny_model_dir):
 
 def test_a_job_that_fails_inside_a_batch_fails_alone(tiny_model_dir, tokenizer):
     """The second line of defence: what slips past validation still fails only its own request."""
-    from serving.engine import GenerationJob, ModelEngine
+    from serving.embedded.engine import GenerationJob, ModelEngine
 
     eng = ModelEngine(str(tiny_model_dir))
     prompt = chat_prompt_ids(tokenizer, MSGS)

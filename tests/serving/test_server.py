@@ -12,7 +12,7 @@ import openai
 import pytest
 import torch
 
-from serving.server import EmbeddedServer, ServeOptions
+from serving.embedded.server import EmbeddedServer, ServeOptions
 
 from .helpers import WEATHER_TOOL, chat_prompt_ids, recompute_logprobs
 
@@ -205,7 +205,7 @@ def test_pause_holds_new_requests_until_resume_and_abort_fails_them(tiny_model_d
 
 
 def test_a_batch_samples_what_each_request_would_sample_alone(tiny_model_dir, reference_model, tokenizer):
-    from serving.engine import GenerationJob, ModelEngine, SamplingParams
+    from serving.embedded.engine import GenerationJob, ModelEngine, SamplingParams
 
     eng = ModelEngine(str(tiny_model_dir))
     jobs = [
@@ -249,7 +249,7 @@ def test_requests_waiting_together_run_as_one_batch(tiny_model_dir):
 
 
 def test_processed_logprobs_mode_reports_the_tempered_distribution(tiny_model_dir, reference_model, tokenizer):
-    from serving.engine import ModelEngine, SamplingParams
+    from serving.embedded.engine import ModelEngine, SamplingParams
 
     prompt = chat_prompt_ids(tokenizer, MSGS)
     raw = ModelEngine(str(tiny_model_dir)).generate(prompt, SamplingParams(max_tokens=6, temperature=0.5, seed=2))[0]
@@ -299,7 +299,7 @@ def test_logit_bias_min_tokens_and_penalties_shape_sampling_but_not_raw_logprobs
 def test_a_batch_waits_briefly_for_requests_right_behind_its_first(tiny_model_dir, tokenizer):
     """Agents of a round send their calls milliseconds apart: with the gather window they share one
     batch instead of a lone first call followed by a batch of the rest (batches are static)."""
-    from serving.engine import EngineWorker, GenerationJob, ModelEngine, SamplingParams
+    from serving.embedded.engine import EngineWorker, GenerationJob, ModelEngine, SamplingParams
 
     worker = EngineWorker(ModelEngine(str(tiny_model_dir)), max_batch=4, batch_wait_s=2.0)
     try:

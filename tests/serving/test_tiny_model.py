@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from serving.tiny_model import build_tiny_model
+from serving.models.tiny_model import build_tiny_model
 from tracerl.cli import main
 
 WEATHER_TOOL = {"type": "function", "function": {

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from serving.publish import PublishError, check_weights_dir
-from serving.vllm_server import VLLMNotFound, VLLMSettings, argv, env, find_vllm_python
-from serving.vllm_venv import install_requirements
+from serving.vllm.cpu_venv import install_requirements
+from serving.vllm.launcher import VLLMNotFound, VLLMSettings, argv, env, find_vllm_python
+from serving.vllm.publish import PublishError, check_weights_dir
 
 METADATA = """\
 Metadata-Version: 2.1
@@ -59,7 +59,7 @@ def test_the_command_line_has_every_flag_the_loop_needs():
 def test_no_vllm_anywhere_says_how_to_get_one(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACERL_VLLM_PYTHON", raising=False)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("serving.vllm_server.REPO", tmp_path)
+    monkeypatch.setattr("serving.vllm.launcher.REPO", tmp_path)
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(VLLMNotFound, match="make vllm"):
         find_vllm_python()

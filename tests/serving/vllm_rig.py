@@ -1,6 +1,6 @@
 """Real vLLM for the tests: the CPU virtualenv, and a server started the way users start it.
 
-The venv is built once per pin (``serving.vllm_venv``: ``make`` builds it too; about 2 minutes
+The venv is built once per pin (``serving.vllm.cpu_venv``: ``make`` builds it too; about 2 minutes
 cold) and the server is ``tracerl serve --engine vllm`` in its own process group, its output in a
 log file (vLLM logs a lot; a pipe nobody reads would block it). Teardown kills the whole group,
 so a failing test leaves no engine core or worker behind.
@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from tracerl_testing import BIN, free_port
 
-from serving.vllm_venv import DEFAULT_DIR, build
+from serving.vllm.cpu_venv import DEFAULT_DIR, build
 from tracerl.demo import Child
 
 ROOT = Path(__file__).resolve().parents[2]

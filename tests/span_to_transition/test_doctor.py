@@ -16,7 +16,7 @@ from tracerl_testing import tracerl
 
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.convert import ConvertConfig
-from span_to_transition.dialects import classify
+from span_to_transition.dialects.registry import classify
 from span_to_transition.doctor import Finding, diagnose
 from span_to_transition.records import Span
 from span_to_transition.rewards import in_band_rewards

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_gateway_token_ids_are_joined_to_the_agent_calls_and_not_counted_twice(tmp_path: Path) -> None:
-    from serving.gateway import Gateway, GatewayConfig, make_tracer_provider
-    from serving.server import EmbeddedServer
-    from serving.tiny_model import build_tiny_model
+    from serving.embedded.server import EmbeddedServer
+    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
+    from serving.models.tiny_model import build_tiny_model
 
     engine = EmbeddedServer.start(str(build_tiny_model(tmp_path / "tiny", seed=0)))
     store = tmp_path / "store"

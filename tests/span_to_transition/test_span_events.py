@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from span_to_transition.dialects import parse_call
+from span_to_transition.dialects.registry import parse_call
 from span_to_transition.records import Span, SpanEvent
 from span_to_transition.span_events import block_text, blocks_to_bodies
 from span_to_transition.wire_roles import openinference_response_id, to_wire_roles

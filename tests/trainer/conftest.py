@@ -37,7 +37,7 @@ def no_compiled_extensions(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from serving.tiny_model import build_tiny_model
+    from serving.models.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
 

@@ -1,5 +1,5 @@
 """``tracerl train --server URL`` wiring: a round published to the real embedded server
-(``serving.server.EmbeddedServer``, vLLM's API subset) through ``serving.publish``; the server then
+(``serving.embedded.server.EmbeddedServer``, vLLM's API subset) through ``serving.vllm.publish``; the server then
 serves the new policy with exactly the trained checkpoint's probabilities. A LoRA round becomes
 ``policy@1``; a full fine-tune is a weight reload of ``policy`` (vLLM cannot rename a served model)."""
 
@@ -17,7 +17,7 @@ from trainer.rounds import PublishRequest, read_rounds, run_once
 
 @pytest.fixture
 def server(tiny_model_dir):
-    from serving.server import EmbeddedServer
+    from serving.embedded.server import EmbeddedServer
 
     s = EmbeddedServer.start(str(tiny_model_dir))
     yield s
@@ -88,7 +88,7 @@ def test_serving_logprobs_line_up_with_the_trainers(server, tiny_model_dir, toke
 def test_every_replica_gets_the_new_policy(tmp_path, server, tiny_model_dir, make_rollouts, write_rows,
                                            train_settings):
     """``--server A,B``: a LoRA round is loaded on both replicas; publishing again is a no-op."""
-    from serving.server import EmbeddedServer
+    from serving.embedded.server import EmbeddedServer
     from trainer.publish import server_urls
 
     assert server_urls(f" {server.url}/, {server.url} ,") == [server.url]

@@ -73,8 +73,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
     from serving.asgi import parse_listen
-    from serving.gateway import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
-    from serving.workers import calm_gc, fork_workers
+    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
+    from serving.gateway.workers import calm_gc, fork_workers
 
     upstreams = [u for u in cfg.upstream.split(",") if u.strip()]
     try:

@@ -17,7 +17,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving.pretrained import SOURCES  # names only: the module imports no ML library until it converts
+from serving.models.pretrained import (
+    SOURCES,  # names only: the module imports no ML library until it converts
+)
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             f"--hidden must be a positive multiple of 4 (4 attention heads), got {cfg.hidden}; "
             f"--layers must be positive, got {cfg.layers}"
         )
-    from serving.tiny_model import build_tiny_model
+    from serving.models.tiny_model import build_tiny_model
 
     path = build_tiny_model(out, seed=cfg.seed, arch=cfg.arch, hidden=cfg.hidden, layers=cfg.layers)
     print(
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _pretrained(cfg: InitModelConfig, out: Path) -> int:
-    from serving.pretrained import SourceError, build_pretrained, is_built, read_record
+    from serving.models.pretrained import SourceError, build_pretrained, is_built, read_record
 
     src = SOURCES[cfg.source]
     if is_built(out, src) and not cfg.force:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tracerl.options import UsageError, add_options, from_args
-from tracerl.rollout import (
+from rollout.driver import (
     Driver,
     RolloutConfig,
     format_summary,
@@ -22,6 +21,7 @@ from tracerl.rollout import (
     run_rollouts,
     summarize,
 )
+from tracerl.options import UsageError, add_options, from_args
 from tracerl.signals import interrupt_on_signals
 
 EPILOG = """\

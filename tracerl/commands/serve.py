@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.threads < 0:
         raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     from serving.asgi import parse_listen
-    from serving.server import EmbeddedServer, ServeOptions
+    from serving.embedded.server import EmbeddedServer, ServeOptions
 
     if cfg.threads:
         import torch
@@ -134,7 +134,7 @@ def run_vllm(cfg: ServeConfig) -> int:
     import shlex
 
     from serving.asgi import parse_listen
-    from serving.vllm_server import VLLMNotFound, VLLMProcess, VLLMSettings, find_vllm_python
+    from serving.vllm.launcher import VLLMNotFound, VLLMProcess, VLLMSettings, find_vllm_python
 
     try:
         host, port = parse_listen(cfg.listen, 8000)

@@ -28,7 +28,7 @@ checked before a body is read, bodies and connections are bounded, and the engin
 thread (``EngineWorker``) while the event loop only waits on it. The endpoints that change the
 served model refuse cross-site requests (``cross_site_refusal``). A request's own chat template is
 refused unless ``trust_request_chat_template`` (vLLM's ``--trust-request-chat-template``), and every
-sampling field is checked before the request joins a batch (``serving.sampling``).
+sampling field is checked before the request joins a batch (``serving.embedded.sampling``).
 
 A disabled endpoint answers 404 ``{"detail": "Not Found"}``, as FastAPI does in vLLM.
 """
@@ -60,7 +60,7 @@ from serving.asgi import (
     read_json,
     stream_out,
 )
-from serving.engine import (
+from serving.embedded.engine import (
     Completion,
     Delta,
     EngineError,
@@ -69,9 +69,9 @@ from serving.engine import (
     ModelEngine,
     SamplingParams,
 )
+from serving.embedded.responses import StreamChunks, choice, usage
+from serving.embedded.sampling import check_strings, flag, template_request
 from serving.protocol import SSE_DONE, error_body, new_id, sse_data
-from serving.responses import StreamChunks, choice, usage
-from serving.sampling import check_strings, flag, template_request
 
 Handler = Callable[[Request], Awaitable[Any]]
 

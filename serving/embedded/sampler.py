@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.sampling import SamplingParams
+from serving.embedded.sampling import SamplingParams
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 _EPS = 1e-5

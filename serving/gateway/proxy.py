@@ -64,6 +64,7 @@ from serving.asgi import (
     parse_json,
     stream_out,
 )
+from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name, is_timeout
 from serving.protocol import (
     OPERATIONS,
     SSE_DONE,
@@ -84,7 +85,6 @@ from serving.protocol import (
     strip_response,
     trace_id_from_traceparent,
 )
-from serving.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name, is_timeout
 
 log = logging.getLogger("tracerl.gateway")
 ROLLOUT_HEADER = "X-Tracerl-Rollout-Id"
@@ -109,7 +109,7 @@ class GatewayConfig:
     tls_key: str | None = None
     latest_alias: bool = True  # "policy" -> newest "policy@k" the upstream serves
     models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
-    reuse_port: bool = False  # other processes serve the same port (--workers, serving/workers.py)
+    reuse_port: bool = False  # other processes serve the same port (--workers, serving/gateway/workers.py)
 
 
 def normalise_upstream(url: str) -> str:

@@ -169,7 +169,7 @@ def convert(src: PackagedGGUF, gguf_path: Path, out_dir: Path) -> Path:
     import gguf  # noqa: F401 (a clear ImportError here beats transformers' deeper one)
     import transformers
 
-    from serving.tiny_model import chatml_template, write_model_dir
+    from serving.models.tiny_model import chatml_template, write_model_dir
 
     tok, model = load_gguf(gguf_path)
     # The weights are already dequantized to fp32; only the quantizer's bookkeeping still says
@@ -194,7 +194,7 @@ def convert(src: PackagedGGUF, gguf_path: Path, out_dir: Path) -> Path:
         "source": src.name,
         **{k: v for k, v in asdict(src).items() if k != "name"},
         "gguf_path": str(gguf_path),
-        "converted_by": "serving.pretrained.convert",
+        "converted_by": "serving.models.pretrained.convert",
         "transformers": transformers.__version__,
         "gguf": metadata.version("gguf"),
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -19,7 +19,6 @@ the others when it is stopped (SIGTERM, SIGINT) and which they do not outlive (`
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import signal
@@ -28,7 +27,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from serving.processes import die_with_parent
 
 
 @dataclass
@@ -95,21 +94,6 @@ def fork_workers(n: int, host: str, port: int) -> Worker:
             return Worker(i, port)
         children.append(pid)
     return Worker(0, port, children, hold)
-
-
-def die_with_parent(sig: int, parent: int | None = None) -> None:
-    """Have the kernel send ``sig`` to this process when its parent dies, however it dies (Linux's
-    ``PR_SET_PDEATHSIG``; elsewhere a no-op: the parent's own stop is all there is). With ``parent``
-    (its pid, taken before the fork), a parent that died before this took effect is caught too.
-    Used by the gateway's workers and by the trainer's torchrun and ranks."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-    except (OSError, AttributeError):
-        return
-    if parent is not None and os.getppid() != parent:
-        os.kill(os.getpid(), sig)
 
 
 def calm_gc() -> None:

@@ -5,9 +5,9 @@ that calls it, fed by a priority queue, so HTTP threads never touch torch state 
 Control operations (adapter load/unload, weight reload, pause/resume) jump the queue of
 generations, and run between two generations, never during one.
 
-Sampling semantics follow vLLM (``serving.sampler``); ``seed`` gives a per-request generator, so
+Sampling semantics follow vLLM (``serving.embedded.sampler``); ``seed`` gives a per-request generator, so
 the same request reproduces its samples. Output ``token_ids`` include the EOS/stop token that ended
-a sequence (its text is not shown), as vLLM's do (``serving.text_stream``). The prompt pass is the
+a sequence (its text is not shown), as vLLM's do (``serving.embedded.text_stream``). The prompt pass is the
 plain left-padded one: no prefix caching here (``tracerl serve --engine vllm`` has vLLM's own).
 """
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serving.sampler import LOGPROBS_MODES, process_logits, sample
-from serving.sampling import EngineError, SamplingParams
-from serving.text_stream import Completion, Delta, TextStream
+from serving.embedded.sampler import LOGPROBS_MODES, process_logits, sample
+from serving.embedded.sampling import EngineError, SamplingParams
+from serving.embedded.text_stream import Completion, Delta, TextStream
 
 __all__ = ["Completion", "Delta", "EngineError", "EngineWorker", "GenerationJob", "ModelEngine", "SamplingParams"]
 

@@ -197,7 +197,7 @@ def build_tiny_model(
     model.generation_config.do_sample = False
 
     return write_model_dir(out_dir, tokenizer, model, "tracerl_tiny_model.json", {
-        "built_by": "serving.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
+        "built_by": "serving.models.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
         "hidden": hidden, "layers": layers, "vocab_size": len(tokenizer),
     })
 

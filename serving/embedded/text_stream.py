@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.sampling import SamplingParams
+from serving.embedded.sampling import SamplingParams
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.engine import Completion, Delta, ModelEngine
+from serving.embedded.engine import Completion, Delta, ModelEngine
 from serving.protocol import parse_hermes_tool_calls, split_tool_stream, sse_data
 
 

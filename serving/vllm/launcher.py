@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.vllm_venv import DEFAULT_DIR, vllm_python
-from serving.workers import die_with_parent
+from serving.processes import die_with_parent
+from serving.vllm.cpu_venv import DEFAULT_DIR, vllm_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class VLLMNotFound(Exception):
@@ -83,7 +83,7 @@ def find_vllm_python(explicit: str | None = None) -> Path:
             return python.absolute()
     if importlib.util.find_spec("vllm") is not None:
         return Path(sys.executable)
-    raise VLLMNotFound("no vLLM found: build its CPU virtualenv with `make vllm` (or `python -m serving.vllm_venv`, "
+    raise VLLMNotFound("no vLLM found: build its CPU virtualenv with `make vllm` (or `python -m serving.vllm.cpu_venv`, "
                        "about 2 minutes, 2.5 GB), or on a GPU `pip install vllm` and pass --vllm-python, or use "
                        "--engine embedded")
 
