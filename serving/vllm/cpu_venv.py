@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import email.parser
 import hashlib
+import inspect
 import shutil
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def install_requirements(metadata: str, skipped: frozenset[str] = SKIPPED) -> li
 
 
 def stamp_name() -> str:
-    """The stamp of a finished build: changes when a pin or the recipe (this file) changes."""
-    digest = hashlib.sha256((VLLM_PIN + TORCH_PIN).encode() + Path(__file__).read_bytes()).hexdigest()[:12]
+    """The stamp of a finished build: changes when a pin or the recipe changes (the source of the
+    functions that decide what gets installed), not when a docstring or help text elsewhere does."""
+    recipe = "".join(inspect.getsource(f) for f in (install_requirements, build))
+    digest = hashlib.sha256((VLLM_PIN + TORCH_PIN + "".join(sorted(SKIPPED)) + recipe).encode()).hexdigest()[:12]
     return f".built-{digest}"
 
 
@@ -106,7 +109,7 @@ def build(venv: Path = DEFAULT_DIR, *, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serving.vllm_venv", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.vllm.cpu_venv", description=__doc__.split("\n\n")[0])
     parser.add_argument("venv", nargs="?", type=Path, default=DEFAULT_DIR, help="where (default: .venv-vllm)")
     parser.add_argument("--force", action="store_true", help="rebuild even when a finished build is there")
     args = parser.parse_args(argv)
