@@ -124,7 +124,7 @@ def share_prefixes(samples: Sequence[Sample], pack_tokens: int, min_shared: int 
         open_unit = Unit(0, [s])
     if open_unit is not None:
         units.append(open_unit)
-    return [u if len(u.members) > 1 else Unit(0, u.members) for u in units]
+    return units
 
 
 def pack_units(units: Sequence[Unit], pack_tokens: int) -> list[list[Unit]]:
