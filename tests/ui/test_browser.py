@@ -10,6 +10,7 @@ screenshot of each page.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -78,6 +79,24 @@ def now(driver, css: str) -> list:
         driver.implicitly_wait(5)
 
 
+@contextlib.contextmanager
+def navigating(driver, timeout_s: float = 15) -> Iterator[None]:
+    """Wait, after the block, until the page it left is gone and the next one has loaded.
+
+    A form's ``submit()`` and some clicks return before the browser has left the page, so a
+    lookup right after them can find the old page's element (or one that goes stale under it).
+    """
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    yield
+    WebDriverWait(driver, timeout_s, 0.05).until(EC.staleness_of(old))
+    WebDriverWait(driver, timeout_s, 0.05).until(
+        lambda drv: drv.execute_script("return document.readyState") == "complete")
+
+
 def shot(driver, name: str) -> None:
     out = os.environ.get("TRACERL_UI_SHOTS")
     if out:
@@ -107,10 +126,12 @@ def test_rounds_to_rollout_to_call_tokens_coloured_by_logprob_then_by_advantage(
     assert d.find_element(By.CSS_SELECTOR, "#rounds tbody tr .badge").text == "published"
     assert len(d.find_elements(By.CSS_SELECTOR, ".chart svg")) == 5
     shot(d, "rounds")
-    d.find_element(By.CSS_SELECTOR, "a.round-link").click()  # round 0 trained on policy@0
+    with navigating(d):
+        d.find_element(By.CSS_SELECTOR, "a.round-link").click()  # round 0 trained on policy@0
     assert urllib.parse.urlparse(d.current_url).query == "version=0"
     shot(d, "rollouts")
-    d.find_element(By.LINK_TEXT, rid).click()
+    with navigating(d):
+        d.find_element(By.LINK_TEXT, rid).click()
     assert d.find_element(By.ID, "rollout-advantage").text == f"{advantage:+.3f}"
     d.find_element(By.CSS_SELECTOR, "a.tl-call rect").click()  # an LLM call's bar in the timeline
     target = d.execute_script("return document.querySelector(':target').id")
@@ -135,7 +156,8 @@ def test_rounds_to_rollout_to_call_tokens_coloured_by_logprob_then_by_advantage(
     assert not d.find_element(By.CSS_SELECTOR, ".legend-lp").is_displayed()
     shot(d, "rollout-advantage")
 
-    d.find_element(By.CSS_SELECTOR, ".crumbs a.task-link").click()  # the task's group
+    with navigating(d):
+        d.find_element(By.CSS_SELECTOR, ".crumbs a.task-link").click()  # the task's group
     task = store_sql(real_store, "SELECT task_id FROM rollouts WHERE rollout_id = ?", [rid])[0][0]
     n = store_sql(real_store, "SELECT count(*) FROM rollouts WHERE task_id = ?", [task])[0][0]
     assert len(d.find_elements(By.CSS_SELECTOR, ".card")) == n
@@ -172,9 +194,11 @@ def test_hostile_html_in_spans_renders_as_text_and_runs_nothing(server, browser,
     field = d.find_element(By.NAME, "task")
     field.clear()
     field.send_keys(XSS_TASK)
-    field.submit()
+    with navigating(d):
+        field.submit()
     assert d.find_element(By.ID, "total").text == "1"
-    d.find_element(By.CSS_SELECTOR, "a.rollout-link").click()
+    with navigating(d):
+        d.find_element(By.CSS_SELECTOR, "a.rollout-link").click()
     prompt = d.find_element(By.CSS_SELECTOR, "details.prompt")
     if prompt.get_attribute("open") is None:  # a rollout of one call shows its prompt open
         prompt.find_element(By.TAG_NAME, "summary").click()
@@ -186,7 +210,8 @@ def test_hostile_html_in_spans_renders_as_text_and_runs_nothing(server, browser,
     assert d.find_element(By.CSS_SELECTOR, ".span-row.error")  # the failed tool span, flagged
     assert "retokenized" in d.find_element(By.CSS_SELECTOR, ".call .badge").text
     shot(d, "hostile-rollout")
-    d.find_element(By.CSS_SELECTOR, ".crumbs a.task-link").click()
+    with navigating(d):
+        d.find_element(By.CSS_SELECTOR, ".crumbs a.task-link").click()
     assert XSS_TASK in d.find_element(By.TAG_NAME, "h1").text
     assert d.execute_script("return window.__pwned === undefined")
     with pytest.raises(NoAlertPresentException):
@@ -204,8 +229,9 @@ def test_a_bad_filter_value_is_a_400_page(server, browser):
     d.get_log("browser")
     field = d.find_element(By.NAME, "reward_min")
     field.send_keys("abc")
-    field.submit()
-    WebDriverWait(d, 10, 0.1).until(lambda drv: drv.find_element(By.TAG_NAME, "h1").text == "400 · Bad request")
+    with navigating(d):
+        field.submit()
+    assert d.find_element(By.TAG_NAME, "h1").text == "400 · Bad request"
     assert "reward_min must be a number" in d.find_element(By.ID, "error-message").text
     assert "reward_min=abc" in d.current_url and "task=letter-a" in d.current_url
     seen: list[str] = []  # Chrome reports the failed load on its console, not always at once
