@@ -119,7 +119,7 @@ def build(store: Path, n: int, rounds: int) -> dict[str, float]:
         ckpt.mkdir(parents=True, exist_ok=True)
         (ckpt / "tracerl_checkpoint.json").write_text(json.dumps({
             "round": v, "git_sha": "0123456789abcdef", "settings": {"estimator": "grpo", "tasks": "^task-",
-                                                                   "lr": 1e-5, "staleness": 0}}))
+                                                                   "lr": 1e-5, "max_staleness": 0}}))
         ids = [f"r-{x}" for x in range(v * per_version, min(n_roll, (v + 1) * per_version))]
         (layout.checkpoints / f"round-{v:06d}.json").write_text(json.dumps({"round": v, "rollout_ids": ids}))
         row = {"round": v, "policy_version": v, "base_model": "/nonexistent/base", "checkpoint_path": str(ckpt),

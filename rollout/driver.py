@@ -7,7 +7,12 @@ token-capturing gateway) and ``TRACERL_TASK`` (the task JSON, also on stdin or a
 argument). An optional reward function scores the agent's stdout and the score goes to the
 collector's ``POST /v1/rewards`` side channel, keyed by rollout id.
 
-Logic (task parsing, environment construction, retry policy, summary) is pure functions, tested
+Continuous mode (``--continuous``) keeps ``--concurrency`` agents running over the tasks again and
+again until stopped (or ``--max-rollouts``), for asynchronous rounds: the trainer trains while the
+agents run, and each rollout's version is the one its first call was served by.
+
+The pure logic lives beside this module (``tasks``: the plan and rollout ids; ``agent_env``: the
+agent's environment; ``rewards``: scoring and posting; ``records``: records and the summary), tested
 without processes; ``run_rollouts`` is the thin I/O shell that starts processes and posts rewards.
 A failed or timed-out agent is data, not a driver failure: it is recorded with its status.
 """
@@ -15,38 +20,28 @@ A failed or timed-out agent is data, not a driver failure: it is recorded with i
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib
-import importlib.util
 import json
-import math
 import os
-import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote, unquote
 
+from rollout.agent_env import TASK_VIA, agent_argv, agent_env
+from rollout.records import RolloutRecord, Tally
+from rollout.rewards import RewardFn, compute_reward, post_reward, reward_post_delays
+from rollout.tasks import Job, Task, job_stream, new_run_id, plan_jobs, rollout_id_for
 from tracerl.options import UsageError, opt
 
-TASK_VIA = ("stdin", "arg", "env")
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")  # the values of OTEL_EXPORTER_OTLP_PROTOCOL
 DEFAULT_OTLP = "http://127.0.0.1:4317"
 STDERR_TAIL_CHARS = 2000
-# Keys of OTEL_RESOURCE_ATTRIBUTES the driver owns; a value already in the environment is replaced.
-ROLLOUT_KEY, TASK_KEY = "tracerl.rollout_id", "tracerl.task_id"
-MAX_ID_CHARS = 200  # the collector accepts rollout ids up to 256 characters
-
-RewardFn = Callable[[dict, str], float]
 
 
 @dataclass
@@ -75,176 +70,12 @@ class RolloutConfig:
     task_via: str = opt("stdin", "how the task reaches the agent besides TRACERL_TASK", choices=list(TASK_VIA))
     store: str = opt("./tracerl-store", "store directory; records go to STORE/rollouts/", metavar="DIR",
                      env="TRACERL_STORE")
-
-
-# ----------------------------------------------------------------------------------------- tasks
-@dataclass(frozen=True)
-class Task:
-    """One line of the tasks file: its id, its fields, and where it came from (for messages)."""
-
-    id: str
-    data: dict[str, Any]
-    line: int
-
-
-def task_id_for(data: Mapping[str, Any]) -> str:
-    """A stable id for a task without one: the hash of its canonical JSON, same across runs."""
-    canon = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "t-" + hashlib.blake2b(canon.encode(), digest_size=8).hexdigest()
-
-
-def parse_tasks(lines: Iterable[str], source: str = "tasks") -> list[Task]:
-    """Parse JSONL tasks; any bad line fails the whole file before a single agent starts.
-
-    Skipping a bad line would silently shrink the dataset (and spend compute on a run the user
-    did not mean); so every problem is collected and reported together, each as
-    ``FILE:LINE: what is wrong``, and the run does not start. Blank lines are ignored.
-    """
-    tasks: list[Task] = []
-    errors: list[str] = []
-    seen: dict[str, int] = {}
-    for lineno, raw in enumerate(lines, start=1):
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            errors.append(f"{source}:{lineno}: not valid JSON ({e.msg} at column {e.colno}): {_clip(text, 60)}")
-            continue
-        if not isinstance(data, dict):
-            errors.append(f"{source}:{lineno}: expected a JSON object, got {type(data).__name__}: {_clip(text, 60)}")
-            continue
-        if "id" in data:
-            tid = data["id"]
-            if isinstance(tid, bool) or not isinstance(tid, (str, int)) or str(tid) == "":
-                errors.append(f"{source}:{lineno}: 'id' must be a non-empty string or integer, got {tid!r}")
-                continue
-            tid = str(tid)
-            if len(tid) > MAX_ID_CHARS:
-                errors.append(f"{source}:{lineno}: 'id' is {len(tid)} characters; the limit is {MAX_ID_CHARS}")
-                continue
-        else:
-            tid = task_id_for(data)
-        if tid in seen:
-            errors.append(f"{source}:{lineno}: task id {tid!r} repeats line {seen[tid]}; give each task a "
-                          f"unique 'id' (use -n for several samples of one task)")
-            continue
-        seen[tid] = lineno
-        tasks.append(Task(tid, data, lineno))
-    if errors:
-        shown = errors[:20] + ([f"... and {len(errors) - 20} more"] if len(errors) > 20 else [])
-        raise UsageError(f"{len(errors)} bad line(s) in {source}; fix them and rerun:\n  " + "\n  ".join(shown))
-    if not tasks:
-        raise UsageError(f"{source} holds no tasks; write one JSON object per line, e.g. "
-                         '{"id": "t1", "question": "..."}')
-    return tasks
-
-
-def load_tasks(path: str) -> list[Task]:
-    """Read and parse the tasks file, naming the file when it cannot be read."""
-    p = Path(path)
-    if not path:
-        raise UsageError("--tasks FILE is required (JSONL, one JSON object per line)")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UsageError(f"cannot read --tasks {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise UsageError(f"--tasks {path} is not UTF-8 text: {e}") from None
-    return parse_tasks(text.splitlines(), source=path)
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-# ------------------------------------------------------------------------------------------ plan
-@dataclass(frozen=True)
-class Job:
-    """One (task, sample) to run; ``index`` orders the plan (all samples of a task are adjacent)."""
-
-    index: int
-    task: Task
-    sample: int
-
-
-def plan_jobs(tasks: list[Task], n: int) -> list[Job]:
-    """Task-major order, so a task's group of samples completes early (the trainer can start on it)."""
-    return [Job(i * n + s, t, s) for i, t in enumerate(tasks) for s in range(n)]
-
-
-def rollout_id_for(run_id: str, job: Job, attempt: int) -> str:
-    """Unique per attempt, so spans of a failed attempt never mix into the retry's rollout."""
-    base = f"{run_id}-{job.index:05d}"
-    return base if attempt == 0 else f"{base}-a{attempt}"
-
-
-def new_run_id(now: datetime | None = None) -> str:
-    """Time-sortable and unique across concurrent drivers: ``YYYYmmddTHHMMSSZ-xxxx``."""
-    now = now or datetime.now(timezone.utc)
-    return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2)
-
-
-# ------------------------------------------------------------------------------------------- env
-def merge_resource_attributes(existing: str | None, extra: Mapping[str, str]) -> str:
-    """Merge into an ``OTEL_RESOURCE_ATTRIBUTES`` value: keep the user's keys, ours win on conflict.
-
-    Values are percent-encoded, as the OTel spec (and the Python SDK's decoder) expects, so a task
-    id with ``,`` or ``=`` survives the trip.
-    """
-    pairs: list[tuple[str, str]] = []
-    for item in (existing or "").split(","):
-        if "=" not in item:
-            continue
-        key, value = item.split("=", 1)
-        key = key.strip()
-        if key and key not in extra:
-            pairs.append((key, value.strip()))
-    pairs += [(k, quote(v, safe="")) for k, v in extra.items()]
-    return ",".join(f"{k}={v}" for k, v in pairs)
-
-
-def parse_resource_attributes(value: str) -> dict[str, str]:
-    """The inverse of ``merge_resource_attributes`` (as the SDK decodes it), for checks and tests."""
-    out = {}
-    for item in value.split(","):
-        if "=" in item:
-            k, v = item.split("=", 1)
-            out[k.strip()] = unquote(v.strip())
-    return out
-
-
-def agent_env(base: Mapping[str, str], *, rollout_id: str, task_id: str, task_json: str,
-              otlp: str, gateway: str, otlp_protocol: str = "grpc") -> dict[str, str]:
-    """The complete environment of one agent run: the driver's own, plus what points it at tracerl.
-
-    The OTLP protocol is set with the endpoint (``--otlp`` is the collector's gRPC port, or its HTTP
-    port for ``http/*``), never left to the SDK's default, which differs by language (Python: grpc,
-    JavaScript: http/protobuf); a signal-specific traces endpoint or protocol in the parent
-    environment would override ours, so they are dropped.
-    """
-    env = dict(base)
-    env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
-    env.pop("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", None)
-    env.update({
-        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": otlp_protocol,
-        "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_RESOURCE_ATTRIBUTES": merge_resource_attributes(
-            base.get("OTEL_RESOURCE_ATTRIBUTES"), {ROLLOUT_KEY: rollout_id, TASK_KEY: task_id}),
-        "TRACERL_TASK": task_json,
-    })
-    if gateway:
-        env["OPENAI_BASE_URL"] = gateway
-    env.setdefault("OPENAI_API_KEY", "tracerl")  # the openai client refuses to start without one
-    return env
-
-
-def agent_argv(command: list[str], task_json: str, task_via: str) -> list[str]:
-    """The agent's command line: unchanged, or with the task JSON appended for ``--task-via arg``."""
-    return [*command, task_json] if task_via == "arg" else list(command)
+    continuous: bool = opt(False, "keep --concurrency agents running over the tasks again and again (each "
+                                  "task's -n samples started together) until stopped: Ctrl-C or SIGTERM lets "
+                                  "the running agents finish (a second one kills them); for train --watch "
+                                  "--max-staleness K")
+    max_rollouts: int = opt(0, "with --continuous: stop after this many rollouts; 0 runs until stopped",
+                            metavar="N")
 
 
 # ---------------------------------------------------------------------------------------- policy
@@ -252,150 +83,6 @@ def should_retry(status: str, attempt: int, retries: int) -> bool:
     """Retry a failed or timed-out agent run while attempts remain; a finished run is kept as is."""
     return status in ("failed", "timeout") and attempt < retries
 
-
-def reward_post_delays(attempts: int = 6, base_s: float = 0.2, cap_s: float = 5.0) -> list[float]:
-    """Waits before each re-POST of a reward (exponential backoff): 0.2, 0.4, 0.8, ... capped."""
-    return [min(cap_s, base_s * 2**i) for i in range(attempts - 1)]
-
-
-def is_retryable_status(code: int) -> bool:
-    """The collector answers 503 (WAL backlog, low disk) or 429 when it wants the client to retry."""
-    return code in (429, 502, 503, 504)
-
-
-# --------------------------------------------------------------------------------------- records
-@dataclass
-class RolloutRecord:
-    """One line of ``STORE/rollouts/driver-<run>.jsonl``: how one (task, sample) went."""
-
-    rollout_id: str
-    task_id: str
-    sample: int
-    status: str  # ok | failed | timeout
-    exit_code: int | None
-    duration_s: float
-    attempts: int
-    reward: float | None = None
-    reward_posted: bool | None = None  # None: nothing to post
-    error: str | None = None  # reward function or reward POST problem
-    stderr_tail: str = ""
-    retried_rollout_ids: list[str] = field(default_factory=list)
-    run_id: str = ""
-    started_at: str = ""
-
-
-@dataclass
-class Summary:
-    """What a run produced, for the printed summary and the exit code."""
-
-    total: int
-    ok: int
-    failed: int
-    timeout: int
-    rewarded: int
-    mean_reward: float | None
-    reward_errors: int
-    unposted_rewards: int
-    mean_duration_s: float
-
-
-def summarize(records: list[RolloutRecord]) -> Summary:
-    rewards = [r.reward for r in records if r.reward is not None]
-    return Summary(
-        total=len(records),
-        ok=sum(r.status == "ok" for r in records),
-        failed=sum(r.status == "failed" for r in records),
-        timeout=sum(r.status == "timeout" for r in records),
-        rewarded=len(rewards),
-        mean_reward=statistics.fmean(rewards) if rewards else None,
-        reward_errors=sum(r.error is not None and r.reward is None and r.status == "ok" for r in records),
-        unposted_rewards=sum(r.reward_posted is False for r in records),
-        mean_duration_s=statistics.fmean(r.duration_s for r in records) if records else 0.0,
-    )
-
-
-def format_summary(s: Summary, records_path: str) -> str:
-    reward = "n/a" if s.mean_reward is None else f"{s.mean_reward:.3f} over {s.rewarded}"
-    lines = [f"{s.total} rollouts: {s.ok} ok, {s.failed} failed, {s.timeout} timeout; "
-             f"mean reward {reward}; mean duration {s.mean_duration_s:.2f}s",
-             f"records: {records_path}"]
-    if s.reward_errors:
-        lines.append(f"{s.reward_errors} reward function error(s): see the 'error' field of the records")
-    if s.unposted_rewards:
-        lines.append(f"{s.unposted_rewards} reward(s) not posted to the collector: is `tracerl collect` "
-                     f"running at --collector? The values are in the records file")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------- reward
-def load_reward_fn(spec: str) -> RewardFn:
-    """``pkg.module:fn`` or ``path/to/file.py:fn`` → the callable; a usage error names what is wrong."""
-    mod_name, sep, fn_name = spec.rpartition(":")
-    if not sep or not mod_name or not fn_name:
-        raise UsageError(f"--reward {spec!r} must be MODULE:FUNCTION or FILE.py:FUNCTION, e.g. "
-                         f"examples/demo/reward.py:score")
-    try:
-        if mod_name.endswith(".py"):
-            path = Path(mod_name)
-            if not path.is_file():
-                raise UsageError(f"--reward: no file {mod_name}")
-            spec_obj = importlib.util.spec_from_file_location(f"tracerl_reward_{path.stem}", path)
-            assert spec_obj and spec_obj.loader
-            module = importlib.util.module_from_spec(spec_obj)
-            spec_obj.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except UsageError:
-        raise
-    except Exception as e:
-        raise UsageError(f"--reward: cannot import {mod_name}: {type(e).__name__}: {e}") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise UsageError(f"--reward: {mod_name} has no function {fn_name!r}")
-    return fn
-
-
-def compute_reward(fn: RewardFn, task: dict, stdout: str) -> tuple[float | None, str | None]:
-    """Call the user's reward function; a raise or a non-finite value is an error, not a crash."""
-    try:
-        value = fn(task, stdout)
-    except Exception as e:
-        return None, f"reward function raised {type(e).__name__}: {e}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None, f"reward function returned {value!r}; it must return a finite float"
-    return float(value), None
-
-
-def post_reward(client: Any, collector: str, rollout_id: str, value: float, name: str,
-                delays: list[float] | None = None) -> str | None:
-    """POST one reward to the collector; retry on 503/429/connection errors. Returns an error or None.
-
-    ``reward_id`` is fixed per (rollout, name), so a retry after a lost ack is deduplicated.
-    """
-    import httpx
-
-    url = collector.rstrip("/") + "/v1/rewards"
-    body = {"rollout_id": rollout_id, "value": value, "name": name, "reward_id": f"{rollout_id}:{name}"}
-    delays = reward_post_delays() if delays is None else delays
-    last = ""
-    for attempt in range(len(delays) + 1):
-        wait = delays[attempt] if attempt < len(delays) else 0.0
-        try:
-            resp = client.post(url, json=body)
-        except httpx.TransportError as e:
-            last = f"{type(e).__name__}: {e}"
-        else:
-            if resp.status_code == 200:
-                return None
-            last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-            if not is_retryable_status(resp.status_code):
-                return f"collector refused the reward ({last})"
-            retry_after = resp.headers.get("Retry-After")
-            if retry_after and retry_after.replace(".", "", 1).isdigit():
-                wait = max(wait, min(float(retry_after), 10.0))
-        if attempt < len(delays):
-            time.sleep(wait)
-    return f"could not post reward to {url} after {len(delays) + 1} attempts ({last})"
 
 
 # -------------------------------------------------------------------------------------- I/O shell
@@ -500,6 +187,8 @@ class Driver:
     task_via: str = "stdin"
     store: str = "./tracerl-store"
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    continuous: bool = False
+    max_rollouts: int = 0
     progress: bool | None = None  # None: a bar only when stderr is a terminal
 
 
@@ -514,6 +203,10 @@ def validate(d: Driver) -> None:
         raise UsageError(f"--concurrency must be at least 1, got {d.concurrency}")
     if not d.timeout_s > 0:
         raise UsageError(f"--timeout-s must be positive, got {d.timeout_s}")
+    if d.max_rollouts < 0:
+        raise UsageError(f"--max-rollouts must be 0 (no limit) or more, got {d.max_rollouts}")
+    if d.max_rollouts and not d.continuous:
+        raise UsageError("--max-rollouts applies to --continuous runs; without it the run is every task -n times")
     if d.retries < 0 or d.reward_retries < 0:
         raise UsageError(f"--retries and --reward-retries must be 0 or more, got {d.retries}, {d.reward_retries}")
     if d.task_via not in TASK_VIA:
@@ -529,25 +222,32 @@ def validate(d: Driver) -> None:
                          f"--otlp {d.collector or 'http://127.0.0.1:4318'}")
 
 
-def run_rollouts(d: Driver, out=None) -> tuple[list[RolloutRecord], Path]:
-    """Run every (task, sample); append a record per rollout as it finishes; return them all.
+def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None) -> tuple[list[RolloutRecord], Path]:
+    """Run every (task, sample), or with ``d.continuous`` the tasks over and over; append a record per
+    rollout as it finishes; return them all.
 
-    Records are flushed line by line, so a driver killed midway leaves the finished ones on disk.
+    At most ``concurrency`` agents run at once and the next job starts as one finishes, so a
+    continuous run holds a steady load. Setting ``stop`` starts no new agent and returns once the
+    running ones finish (a continuous run's graceful end). Records are flushed line by line, so a
+    driver killed midway leaves the finished ones on disk.
     """
     import httpx
     from tqdm import tqdm
 
     validate(d)
     out = out or sys.stdout
+    stop = stop or threading.Event()
     run_id = new_run_id()
     rollouts_dir = Path(d.store) / "rollouts"
     rollouts_dir.mkdir(parents=True, exist_ok=True)
     path = rollouts_dir / f"driver-{run_id}.jsonl"
-    jobs = plan_jobs(d.tasks, d.n)
+    jobs: Iterator[Job] = job_stream(d.tasks, d.n, d.max_rollouts) if d.continuous else iter(plan_jobs(d.tasks, d.n))
+    total = (d.max_rollouts or None) if d.continuous else len(d.tasks) * d.n
     running = _Running()
     client = httpx.Client(timeout=10.0) if d.collector and d.reward_fn else None
     lock = threading.Lock()
     records: list[RolloutRecord] = []
+    order: dict[tuple[str, int], int] = {}
     stopping = threading.Event()  # set on Ctrl-C or a driver error: start no new agent
 
     def one(job: Job) -> RolloutRecord:
@@ -582,25 +282,40 @@ def run_rollouts(d: Driver, out=None) -> tuple[list[RolloutRecord], Path]:
                 rec.error = post_error
         return rec
 
-    bar = tqdm(total=len(jobs), unit="rollout", desc="rollouts", file=sys.stderr,
+    bar = tqdm(total=total, unit="rollout", desc="rollouts", file=sys.stderr,
                disable=(not sys.stderr.isatty()) if d.progress is None else not d.progress)
+    tally = Tally()
     try:
         with open(path, "a", encoding="utf-8") as f, ThreadPoolExecutor(max_workers=d.concurrency) as pool:
-            futures = [pool.submit(one, j) for j in jobs]
+            in_flight: set[Future] = set()
+
+            def fill() -> None:
+                while len(in_flight) < d.concurrency and not stop.is_set() and not stopping.is_set():
+                    job = next(jobs, None)
+                    if job is None:
+                        return
+                    order[(job.task.id, job.sample)] = job.index
+                    in_flight.add(pool.submit(one, job))
+
             try:
-                for fut in as_completed(futures):
-                    rec = fut.result()
-                    with lock:
-                        records.append(rec)
-                        f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
-                        f.flush()
-                    s = summarize(records)
-                    bar.set_postfix(ok=s.ok, failed=s.failed + s.timeout,
-                                    reward="n/a" if s.mean_reward is None else f"{s.mean_reward:.3f}")
-                    bar.update(1)
+                fill()
+                while in_flight:
+                    done, _ = wait(in_flight, timeout=0.5, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        in_flight.discard(fut)
+                        rec = fut.result()
+                        with lock:
+                            records.append(rec)
+                            f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
+                            f.flush()
+                        tally.add(rec)
+                        bar.set_postfix(ok=tally.ok, failed=tally.failed,
+                                        reward="n/a" if tally.mean_reward is None else f"{tally.mean_reward:.3f}")
+                        bar.update(1)
+                    fill()
             except BaseException:
                 stopping.set()
-                for fut in futures:
+                for fut in in_flight:
                     fut.cancel()
                 running.kill_all()
                 raise
@@ -608,6 +323,5 @@ def run_rollouts(d: Driver, out=None) -> tuple[list[RolloutRecord], Path]:
         bar.close()
         if client is not None:
             client.close()
-    order = {(j.task.id, j.sample): j.index for j in jobs}
     records.sort(key=lambda r: order[(r.task_id, r.sample)])
     return records, path

@@ -472,7 +472,10 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
           logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
-    from rollout.driver import Driver, load_reward_fn, parse_tasks, run_rollouts, summarize
+    from rollout.driver import Driver, run_rollouts
+    from rollout.records import summarize
+    from rollout.rewards import load_reward_fn
+    from rollout.tasks import parse_tasks
 
     serve_port, gateway_port, grpc_port, http_port = ports
     tracerl_bin = str(BIN / "tracerl")

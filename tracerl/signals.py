@@ -62,3 +62,28 @@ def interrupt_on_signals() -> Iterator[None]:
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+@contextlib.contextmanager
+def drain_then_interrupt(stop: threading.Event, on_first: Any = None) -> Iterator[None]:
+    """The first SIGINT/SIGTERM sets ``stop`` (finish what runs, start nothing new); a second one
+    raises KeyboardInterrupt like ``interrupt_on_signals`` (stop everything now)."""
+    def handler(*_: Any) -> None:
+        if stop.is_set():
+            _interrupted.set()
+            raise KeyboardInterrupt
+        stop.set()
+        if on_first is not None:
+            on_first()
+
+    _interrupted.clear()
+    try:
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)

@@ -33,8 +33,13 @@ class TrainSettings:
                                "version exist")
     every: float = opt(0.0, "also train when this many seconds passed since the last round, with any "
                             "number (>= 2) of rollouts; 0 disables", metavar="S")
-    staleness: int = opt(0, "round k also uses not-yet-used rollouts of versions k-S..k-1 (0: strictly "
-                            "on-policy)", metavar="S")
+    max_staleness: int = opt(0, "asynchronous rounds: round k also trains on not-yet-used rollouts that started "
+                                "on versions k-K..k-1 (rollouts keep running while it trains), each call "
+                                "corrected by its importance weight; older unused ones are dropped and counted. "
+                                "0: strictly on-policy", metavar="K")
+    stale_without_logprobs: str = opt("drop", "a stale call recorded without the engine's logprobs (retokenized) "
+                                              "has no importance weight: drop it (counted) or train on it as if "
+                                              "on-policy", choices=["drop", "train"])
     unversioned_as: int = opt(0, "policy version of calls recorded without one (the base model served as "
                                  "plain 'policy' is policy@0); -1 never trains on them", metavar="K")
     served_name: str = opt("policy", "served model name; round k publishes <served-name>@<k+1>", metavar="NAME")

@@ -3,8 +3,9 @@
 Two steps, each a function with its counts in ``DatasetStats`` so the round metrics say exactly
 what was used, retokenized, truncated or dropped:
 
-1. ``load_transitions``: one DuckDB query over the store picks the calls of the requested policy
-   versions, deduplicates replayed rows by ``transition_id``, marks whether each rollout is
+1. ``load_transitions``: one DuckDB query over the store picks the rollouts that started on the
+   requested policy versions (a rollout's version is its first call's: one rollout never straddles
+   the window), deduplicates replayed rows by ``transition_id``, marks whether each rollout is
    complete (one of its calls has ``is_last``) and derives the rollout reward, then keeps the
    selected calls (``trainable``, agent-name regex).
 2. ``build_samples``: token ids come from the row when the gateway/span recorded them; otherwise
@@ -12,14 +13,17 @@ what was used, retokenized, truncated or dropped:
    marked ``retokenized`` and has no serving logprobs). Truncation is explicit: the prompt keeps
    its *last* ``max_prompt_tokens`` tokens (the most recent context), the response its *first*
    ``max_response_tokens``; both are counted. Each sample gets its rollout's advantage and a
-   loss weight (see ``trainer.advantages``).
+   loss weight (see ``trainer.advantages``). With asynchronous rounds a call of an older version
+   than the one trained on is *stale*; the loss corrects it with the engine's logprobs, so a stale
+   call without them (retokenized) is dropped and counted, unless ``stale_without_logprobs`` says
+   to train on it as if it were on-policy.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -27,17 +31,20 @@ import pyarrow as pa
 from trainer.advantages import RolloutReward, per_rollout_token_weights, rollout_advantages
 
 TRANSITIONS_SQL = """
-WITH picked AS (
-    SELECT * FROM transitions
-    WHERE coalesce(policy_version, $unversioned) BETWEEN $lo AND $hi
+WITH latest AS (
+    SELECT *, coalesce(policy_version, $unversioned) AS call_version FROM transitions
     QUALIFY row_number() OVER (PARTITION BY transition_id ORDER BY ended_at DESC NULLS LAST) = 1
 ),
+started AS (  -- a rollout's version is the one it started on: the version of its first (oldest) call
+    SELECT rollout_id, min(call_version) AS rollout_version FROM latest GROUP BY rollout_id
+    HAVING min(call_version) BETWEEN $lo AND $hi
+),
 marked AS (
-    SELECT *,
-        bool_or(coalesce(is_last, false)) OVER (PARTITION BY rollout_id) AS rollout_complete,
-        coalesce(max(rollout_reward) OVER (PARTITION BY rollout_id),
-                 sum(reward) OVER (PARTITION BY rollout_id)) AS rollout_reward_used
-    FROM picked
+    SELECT latest.*, started.rollout_version,
+        bool_or(coalesce(is_last, false)) OVER (PARTITION BY latest.rollout_id) AS rollout_complete,
+        coalesce(max(rollout_reward) OVER (PARTITION BY latest.rollout_id),
+                 sum(reward) OVER (PARTITION BY latest.rollout_id)) AS rollout_reward_used
+    FROM latest JOIN started USING (rollout_id)
 )
 SELECT * FROM marked
 WHERE ($all_calls OR coalesce(trainable, false))
@@ -57,6 +64,7 @@ class DatasetConfig:
     estimator: str = "grpo"
     aggregation: str = "rollout"
     require_complete: bool = True
+    stale_without_logprobs: str = "drop"  # or "train" (as if on-policy)
 
 
 @dataclass
@@ -77,6 +85,9 @@ class DatasetStats:
     n_samples: int = 0
     n_response_tokens: int = 0
     mean_reward: float = float("nan")
+    n_stale_no_logprobs: int = 0  # stale calls without the engine's logprobs, dropped (or trained as on-policy)
+    n_rollouts_too_stale: int = 0  # unused rollouts older than the staleness window: never trained on
+    staleness: dict[int, int] = field(default_factory=dict)  # samples by (trained version - call version)
 
 
 @dataclass
@@ -91,6 +102,7 @@ class Sample:
     advantage: float = 0.0
     weight: float = 0.0  # loss weight of each response token
     retokenized: bool = False
+    staleness: int = 0  # versions between the one this call was sampled from and the one trained on
 
     @property
     def length(self) -> int:
@@ -150,9 +162,14 @@ def _timestamps_as_ns(rows: pa.Table) -> pa.Table:
 
 
 def build_samples(
-    rows: pa.Table, tokenizer: Any, config: DatasetConfig, *, exclude_rollouts: Iterable[str] = ()
+    rows: pa.Table, tokenizer: Any, config: DatasetConfig, *, exclude_rollouts: Iterable[str] = (),
+    trained_version: int | None = None,
 ) -> tuple[list[Sample], DatasetStats]:
-    """Turn selected transition rows into weighted samples; see the module docstring for the rules."""
+    """Turn selected transition rows into weighted samples; see the module docstring for the rules.
+
+    ``trained_version``: the policy version the round trains (``k``); calls of older versions are
+    stale. None: every call counts as on-policy.
+    """
     excluded = set(exclude_rollouts)
     stats = DatasetStats()
     records = [r for r in _timestamps_as_ns(rows).to_pylist() if r["rollout_id"] not in excluded]
@@ -192,6 +209,11 @@ def build_samples(
             stats.n_retokenized += 1
         if logprobs is not None and len(logprobs) != len(response_ids):
             logprobs = None
+        stale = 0 if trained_version is None else max(0, trained_version - int(r.get("call_version") or 0))
+        if stale and logprobs is None:
+            stats.n_stale_no_logprobs += 1
+            if config.stale_without_logprobs == "drop":
+                continue
         if len(prompt_ids) > config.max_prompt_tokens:
             prompt_ids = prompt_ids[-config.max_prompt_tokens:]
             stats.n_truncated_prompt += 1
@@ -205,8 +227,9 @@ def build_samples(
         samples.append(Sample(
             transition_id=r["transition_id"], rollout_id=r["rollout_id"], prompt_ids=list(prompt_ids),
             response_ids=list(response_ids), rollout_logprobs=list(logprobs) if logprobs is not None else None,
-            advantage=adv.advantages[r["rollout_id"]], retokenized=retok,
+            advantage=adv.advantages[r["rollout_id"]], retokenized=retok, staleness=stale,
         ))
+        stats.staleness[stale] = stats.staleness.get(stale, 0) + 1
     assign_weights(samples, config.aggregation)
     stats.n_samples = len(samples)
     stats.n_response_tokens = sum(len(s.response_ids) for s in samples)

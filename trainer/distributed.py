@@ -74,7 +74,7 @@ def all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
 
 
 SUMMED = ("loss", "policy_loss", "kl", "clip_fraction", "ppo_kl", "is_filtered_fraction", "micro_batches",
-          "tokens")
+          "tokens", "is_tokens", "is_weight_mean")
 
 
 def reduce_metrics(m: TrainMetrics, resp_tokens: float, device: torch.device) -> tuple[TrainMetrics, float]:
@@ -89,8 +89,13 @@ def reduce_metrics(m: TrainMetrics, resp_tokens: float, device: torch.device) ->
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     slowest = torch.tensor([m.seconds], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    extremes = torch.tensor([m.is_weight_max, -m.is_weight_min if m.is_tokens else -math.inf],
+                            dtype=torch.float64, device=device)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     *sums, tokens = t.tolist()
-    out = dataclasses.replace(m, seconds=float(slowest.item()))
+    hi, neg_lo = extremes.tolist()
+    out = dataclasses.replace(m, seconds=float(slowest.item()), is_weight_max=hi,
+                              is_weight_min=-neg_lo if math.isfinite(neg_lo) else 0.0)
     for k, v in zip(SUMMED, sums, strict=True):
         setattr(out, k, round(v) if isinstance(getattr(m, k), int) else v)
     return out, tokens
@@ -106,6 +111,8 @@ def finish_metrics(m: TrainMetrics, resp_tokens: float, device: torch.device, wo
         m.clip_fraction /= resp_tokens
         m.ppo_kl /= resp_tokens
         m.is_filtered_fraction /= resp_tokens
+    if m.is_tokens:
+        m.is_weight_mean /= m.is_tokens
     if not math.isfinite(m.loss):
         raise FloatingPointError(f"training loss is {m.loss}; lower --lr or check the rewards for NaN/inf")
     return m

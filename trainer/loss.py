@@ -15,9 +15,14 @@ batch into micro-batches and adding their losses gives the same number.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from trainer.backends.base import TrainMetrics
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("rollout", "token", "sequence")
@@ -100,6 +105,33 @@ def importance_weights(
     if mode == "clip":
         return ratio.clamp(min=low, max=high), filtered
     return torch.where(filtered, torch.zeros_like(ratio), ratio), filtered
+
+
+@dataclass
+class ImportanceStats:
+    """Running sums of the raw importance ratio pi_old / pi_behaviour over tokens the engine scored."""
+
+    tokens: float = 0.0
+    weight_sum: float = 0.0
+    weight_max: float = 0.0
+    weight_min: float = math.inf
+
+    def add(self, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, scored: torch.Tensor) -> None:
+        """``scored``: the response tokens that carry the engine's logprob (the others have no ratio)."""
+        if not bool(scored.any()):
+            return
+        ratio = (old_logprobs.detach().float() - rollout_logprobs.float())[scored].clamp(-20, 20).exp()
+        self.tokens += float(ratio.numel())
+        self.weight_sum += float(ratio.sum())
+        self.weight_max = max(self.weight_max, float(ratio.max()))
+        self.weight_min = min(self.weight_min, float(ratio.min()))
+
+    def into(self, m: TrainMetrics) -> None:
+        """Onto a ``TrainMetrics`` (the mean is still a sum there: ``finish_metrics`` divides it)."""
+        m.is_tokens = int(self.tokens)
+        m.is_weight_mean = self.weight_sum
+        m.is_weight_max = self.weight_max
+        m.is_weight_min = self.weight_min if self.tokens else 0.0
 
 
 def approx_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

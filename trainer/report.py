@@ -1,4 +1,5 @@
-"""The rounds manifest as a table and a PNG (reward, loss, KL per round)."""
+"""The rounds manifest as a table and a PNG (reward, loss, KL per round; staleness and importance
+weights when rounds ran asynchronously)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,46 @@ def round_rows(store: str) -> list[dict[str, Any]]:
     """One dict per round with the columns of ``COLUMNS`` (seconds = sum of the phase timings)."""
     rows = []
     for r in read_rounds(StoreLayout.at(store)).values():
+        m = json.loads(r.get("metrics") or "{}")
         rows.append({**{c: r.get(c) for c in COLUMNS if c != "seconds"},
-                     "seconds": sum(json.loads(r["timings"] or "{}").values())})
+                     "seconds": sum(json.loads(r["timings"] or "{}").values()),
+                     "staleness": {int(d): n for d, n in (m.get("staleness") or {}).items()},
+                     "too_stale": m.get("n_rollouts_too_stale") or 0,
+                     "is_weight": (m.get("is_weight_min"), m.get("is_weight_mean"), m.get("is_weight_max"))
+                     if m.get("is_tokens") else None})
     return rows
+
+
+def _asynchronous(rows: list[dict[str, Any]]) -> bool:
+    return any(r.get("too_stale") or any(d > 0 for d in r.get("staleness") or {}) for r in rows)
+
+
+def _staleness_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Samples of each round stacked by how many versions behind the trained one they were sampled."""
+    depth = max((d for r in rows for d in r["staleness"]), default=0)
+    bottom = [0] * len(rows)
+    xs = [r["round"] for r in rows]
+    for d in range(depth + 1):
+        ys = [r["staleness"].get(d, 0) for r in rows]
+        ax.bar(xs, ys, bottom=bottom, label=f"{d} behind", width=0.7)
+        bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    for x, r, b in zip(xs, rows, bottom, strict=True):
+        if r["too_stale"]:
+            ax.annotate(f"{r['too_stale']} too stale", (x, b), textcoords="offset points", xytext=(0, 3),
+                        ha="center", fontsize="x-small", color="tab:red")
+    ax.legend(fontsize="x-small", loc="upper left")
+
+
+def _importance_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Mean importance weight pi_old / pi_behaviour per round, with its min..max over tokens."""
+    pts = [(r["round"], *r["is_weight"]) for r in rows if r["is_weight"]]
+    if not pts:
+        return
+    xs, lo, mean, hi = zip(*pts, strict=True)
+    ax.errorbar(xs, mean, yerr=[[m - a for m, a in zip(mean, lo, strict=True)],
+                                [b - m for m, b in zip(mean, hi, strict=True)]], fmt="o", capsize=3)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_yscale("log")
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -48,6 +86,8 @@ def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, 
     panels = [("mean_reward", "mean reward\n(training rollouts)"), ("loss", "loss"), ("kl", "KL to base")]
     if heldout:
         panels.insert(0, ("heldout", "held-out success"))
+    if _asynchronous(rows):
+        panels += [("staleness", "samples by\nstaleness"), ("is_weight", "importance weight\nmean, min..max")]
     fig, axes = plt.subplots(len(panels), 1, figsize=(6, 2.3 * len(panels) + 0.4), sharex=True)
     for ax, (key, label) in zip(axes, panels, strict=True):
         if key == "heldout":
@@ -58,6 +98,10 @@ def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, 
             for x, y, (_, _, n) in zip(xs, ys, heldout, strict=True):
                 ax.annotate(f"{y:.3f} (n={n})", (x, y), textcoords="offset points", xytext=(8, 4), fontsize="small")
             ax.set_ylim(0, max(0.1, min(1.0, max(y + e for y, e in zip(ys, err, strict=True)) * 1.3)))
+        elif key == "staleness":
+            _staleness_panel(ax, rows)
+        elif key == "is_weight":
+            _importance_panel(ax, rows)
         else:
             pts = [(r["round"], r[key]) for r in rows if r[key] is not None]
             if pts:

@@ -1,9 +1,16 @@
 """The round protocol: on-policy, idempotent, resumable (DESIGN.md "Training", issue #5).
 
-Versions: the base model is ``policy@0``. Round k trains on transitions of ``policy_version`` k
-(plus not-yet-used rollouts of versions k-S..k-1 with ``--staleness S``) and publishes
-``policy@k+1`` from ``STORE/checkpoints/policy-<k+1>``. So rounds are numbered from 0, and the
-n-th round trains on the data of the policy the (n-1)-th round published.
+Versions: the base model is ``policy@0``. Round k trains on rollouts that started on
+``policy_version`` k and publishes ``policy@k+1`` from ``STORE/checkpoints/policy-<k+1>``. So rounds
+are numbered from 0, and the n-th round trains on the data of the policy the (n-1)-th round published.
+
+Asynchronous rounds (``--max-staleness K``): rollouts keep running while a round trains, so round k
+also takes not-yet-used rollouts that started on versions k-K..k-1. A rollout's version is its
+first call's; unused rollouts older than the window are dropped and counted
+(``n_rollouts_too_stale``). The group rule: a task's group is every selected rollout of that task,
+whatever version it started on (one baseline; each call's importance weight, pi_old/pi_behaviour
+from the engine's recorded logprobs, corrects for the policy that sampled it: the decoupled PPO
+objective of AReaL, Fu et al. 2025, sec. 5.2, with the truncation of TIS, Yao et al. 2025).
 
 One call of ``run_once`` does at most one round, under an exclusive lock (cron-safe):
 
@@ -140,7 +147,8 @@ def used_rollouts(layout: StoreLayout, before: int) -> set[str]:
 
 def dataset_config(s: TrainSettings) -> DatasetConfig:
     return DatasetConfig(max_prompt_tokens=s.max_prompt_tokens, max_response_tokens=s.max_response_tokens,
-                         pack_tokens=s.pack_tokens, estimator=s.estimator, aggregation=s.aggregation)
+                         pack_tokens=s.pack_tokens, estimator=s.estimator, aggregation=s.aggregation,
+                         stale_without_logprobs=s.stale_without_logprobs)
 
 
 def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetrics | None) -> str:
@@ -155,6 +163,11 @@ def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetric
                   f"truncated={stats.n_truncated_prompt}p/{stats.n_truncated_response}r",
                   f"zero_var_groups={stats.n_groups_zero_variance}/{stats.n_groups}",
                   f"incomplete={stats.n_rollouts_incomplete}"]
+        if any(stats.staleness.get(d) for d in stats.staleness if d > 0) or stats.n_rollouts_too_stale:
+            parts += ["staleness=" + ",".join(f"{d}:{n}" for d, n in sorted(stats.staleness.items())),
+                      f"too_stale={stats.n_rollouts_too_stale}", f"stale_no_logprobs={stats.n_stale_no_logprobs}"]
+    if m is not None and m.is_tokens:
+        parts.append(f"is_weight={m.is_weight_mean:.3f}[{m.is_weight_min:.3f},{m.is_weight_max:.3f}]")
     if m is not None:
         parts += [f"tokens={m.tokens}", f"steps={m.optimizer_steps}", f"grad_norm={m.grad_norm:.3f}"]
         if m.seconds > 0:
@@ -220,7 +233,7 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
     sel_file = selection_path(layout, k)
     resuming = sel_file.exists()  # a run of round k was interrupted: redo it on the same rollouts
     selection: dict[str, Any] | None = json.loads(sel_file.read_text()) if resuming else None
-    lo = selection["versions"][0] if selection is not None else max(0, k - settings.staleness)
+    lo = selection["versions"][0] if selection is not None else max(0, k - settings.max_staleness)
     con = connect_readonly(str(layout.root))
     rows = load_transitions(con, (lo, k), agents=settings.agents, tasks=settings.tasks,
                             unversioned=settings.unversioned_as)
@@ -232,7 +245,10 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
 
     tokenizer = AutoTokenizer.from_pretrained(base_model)
     exclude = used_rollouts(layout, k) if selection is None else set()
-    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude)
+    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
+                                   trained_version=k)
+    if lo > 0 and selection is None:
+        stats.n_rollouts_too_stale = _too_stale(settings, layout, lo, exclude)
     timings["dataset"] = time.perf_counter() - t
     if selection is not None:
         trained_ids = set(selection["transition_ids"])
@@ -350,6 +366,18 @@ def _usable_rollouts(rows: pa.Table, exclude: set[str]) -> set[str]:
         if r["rollout_complete"] and r["rollout_reward_used"] is not None and r["rollout_id"] not in exclude:
             out.add(r["rollout_id"])
     return out
+
+
+def _too_stale(settings: TrainSettings, layout: StoreLayout, lo: int, used: set[str]) -> int:
+    """Complete, rewarded rollouts that started before version ``lo`` and no round used: out of the
+    window for good (a level, not a flow: each such rollout is counted by every later round)."""
+    con = connect_readonly(str(layout.root))
+    try:
+        rows = load_transitions(con, (0, lo - 1), agents=settings.agents, tasks=settings.tasks,
+                                unversioned=settings.unversioned_as)
+    finally:
+        con.close()
+    return len(_usable_rollouts(rows, used))
 
 
 def _every_due(settings: TrainSettings, layout: StoreLayout, last: int | None, usable: int) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
-from rollout.driver import parse_resource_attributes
+from rollout.agent_env import parse_resource_attributes
 from schemas.views import connect_readonly
 
 HERE = Path(__file__).parent
@@ -228,3 +228,52 @@ def test_an_agent_started_while_the_driver_stops_is_killed_as_it_is_registered()
     late = subprocess.Popen(["sleep", "30"], start_new_session=True)
     running.add(late)
     assert before.wait(timeout=10) == late.wait(timeout=10) == -signal.SIGTERM
+
+
+def _levels(path: Path) -> list[int]:
+    """How many ``sleep`` agents were running after each start or end in their shared log."""
+    events = sorted((float(t), +1 if kind == "start" else -1)
+                    for kind, t in (line.split() for line in path.read_text().splitlines()))
+    level, out = 0, []
+    for _, step in events:
+        level += step
+        out.append(level)
+    return out
+
+
+def test_continuous_runs_the_tasks_again_and_again_at_the_concurrency_until_max_rollouts(tmp_path):
+    log = tmp_path / "runs.log"
+    tasks = [{"id": f"t{i}", "do": "sleep", "secs": 0.4, "out": str(log)} for i in range(2)]
+    proc = rollout(tmp_path, tasks, "--continuous", "--max-rollouts", "9", "--concurrency", "3", "-n", "2")
+    assert "9 rollouts: 9 ok" in proc.stdout
+    recs = records(tmp_path / "store")
+    assert sorted((r["task_id"], r["sample"]) for r in recs) == [  # (the file is in order of completion)
+        ("t0", 0), ("t0", 1), ("t0", 2), ("t0", 3), ("t0", 4), ("t1", 0), ("t1", 1), ("t1", 2), ("t1", 3)]
+    levels = _levels(log)
+    assert len(levels) == 18 and levels[-1] == 0  # 9 starts, 9 ends
+    assert max(levels) == 3  # --concurrency agents at once, never more
+
+
+def test_stopping_a_continuous_run_lets_the_running_agents_finish_and_exits_0(tmp_path):
+    import signal
+    import subprocess
+
+    log = tmp_path / "runs.log"
+    tasks_file = write_tasks(tmp_path / "tasks.jsonl", [{"id": "t", "do": "sleep", "secs": 1.5, "out": str(log)}])
+    driver = subprocess.Popen([str(BIN / "tracerl"), "rollout", "--tasks", str(tasks_file), "--store",
+                               str(tmp_path / "store"), "--collector", "", "--continuous", "--concurrency", "2",
+                               "--", *AGENT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (log.exists() and log.read_text().count("start") >= 2):
+        assert time.monotonic() < deadline, "agents did not start"
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=20)
+    assert driver.returncode == 0, err
+    assert "stopping: waiting for the running agents to finish" in err
+    text = log.read_text()
+    started = text.count("start")
+    assert text.count("end") == started, "a running agent was killed instead of finishing"
+    recs = records(tmp_path / "store")
+    assert len(recs) == started and all(r["status"] == "ok" for r in recs)
+    assert f"{started} rollouts: {started} ok" in out

@@ -8,27 +8,11 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from rollout.driver import (
-    Driver,
-    RolloutRecord,
-    Task,
-    agent_argv,
-    agent_env,
-    compute_reward,
-    format_summary,
-    merge_resource_attributes,
-    new_run_id,
-    parse_resource_attributes,
-    parse_tasks,
-    plan_jobs,
-    post_reward,
-    reward_post_delays,
-    rollout_id_for,
-    should_retry,
-    summarize,
-    task_id_for,
-    validate,
-)
+from rollout.agent_env import agent_argv, agent_env, merge_resource_attributes, parse_resource_attributes
+from rollout.driver import Driver, should_retry, validate
+from rollout.records import RolloutRecord, format_summary, summarize
+from rollout.rewards import compute_reward, post_reward, reward_post_delays
+from rollout.tasks import Task, new_run_id, parse_tasks, plan_jobs, rollout_id_for, task_id_for
 from tracerl.options import UsageError
 
 
@@ -161,3 +145,22 @@ def test_an_http_otlp_protocol_with_the_grpc_default_endpoint_is_a_usage_error_n
         validate(Driver(command=["node", "agent.mjs"], tasks=[], otlp_protocol="http"))
     validate(Driver(command=["node", "agent.mjs"], tasks=[], otlp="http://127.0.0.1:4318",
                     otlp_protocol="http/protobuf"))
+
+
+def test_a_continuous_plan_cycles_the_tasks_keeping_each_group_together():
+    from rollout.tasks import job_stream
+
+    tasks = parse_tasks(['{"id": "a"}', '{"id": "b"}'], "t.jsonl")
+    jobs = list(job_stream(tasks, 2, max_rollouts=7))
+    assert [(j.index, j.task.id, j.sample) for j in jobs] == [
+        (0, "a", 0), (1, "a", 1), (2, "b", 0), (3, "b", 1), (4, "a", 2), (5, "a", 3), (6, "b", 2)]
+    assert len({rollout_id_for("run", j, 0) for j in jobs}) == 7
+    endless = job_stream(tasks, 3)
+    assert [next(endless).sample for _ in range(12)][-3:] == [3, 4, 5]  # no limit: cycle 1 of task b
+    assert list(job_stream([], 3)) == []
+
+
+def test_max_rollouts_belongs_to_continuous_runs():
+    with pytest.raises(UsageError, match="--max-rollouts applies to --continuous"):
+        validate(Driver(command=["x"], tasks=parse_tasks(['{"id": "a"}']), max_rollouts=3))
+    validate(Driver(command=["x"], tasks=parse_tasks(['{"id": "a"}']), max_rollouts=3, continuous=True))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trainer.loss import (
+    ImportanceStats,
     LossConfig,
     approx_kl,
     importance_weights,
@@ -90,3 +91,45 @@ def test_gradient_of_on_policy_loss_is_the_policy_gradient():
     out = policy_loss(logp, logp.detach(), adv, w, LossConfig())
     out.loss.backward()
     assert logp.grad.flatten().tolist() == pytest.approx([-0.5, 0.25, -0.125])
+
+
+def test_stale_calls_decoupled_ppo_with_truncated_importance_weights_by_hand():
+    """Asynchronous rounds: pi_theta is clipped against pi_old (the policy at the start of the round)
+    and each token's loss is scaled by the truncated weight pi_old / pi_behaviour (the engine's logprob
+    of an older version): AReaL's decoupled objective with TIS truncation to [0.5, 5]."""
+    logp = torch.log(t([0.55, 0.225, 0.5, 0.9])).requires_grad_(True)  # pi_theta after some steps
+    old = torch.log(t([0.5, 0.25, 0.5, 0.3]))  # pi_old: the round's start
+    behaviour = torch.log(t([0.25, 0.4, 0.01, 0.3]))  # the engine's logprobs when the call was sampled
+    adv = t([1.0, -1.0, 2.0, 1.0])
+    w = t([0.25, 0.25, 0.25, 0.25])
+    cfg = LossConfig(clip_eps_low=0.2, clip_eps_high=0.2, is_correction="clip", is_threshold_low=0.5,
+                     is_threshold_high=5.0)
+    out = policy_loss(logp, old, adv, w, cfg, rollout_logprobs=behaviour)
+    # per token: ratio r = pi/pi_old, surrogate -min(r A, clip(r, 0.8, 1.2) A), weight clamp(pi_old/pi_b)
+    #   1: r 1.1, A  1 -> -1.1 ; weight 2             -> -2.2
+    #   2: r 0.9, A -1 ->  0.9 ; weight 0.625         ->  0.5625
+    #   3: r 1.0, A  2 -> -2.0 ; weight 50, cut to 5  -> -10.0   (filtered: outside [0.5, 5])
+    #   4: r 3.0, A  1 -> -1.2 ; weight 1             -> -1.2    (clipped)
+    assert out.policy_loss.item() == pytest.approx(0.25 * (-2.2 + 0.5625 - 10.0 - 1.2), rel=1e-5)
+    assert out.clip_fraction.item() == pytest.approx(0.25)
+    assert out.is_filtered_fraction.item() == pytest.approx(0.25)
+    out.loss.backward()
+    # d/dlogp of -w*iw*r*A is -w*iw*r*A where the unclipped branch is taken, 0 where the clipped one is
+    assert logp.grad.flatten().tolist() == pytest.approx(
+        [-0.25 * 2 * 1.1, 0.25 * 0.625 * 0.9, -0.25 * 5 * 2.0, 0.0], rel=1e-5)
+    mask_cfg = LossConfig(is_correction="mask", is_threshold_low=0.5, is_threshold_high=5.0)
+    masked = policy_loss(logp.detach(), old, adv, w, mask_cfg, rollout_logprobs=behaviour)
+    assert masked.policy_loss.item() == pytest.approx(0.25 * (-2.2 + 0.5625 + 0.0 - 1.2), rel=1e-5)
+
+
+def test_importance_stats_over_scored_response_tokens_only():
+    stats = ImportanceStats()
+    old = torch.log(t([0.5, 0.5], [0.2, 0.9]))
+    behaviour = torch.log(t([0.25, 0.5], [0.4, 0.1]))
+    scored = torch.tensor([[True, True], [True, False]])  # the last token has no engine logprob
+    stats.add(old, behaviour, scored)
+    assert stats.tokens == 3
+    assert stats.weight_sum == pytest.approx(2.0 + 1.0 + 0.5)
+    assert (stats.weight_min, stats.weight_max) == pytest.approx((0.5, 2.0))
+    stats.add(old, behaviour, torch.zeros_like(scored))  # nothing scored: nothing changes
+    assert stats.tokens == 3

@@ -246,7 +246,7 @@ def test_staleness_lets_a_round_use_unused_older_rollouts_once(tmp_path, write_r
         r["task_id"] = "late-" + r["task_id"]
     v1 = make_rollouts(1)
     write_rows(store, v0)
-    s = train_settings(store, staleness=1)
+    s = train_settings(store, max_staleness=1)
     run_once(s, log=lambda m: None)
     write_rows(store, late_v0 + v1)
     run_once(s, log=lambda m: None)

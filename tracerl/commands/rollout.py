@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
-from rollout.driver import (
-    Driver,
-    RolloutConfig,
-    format_summary,
-    load_reward_fn,
-    load_tasks,
-    run_rollouts,
-    summarize,
-)
+from rollout.driver import Driver, RolloutConfig, run_rollouts
+from rollout.records import format_summary, summarize
+from rollout.rewards import load_reward_fn
+from rollout.tasks import load_tasks
 from tracerl.options import UsageError, add_options, from_args
-from tracerl.signals import interrupt_on_signals
+from tracerl.signals import drain_then_interrupt, interrupt_on_signals
 
 EPILOG = """\
 example (collector, server and gateway already running):
@@ -33,6 +29,11 @@ example (collector, server and gateway already running):
 a Node agent (the JavaScript SDK exports OTLP/HTTP; see examples/vercel_agent):
   tracerl rollout --tasks tasks.jsonl --otlp-protocol http/protobuf --otlp http://127.0.0.1:4318 \\
       -- node --import ./instrumentation.mjs agent.mjs
+
+asynchronous rounds: agents keep running while the trainer trains (stop with Ctrl-C):
+  tracerl rollout --tasks tasks.jsonl -n 4 --continuous --reward examples/demo/reward.py:score \\
+      -- opentelemetry-instrument python examples/demo/agent.py &
+  tracerl train --watch --max-staleness 1 --model DIR --server http://127.0.0.1:8000
 
 tasks.jsonl: one JSON object per line; `id` (string or integer) names the task, else a hash of the
 line is used. A bad line stops the run before any agent starts, with FILE:LINE and the problem.
@@ -58,9 +59,20 @@ def run(args: argparse.Namespace) -> int:
     driver = Driver(command=command, tasks=tasks, n=cfg.n, concurrency=cfg.concurrency, collector=cfg.collector,
                     otlp=cfg.otlp, otlp_protocol=cfg.otlp_protocol, gateway=cfg.gateway, reward_fn=reward_fn,
                     reward_name=cfg.reward_name, reward_retries=cfg.reward_retries,
-                    timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store)
-    with interrupt_on_signals():  # Ctrl-C or SIGTERM: agents killed, finished records kept
-        records, path = run_rollouts(driver)
+                    timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store,
+                    continuous=cfg.continuous, max_rollouts=cfg.max_rollouts)
+    if cfg.continuous:  # stopping is how a continuous run ends: let the running agents finish
+        stop = threading.Event()
+
+        def say() -> None:
+            print("tracerl rollout: stopping: waiting for the running agents to finish (Ctrl-C again kills "
+                  "them)", file=sys.stderr, flush=True)
+
+        with drain_then_interrupt(stop, say):
+            records, path = run_rollouts(driver, stop=stop)
+    else:
+        with interrupt_on_signals():  # Ctrl-C or SIGTERM: agents killed, finished records kept
+            records, path = run_rollouts(driver)
     summary = summarize(records)
     print(format_summary(summary, str(path)), flush=True)
     if summary.unposted_rewards:

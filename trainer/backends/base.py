@@ -20,6 +20,12 @@ class TrainMetrics:
     clip_fraction: float = 0.0
     ppo_kl: float = 0.0
     is_filtered_fraction: float = 0.0
+    # the raw importance ratio pi_old / pi_behaviour over response tokens the engine scored: how far
+    # the serving policy (an older version, when rounds run asynchronously) was from the trained one
+    is_tokens: int = 0
+    is_weight_mean: float = 0.0  # a running sum until finish_metrics divides it by is_tokens
+    is_weight_max: float = 0.0
+    is_weight_min: float = 0.0
     grad_norm: float = 0.0
     optimizer_steps: int = 0
     micro_batches: int = 0

@@ -48,6 +48,7 @@ from trainer.backends.policy_model import load_policy, pick_device
 from trainer.backends.torch_backend import OPTIMIZER_FILE
 from trainer.config import TrainSettings
 from trainer.distributed import finish_metrics, rank_world, step_plan
+from trainer.loss import ImportanceStats
 from trainer.packing import Batch
 
 
@@ -317,6 +318,7 @@ class OpenRLHFBackend:
             old = {i: self._logprobs(self.actor, obs[i]) for i in local} if off_policy else {}
         ref = {i: self._ref_logprobs(obs[i]) for i in local} if s.kl_coef > 0 else {}
         m = TrainMetrics()
+        iw = ImportanceStats()
         resp_tokens = 0.0
         share = 1.0 / (s.epochs * len(steps))
         for _epoch in range(s.epochs):
@@ -335,6 +337,7 @@ class OpenRLHFBackend:
                     act = ob.action_mask.float()
                     old_lp = old.get(i, logp.detach())
                     rollout = torch.where(ob.has_rollout_log_probs, ob.rollout_log_probs, old_lp)
+                    iw.add(old_lp, ob.rollout_log_probs, ob.has_rollout_log_probs & ob.action_mask.bool())
                     loss, clip, ppo_kl, _, filtered = self.loss_fn(
                         logp,
                         old_lp,
@@ -366,6 +369,7 @@ class OpenRLHFBackend:
                 if on_step is not None:
                     on_step(m.optimizer_steps, m)
         m.seconds = time.perf_counter() - t0
+        iw.into(m)
         return finish_metrics(m, resp_tokens, self.device, world)
 
     def save(self, out_dir: Path) -> None:

@@ -26,7 +26,7 @@ from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
 from trainer.config import TrainSettings
 from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
-from trainer.loss import LossConfig, policy_loss
+from trainer.loss import ImportanceStats, LossConfig, policy_loss
 from trainer.packing import Batch, sequence_logprobs
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -130,6 +130,7 @@ class TorchBackend:
         ref = {i: self._ref_logprobs(b) for i, b in local.items()} if s.kl_coef > 0 else None
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         m = TrainMetrics()
+        iw = ImportanceStats()
         resp_tokens = 0.0
         progress = _progress(s.progress, s.epochs * len(local), "train")
         for _epoch in range(s.epochs):
@@ -144,6 +145,7 @@ class TorchBackend:
                     rollout = None
                     if b.has_rollout_logprobs.any():
                         rollout = torch.where(b.has_rollout_logprobs, b.rollout_logprobs, old_lp)
+                        iw.add(old_lp, b.rollout_logprobs, b.has_rollout_logprobs & (b.weights > 0))
                     out = policy_loss(lp, old_lp, b.advantages, b.weights / total_w, self.loss_config,
                                       rollout_logprobs=rollout, ref_logprobs=ref[i] if ref is not None else None)
                     out.loss.backward()
@@ -172,6 +174,7 @@ class TorchBackend:
                     on_step(m.optimizer_steps, m)
         progress.close()
         m.seconds = time.perf_counter() - t0
+        iw.into(m)
         return finish_metrics(m, resp_tokens, self.device, self.world)
 
     def save(self, out_dir: Path) -> None:
