@@ -57,7 +57,7 @@ TARGETS = {"gateway_over_direct": 0.9, "round_s": 60.0, "publish_s": 5.0}
 def start_stack(model: Path, work: Path, threads: int, max_num_seqs: int, engine: str = "embedded",
                 publish: str = "auto", lora_rank: int = 8):
     """collect, serve and gateway as `tracerl` processes on free ports (the demo's process handling)."""
-    from tracerl.demo import BIN, Child, Children, http_ok, pick_port, tcp_open
+    from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
     taken: set[int] = set()
     grpc, http, serve, gw = (pick_port(0, "", taken) for _ in range(4))

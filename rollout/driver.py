@@ -222,13 +222,15 @@ def validate(d: Driver) -> None:
                          f"--otlp {d.collector or 'http://127.0.0.1:4318'}")
 
 
-def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None) -> tuple[list[RolloutRecord], Path]:
+def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
+                 abort: threading.Event | None = None) -> tuple[list[RolloutRecord], Path]:
     """Run every (task, sample), or with ``d.continuous`` the tasks over and over; append a record per
     rollout as it finishes; return them all.
 
     At most ``concurrency`` agents run at once and the next job starts as one finishes, so a
     continuous run holds a steady load. Setting ``stop`` starts no new agent and returns once the
-    running ones finish (a continuous run's graceful end). Records are flushed line by line, so a
+    running ones finish (a continuous run's graceful end); setting ``abort`` kills them and raises
+    (a driver run from a thread, whose owner was interrupted). Records are flushed line by line, so a
     driver killed midway leaves the finished ones on disk.
     """
     import httpx
@@ -301,6 +303,8 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None) -> tu
                 fill()
                 while in_flight:
                     done, _ = wait(in_flight, timeout=0.5, return_when=FIRST_COMPLETED)
+                    if abort is not None and abort.is_set():
+                        raise RuntimeError("rollouts aborted: their owner stopped")
                     for fut in done:
                         in_flight.discard(fut)
                         rec = fut.result()

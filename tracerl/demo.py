@@ -24,10 +24,8 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -39,8 +37,7 @@ from typing import Any
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.options import UsageError, opt
 from tracerl.signals import interrupt_on_signals
-
-BIN = Path(sys.executable).parent
+from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
 
 @dataclass
@@ -101,6 +98,10 @@ class DemoConfig:
     estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: rloo (reward units: GRPO's std scaling made 0.05 of partial credit in a group "
                                       "of failures weigh as much as a solved question); --tiny: grpo",
                                 choices=["grpo", "rloo", "reinforce_baseline"])
+    max_staleness: int = opt(0, "asynchronous rounds: the next K batches of rollouts run while a round trains "
+                                "(tracerl train --max-staleness K; their calls come from policies up to K "
+                                "versions old, corrected by importance weights); 0: agents wait while the "
+                                "trainer trains", metavar="K")
     final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
                                  "(measured, not trained on); the real demo: the held-out evaluations before and after")
     timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 600 (a "
@@ -118,116 +119,6 @@ class DemoConfig:
 
     def resolved_store(self) -> Path:
         return Path(self.store).expanduser() if self.store else Path(self.workdir).expanduser() / "store"
-
-
-# ------------------------------------------------------------------------------------ processes
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port(port: int, flag: str, taken: set[int]) -> int:
-    """``port`` if free, any free port for 0; a taken port is a usage error naming ``flag``."""
-    if port == 0:
-        while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                p = s.getsockname()[1]
-            if p not in taken:
-                taken.add(p)
-                return p
-    if not 0 < port < 65536:
-        raise UsageError(f"{flag} {port} is not a port number; pass 1..65535, or 0 for any free port")
-    if port in taken or not port_free(port):
-        raise UsageError(f"port {port} on 127.0.0.1 is in use; pass {flag} with another port, or {flag} 0 "
-                         "for any free port")
-    taken.add(port)
-    return port
-
-
-class Child:
-    """One long-running ``tracerl`` server process, its log file, and a health check."""
-
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
-        self.name, self.argv, self.log_path = name, argv, log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
-        # own session: a Ctrl-C reaches only the demo, which then stops the children in order
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
-
-    def log_tail(self, n: int = 15) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join("    " + line for line in lines[-n:])
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"`tracerl {self.name}` exited with code {self.proc.returncode}; "
-                               f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
-
-    def wait_healthy(self, ready: Callable[[], bool], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(Exception):
-                if ready():
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"`tracerl {self.name}` did not become ready within {timeout_s:.0f}s; see {self.log_path}:"
-                           f"\n{self.log_tail()}")
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM (servers flush: the gateway its spans, the collector its WAL), SIGKILL after ``grace_s``."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything left in its group
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
-
-
-class Children:
-    """Started children, stopped in reverse order on exit, on failure, on Ctrl-C and on SIGTERM."""
-
-    def __init__(self) -> None:
-        self.items: list[Child] = []
-
-    def start(self, child: Child) -> Child:
-        self.items.append(child)
-        return child
-
-    def check_alive(self) -> None:
-        for c in self.items:
-            c.check_alive()
-
-    def stop_all(self) -> None:
-        while self.items:
-            self.items.pop().stop()
-
-
-def http_ok(url: str) -> bool:
-    import httpx
-
-    return httpx.get(url, timeout=1.0).status_code == 200
-
-
-def tcp_open(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-        return True
 
 
 # ------------------------------------------------------------------------------------ the store
@@ -333,6 +224,11 @@ class DemoRun:
     answers: dict[int, dict[str, tuple[str, float]]] = field(default_factory=dict)  # version -> task -> (SQL, reward)
     plot: Path | None = None
     seconds: float = 0.0
+    # monotonic (start, end) of each training batch's rollouts and of each round's training, for the
+    # idle fractions of the engine and the trainer (bench/async_round.py)
+    rollout_spans: list[tuple[float, float]] = field(default_factory=list)
+    train_spans: list[tuple[float, float]] = field(default_factory=list)
+    samples: int = 0  # calls trained on, all rounds
 
 
 def _say(msg: str) -> None:
@@ -472,6 +368,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
           logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
+    from rollout.ahead import BatchesAhead
     from rollout.driver import Driver, run_rollouts
     from rollout.records import summarize
     from rollout.rewards import load_reward_fn
@@ -548,6 +445,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     publisher = server_publisher(server_url)
     layout = StoreLayout.at(store)
 
+    abort = threading.Event()  # rollouts run in threads: an interrupted demo kills their agents through it
+
     def alive() -> None:
         children.check_alive()
 
@@ -560,7 +459,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                         gateway=f"http://127.0.0.1:{gateway_port}/v1", reward_fn=reward_fn,
                         timeout_s=cfg.timeout_s, retries=0, store=str(store), base_env=base_env)
         with open(os.devnull, "w") as quiet:
-            records, _ = run_rollouts(driver, out=quiet)
+            records, _ = run_rollouts(driver, out=quiet, abort=abort)
         alive()
         s = summarize(records)
         if s.ok == 0:
@@ -602,54 +501,74 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     print(TABLE_HEADER, flush=True)
     k = 0  # the trainer's round: trains on policy@k, publishes policy@k+1
     no_signal = 0  # consecutive batches in which every task's rollouts scored alike
-    batches = 0  # rollout batches so far: each asks the next tasks of the training split
-    while k < cfg.rounds:
-        t0 = time.perf_counter()
-        records, _, t_roll = do_rollouts(f"round {k}", task.round_tasks(batches))
-        batches += 1
-        t1 = time.perf_counter()
-        stats = convert_store(str(store), convert_cfg)
-        converted = round_status(store, [r.rollout_id for r in records])["converted"]
-        rewarded = sum(r.reward is not None for r in records)
-        if converted < rewarded:
-            raise RuntimeError(f"round {k}: only {converted} of {rewarded} rewarded rollouts were converted "
-                               f"({stats.summary()})")
-        t2 = time.perf_counter()
-        if background is not None and not run.heldout and pending is None:
-            pending = background.submit(held_out_rollouts, 0)
-        if pending is not None:  # train now, publish once the evaluation's calls are all answered
-            beside = dataclasses.replace(settings, threads=shared_threads)
-            outcome = run_once(beside, publisher=None, log=lambda _msg: None)
-            held_out_score(0, *pending.result())
-            pending = None
-            if outcome.status == "trained":
-                outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
-        else:
-            outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
-        alive()
-        t3 = time.perf_counter()
-        if outcome.status == "waiting":  # no reward spread in any group: nothing to learn from this batch
-            no_signal += 1
-            s = summarize(records)
-            print(f"    -   policy@{k}: {s.total} rollouts, mean reward {s.mean_reward or 0:.3f}, all alike within "
-                  f"each task: no training signal; {'stopping' if no_signal >= 3 else 'sampling policy@' + str(k) + ' again'}",
-                  flush=True)
-            if no_signal >= 3:
-                break
-            continue
-        no_signal = 0
-        time.sleep(0.6)  # > the gateway's --models-ttl-s: the next call sees the new policy
-        row = read_rounds(layout).get(k)
-        if outcome.status != "published" or row is None or row["status"] != "published":
-            raise RuntimeError(f"round {k}: training did not publish policy@{k + 1} ({outcome.status}: "
-                               f"{outcome.message}); see the rounds manifest: tracerl report --store {store}")
-        res = RoundResult(round=k, policy=f"policy@{row['policy_version']}", rollouts=row["n_rollouts"],
-                          mean_reward=row["mean_reward"], loss=row["loss"], kl=row["kl"],
-                          seconds=time.perf_counter() - t0, status=row["status"])
-        run.rounds.append(res)
-        print(format_row(res) + f"   (rollouts {t_roll:.1f}s, convert {t2 - t1:.1f}s, train {t3 - t2:.1f}s)",
-              flush=True)
-        k += 1
+    lead = cfg.max_staleness
+    settings = dataclasses.replace(settings, max_staleness=lead)
+    wanted = [cfg.rounds]  # training batches the loop needs: one more for each batch without signal
+    # batch b asks the b-th tasks of the training split; with --max-staleness K the next K batches run
+    # while a round trains (their rollouts start on the serving policy, whatever its version then)
+    ahead = BatchesAhead(lambda b: do_rollouts(f"round batch {b}", task.round_tasks(b)), lead,
+                         wanted=lambda b: b < wanted[0])
+    b = 0
+    try:
+        while k < cfg.rounds:
+            t0 = time.perf_counter()
+            records, _, t_roll = ahead.get(b)
+            b += 1
+            t1 = time.perf_counter()
+            stats = convert_store(str(store), convert_cfg)
+            converted = round_status(store, [r.rollout_id for r in records])["converted"]
+            rewarded = sum(r.reward is not None for r in records)
+            if converted < rewarded:
+                raise RuntimeError(f"round {k}: only {converted} of {rewarded} rewarded rollouts were converted "
+                                   f"({stats.summary()})")
+            t2 = time.perf_counter()
+            if background is not None and not run.heldout and pending is None:
+                pending = background.submit(held_out_rollouts, 0)
+            tt = time.monotonic()
+            if pending is not None:  # train now, publish once the evaluation's calls are all answered
+                beside = dataclasses.replace(settings, threads=shared_threads)
+                outcome = run_once(beside, publisher=None, log=lambda _msg: None)
+                held_out_score(0, *pending.result())
+                pending = None
+                if outcome.status == "trained":
+                    outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
+            else:  # beside the next batches' agents, training gets --threads; alone, the machine
+                now = settings if not lead else dataclasses.replace(settings, threads=shared_threads)
+                outcome = run_once(now, publisher=publisher, log=lambda _msg: None)
+            run.train_spans.append((tt, time.monotonic()))
+            ahead.release()
+            alive()
+            t3 = time.perf_counter()
+            if outcome.status == "waiting":  # no reward spread in any group: nothing to learn from this batch
+                no_signal += 1
+                s = summarize(records)
+                print(f"    -   policy@{k}: {s.total} rollouts, mean reward {s.mean_reward or 0:.3f}, all alike "
+                      f"within each task: no training signal; "
+                      f"{'stopping' if no_signal >= 3 else 'sampling policy@' + str(k) + ' again'}", flush=True)
+                if no_signal >= 3:
+                    break
+                wanted[0] += 1
+                ahead.changed()
+                continue
+            no_signal = 0
+            time.sleep(0.6)  # > the gateway's --models-ttl-s: the next call sees the new policy
+            row = read_rounds(layout).get(k)
+            if outcome.status != "published" or row is None or row["status"] != "published":
+                raise RuntimeError(f"round {k}: training did not publish policy@{k + 1} ({outcome.status}: "
+                                   f"{outcome.message}); see the rounds manifest: tracerl report --store {store}")
+            run.samples += row["n_transitions"] or 0
+            res = RoundResult(round=k, policy=f"policy@{row['policy_version']}", rollouts=row["n_rollouts"],
+                              mean_reward=row["mean_reward"], loss=row["loss"], kl=row["kl"],
+                              seconds=time.perf_counter() - t0, status=row["status"])
+            run.rounds.append(res)
+            print(format_row(res) + f"   (rollouts {t_roll:.1f}s{' ahead' if lead else ''}, convert "
+                  f"{t2 - t1:.1f}s, train {t3 - t2:.1f}s)", flush=True)
+            k += 1
+    finally:
+        abort.set()  # a batch still running (only when stopped early) is killed, not left behind
+        ahead.close(timeout_s=30)
+        abort.clear()
+        run.rollout_spans = list(ahead.spans)
     if pending is not None:  # every round 0 batch lacked signal: the evaluation still counts
         held_out_score(0, *pending.result())
     if background is not None:

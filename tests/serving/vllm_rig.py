@@ -18,7 +18,7 @@ import httpx
 from tracerl_testing import BIN, free_port
 
 from serving.vllm.cpu_venv import DEFAULT_DIR, build
-from tracerl.demo import Child
+from tracerl.supervisor import Child
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,107 @@
+"""Asynchronous rounds vs the on-policy loop: samples trained per minute and idle time (issue #22).
+
+Runs the real demo (SmolLM2-135M-Instruct learning text-to-SQL through real vLLM on CPU, the
+``tracerl demo`` code) once per mode, one after the other on this machine, from the same base model
+and the same settings: ``--max-staleness 0`` (agents wait while the trainer trains: the baseline),
+then 1 and 2 (the next K batches of rollouts run while a round trains). For each mode it prints:
+
+* samples trained per minute: calls trained on, over the rounds' wall time (first training batch's
+  rollouts started .. last round published; the engine's start and the final evaluation excluded);
+* idle fractions over that window: the engine's (no training batch's agents running; policy@0's
+  held-out evaluation, which runs beside round 0 in every mode, is not counted as work) and the
+  trainer's (no round training);
+* held-out success before the first and after the last round (30 questions x --heldout-samples
+  seeded samples), and the samples trained, so the modes are compared at an equal amount of data.
+
+Target (issue #22) on 2 cores: >= 1.4x samples per minute with held-out success no worse beyond noise.
+
+    python bench/async_round.py                      # modes 0,1,2; 4 rounds each (~25 min on 2 cores)
+    python bench/async_round.py --modes 0,1 --rounds 3 --json bench/out/async.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
+
+
+def union_seconds(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] covered by at least one span."""
+    covered, end = 0.0, lo
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in spans):
+        if e <= end:
+            continue
+        covered += e - max(s, end)
+        end = e
+    return covered
+
+
+def measure(run) -> dict:
+    """The figures of one demo run (a ``tracerl.demo.DemoRun``)."""
+    lo = min(s for s, _ in run.rollout_spans)
+    hi = max(e for _, e in run.train_spans)
+    window = hi - lo
+    before = next((h for k, h in run.heldout if k == 0), None)
+    after = max(run.heldout, key=lambda kh: kh[0]) if run.heldout else None
+    return {
+        "rounds": len(run.rounds), "samples": run.samples, "window_s": round(window, 1),
+        "samples_per_min": round(run.samples / (window / 60.0), 2) if window > 0 else None,
+        "engine_idle": round(1 - union_seconds(run.rollout_spans, lo, hi) / window, 3),
+        "trainer_idle": round(1 - union_seconds(run.train_spans, lo, hi) / window, 3),
+        "heldout_before": before.success if before else None,
+        "heldout_after": after[1].success if after else None,
+        "heldout_n": after[1].n if after else None,
+        "round_seconds": [round(r.seconds, 1) for r in run.rounds],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="0,1,2", help="--max-staleness values to run, the first is the baseline")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--heldout-samples", type=int, default=4)
+    ap.add_argument("--model", default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
+                    help="SmolLM2 directory (default: .models/smollm2-135m-instruct, else built per run)")
+    ap.add_argument("--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)")
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args()
+
+    from tracerl.demo import DemoConfig, run_demo
+
+    modes = [int(m) for m in args.modes.split(",")]
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tracerl-async-bench-"))
+    results: dict[int, dict] = {}
+    for k in modes:
+        print(f"\n=== --max-staleness {k} ===", flush=True)
+        cfg = DemoConfig(workdir=str(work / f"staleness-{k}"), model=args.model, rounds=args.rounds,
+                         heldout_samples=args.heldout_samples, max_staleness=k)
+        results[k] = measure(run_demo(cfg))
+        print(json.dumps(results[k]), flush=True)
+
+    base = results[modes[0]]
+    print(f"\n{'staleness':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
+          f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}")
+    for k, r in results.items():
+        ratio = r["samples_per_min"] / base["samples_per_min"] if base["samples_per_min"] else float("nan")
+        r["ratio"] = round(ratio, 3)
+        print(f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
+              f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
+              f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})")
+    for k, r in results.items():
+        if k != modes[0]:
+            print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
