@@ -41,10 +41,10 @@ sys.path.append(str(ROOT / "bench"))
 from _shared import percentile  # noqa: E402
 
 from schemas.parquet import write_table_atomic  # noqa: E402
-from schemas.store import StoreLayout  # noqa: E402
 from schemas.tables import ROUNDS_SCHEMA, TRANSITIONS_SCHEMA  # noqa: E402
 from schemas.views import connect_readonly  # noqa: E402
 from span_to_transition.workers import write_transitions  # noqa: E402
+from store.layout import StoreLayout  # noqa: E402
 
 CALLS = 4
 GROUP = 8

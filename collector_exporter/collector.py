@@ -22,7 +22,7 @@ from collector_exporter.grpc_server import start_grpc
 from collector_exporter.http_server import start_http
 from collector_exporter.receive import Ingest, retry_hint_s
 from collector_exporter.wal import WriteAheadLog
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 
 log = logging.getLogger("tracerl.collector")
 

@@ -43,7 +43,7 @@ from collector_exporter.wal import (
     try_lock,
 )
 from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 
 log = logging.getLogger("tracerl.collector")
 

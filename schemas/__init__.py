@@ -1,10 +1,9 @@
-"""Contracts between the stages: Arrow schemas, the store layout, atomic Parquet I/O, DuckDB views.
+"""Contracts between the stages: Arrow schemas, atomic Parquet I/O, DuckDB views.
 
 Nothing here imports another tracerl package; every stage imports this one.
 """
 
 from schemas.parquet import read_table, write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import (
     LOGS_SCHEMA,
     REWARDS_SCHEMA,
@@ -23,7 +22,6 @@ __all__ = [
     "SPANS_SCHEMA",
     "TABLES",
     "TRANSITIONS_SCHEMA",
-    "StoreLayout",
     "read_table",
     "write_table_atomic",
 ]

@@ -14,8 +14,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from schemas.store import StoreLayout
 from schemas.tables import PARTITION_SCHEMA, TABLES
+from store.layout import StoreLayout
 
 # Derived views, defined over the base table views; stages add theirs here so that the SQL
 # users see in the README, `tracerl sql` and the trainer are the same text.

@@ -15,8 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.store import StoreLayout
 from span_to_transition.convert import ConvertConfig
+from store.layout import StoreLayout
 
 
 @dataclass

@@ -511,9 +511,9 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
          f"{'server' if cfg.server else 'tracerl serve --engine ' + cfg.engine} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
          f"logs in {logs}")
 
-    from schemas.store import StoreLayout
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.layout import StoreLayout
     from trainer.config import TrainSettings
     from trainer.publish import server_publisher
     from trainer.rounds import read_rounds, run_once

@@ -38,9 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.parquet import read_table, write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import ROUNDS_SCHEMA
 from schemas.views import connect_readonly
+from store.layout import StoreLayout
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
     checkpoint_dir,

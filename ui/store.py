@@ -30,9 +30,9 @@ from typing import Any
 
 import duckdb
 
-from schemas.store import StoreLayout
 from schemas.tables import TABLES
 from schemas.views import connect_readonly
+from store.layout import StoreLayout
 
 log = logging.getLogger("tracerl.ui")
 

@@ -55,9 +55,9 @@ CASES = {
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict], list[dict], list[str], Path]]:
     """Every case through ``tracerl rollout`` on one stack: (rows, requests, conversion problems, store) per case."""
     from schemas.parquet import read_table
-    from schemas.store import StoreLayout
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.layout import StoreLayout
 
     bins = {v: example_venv(f"frameworks-{v}", HERE / f"requirements-{v}.txt") for v in ("openai2", "openai3")}
     store = tmp_path_factory.mktemp("frameworks") / "store"

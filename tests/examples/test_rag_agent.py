@@ -86,7 +86,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     import pyarrow as pa
 
     from schemas.parquet import read_table
-    from schemas.store import StoreLayout
+    from store.layout import StoreLayout
 
     bin_dir = example_venv("rag_agent")
     tmp = tmp_path_factory.mktemp("rag_agent")

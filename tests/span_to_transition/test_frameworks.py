@@ -16,10 +16,10 @@ import pytest
 from tracerl_testing import wire_message
 
 from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
 from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.layout import StoreLayout
 
 from .factory import FIXTURES, fixture_tables
 

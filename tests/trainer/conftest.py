@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import TRANSITIONS_SCHEMA
+from store.layout import StoreLayout
 from trainer.config import TrainSettings
 
 

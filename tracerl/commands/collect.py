@@ -14,8 +14,8 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
-from schemas.store import default_store
 from span_to_transition.convert import ConvertConfig
+from store.layout import default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 

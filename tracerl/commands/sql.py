@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.store import default_store
+from store.layout import default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\

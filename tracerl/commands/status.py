@@ -8,7 +8,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 
-from schemas.store import StoreLayout, default_store
+from store.layout import StoreLayout, default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 
