@@ -42,8 +42,8 @@ from collector_exporter.wal import (
     sealed_segments,
     try_lock,
 )
-from schemas.parquet import write_table_atomic
 from store.layout import StoreLayout
+from store.parquet import write_table_atomic
 
 log = logging.getLogger("tracerl.collector")
 

@@ -41,6 +41,17 @@ class StoreLocation:
         """Directory (prefix) of a hive-partitioned table; the same names as ``StoreLayout.table``."""
         return self.path(name)
 
+    def files(self, *parts: str, suffix: str = ".parquet") -> list[str]:
+        """Committed files below ``parts`` (recursive, sorted); temp files start with '.' and are skipped."""
+        selector = pafs.FileSelector(self.path(*parts), recursive=True, allow_not_found=True)
+        return sorted(i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File
+                      and i.base_name.endswith(suffix) and not i.base_name.startswith("."))
+
+    def read_bytes(self, path: str) -> bytes:
+        """A whole file (``path`` as ``files`` returns it)."""
+        with self.fs.open_input_stream(path) as f:
+            return f.read()
+
     def exists(self) -> bool:
         """Whether anything is stored at the root (an S3 prefix exists once an object is under it)."""
         return self.fs.get_file_info(self.root).type != pafs.FileType.NotFound

@@ -233,7 +233,7 @@ def tcp_open(port: int) -> bool:
 # ------------------------------------------------------------------------------------ the store
 def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
     """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
@@ -698,7 +698,7 @@ def http_ok_quiet(url: str) -> bool:
 
 def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
     """The reward the collector stored for each of these rollouts (the last value per rollout)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
@@ -711,7 +711,7 @@ def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
 
 def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
     """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
