@@ -45,10 +45,10 @@ def quarantine_dir(store_root: Path) -> Path:
     return store_root / "quarantine"
 
 
-def write_quarantine(store_root: Path, writer: str, segment: str, items: list[Quarantined]) -> Path:
+def write_quarantine(store: StoreLocation, writer: str, segment: str, items: list[Quarantined]) -> str:
     """Write (or rewrite) the segment's quarantine file durably: temp file, fsync, rename, fsync dir."""
-    path = quarantine_dir(store_root) / f"{writer}-{segment}.jsonl"
-    write_atomic(path, "".join(item.to_json(writer, segment) + "\n" for item in items).encode("utf-8"))
+    path = store.path("quarantine", f"{writer}-{segment}.jsonl")
+    write_atomic(path, "".join(item.to_json(writer, segment) + "\n" for item in items).encode("utf-8"), store.fs)
     return path
 
 
