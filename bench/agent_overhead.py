@@ -164,7 +164,7 @@ def bench_upstream(name: str, upstream: Server, otlp: str, args: argparse.Namesp
 
 def count_spans(store: Path, results: list[Result]) -> None:
     """Fill in, per upstream, what of its calls arrived in the store (see ``Result``)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     for r in results:

@@ -28,11 +28,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.layout import StoreLayout
+from store.parquet import write_table_atomic
 
 CALLS_PER_ROLLOUT = 4
 SPANS_PER_ROLLOUT = 2 + 2 * CALLS_PER_ROLLOUT

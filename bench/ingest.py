@@ -101,7 +101,7 @@ def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
     from collector_exporter.receive import Ingest
     from collector_exporter.storable import drop_unstorable_spans
     from collector_exporter.wal import WriteAheadLog
-    from schemas.store import StoreLayout
+    from store.layout import StoreLayout
 
     mem = InMemorySpanExporter()
     tp = TracerProvider()

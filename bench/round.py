@@ -167,7 +167,7 @@ def replay(server: str, calls: list[list[list]], max_tokens: int, temperature: f
 
 
 def round_transitions(store: Path) -> list[dict]:
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:

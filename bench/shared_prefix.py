@@ -50,7 +50,7 @@ def demo_shaped(vocab: int, seed: int = 0) -> list[Sample]:
 
 
 def from_store(store: str, version: int, tokenizer, tasks: str | None) -> list[Sample]:
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     rows = load_transitions(connect_readonly(store), (version, version), tasks=tasks)
     samples, _ = build_samples(rows, tokenizer, DatasetConfig(max_prompt_tokens=512, max_response_tokens=64,

@@ -22,7 +22,8 @@ from collector_exporter.grpc_server import start_grpc
 from collector_exporter.http_server import start_http
 from collector_exporter.receive import Ingest, retry_hint_s
 from collector_exporter.wal import WriteAheadLog
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
+from store.location import parse_store
 
 log = logging.getLogger("tracerl.collector")
 
@@ -42,9 +43,14 @@ def split_hostport(value: str, default_port: int) -> tuple[str, int]:
         raise ValueError(f"bad address {value!r}: expected HOST:PORT, e.g. 127.0.0.1:4317") from None
 
 
+DEFAULT_REMOTE_WAL = "./tracerl-wal"
+"""Where a collector keeps its write-ahead log when the store is a bucket and ``--wal`` is not given."""
+
+
 @dataclass
 class CollectorSettings:
-    store: str
+    store: str  # a directory, or s3://bucket/prefix (the tables go there; the WAL stays local)
+    wal: str | None = None  # the WAL's local directory (default: STORE/wal, or ./tracerl-wal for a remote store)
     grpc: str | None = "127.0.0.1:4317"
     http: str | None = "127.0.0.1:4318"
     token: str | None = None
@@ -102,7 +108,7 @@ class OverloadGuard:
     def _why_refuse(self, backlog: int) -> str | None:
         if backlog > self.max_backlog:
             return f"WAL backlog {backlog >> 20} MiB exceeds {self.max_backlog >> 20} MiB; compaction is behind, retry"
-        st = os.statvfs(self.store.root)
+        st = os.statvfs(self.store.wal_root or self.store.root)  # the disk the WAL fills
         free = st.f_bavail * st.f_frsize
         if free < self.min_free:
             return f"only {free >> 20} MiB free on the store's disk (minimum {self.min_free >> 20} MiB); retry later"
@@ -112,11 +118,16 @@ class OverloadGuard:
 class Collector:
     def __init__(self, settings: CollectorSettings):
         self.settings = settings
-        self.store = StoreLayout.at(settings.store)
+        out = parse_store(settings.store)
+        if out.is_local:
+            self.store = StoreLayout.at(settings.store, wal=settings.wal)
+        else:  # the bucket gets the tables; this host keeps only its WAL, on its own disk
+            wal = Path(settings.wal or DEFAULT_REMOTE_WAL).expanduser().resolve()
+            self.store = StoreLayout(wal, wal_root=wal)
         self.store.root.mkdir(parents=True, exist_ok=True)
         writer = f"collector-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.wal_dir = self.store.wal / writer
-        self.compactor = Compactor(self.store, dedupe_keys=settings.dedupe_keys)
+        self.compactor = Compactor(self.store, dedupe_keys=settings.dedupe_keys, out=out)
         self.wal = WriteAheadLog(
             self.wal_dir, max_segment_bytes=settings.max_segment_bytes, max_segment_age_s=settings.max_segment_age_s
         )

@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from collector_exporter.quarantine import Quarantined, quarantine_dir, write_quarantine
@@ -42,8 +43,9 @@ from collector_exporter.wal import (
     sealed_segments,
     try_lock,
 )
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
+from store.location import StoreLocation, parse_store
+from store.parquet import write_table_atomic
 
 log = logging.getLogger("tracerl.collector")
 
@@ -113,8 +115,11 @@ def _writer_is_live(wal_dir: Path) -> bool:
 class Compactor:
     """Turns every sealed segment under ``store/wal`` into Parquet, oldest first."""
 
-    def __init__(self, store: StoreLayout, *, dedupe_keys: int = 1_000_000):
+    def __init__(self, store: StoreLayout, *, dedupe_keys: int = 1_000_000, out: StoreLocation | None = None):
+        """``store``: the local directories (the WAL); ``out``: where the tables go (default: the same
+        store's root; an ``s3://`` location for a collector whose WAL is local and store is a bucket)."""
         self.store = store
+        self.out = out or parse_store(store.root)
         self.stats = CompactorStats()
         self._windows = {name: DedupeWindow(dedupe_keys) for name in ("spans", "logs", "rewards")}
         self._lock = threading.Lock()
@@ -139,19 +144,19 @@ class Compactor:
         pending = self._pending_names()
         for table, column in (("spans", ("trace_id", "span_id")), ("logs", ("log_id",)), ("rewards", ("reward_id",))):
             window = self._windows[table]
-            root = self.store.table(table)
-            if not root.exists():
-                continue
+            selector = pafs.FileSelector(self.out.table(table), recursive=True, allow_not_found=True)
             files = sorted(
-                (p for p in root.rglob("part-*.parquet") if p.name not in pending),
-                key=lambda p: p.stat().st_mtime,
+                (i for i in self.out.fs.get_file_info(selector)
+                 if i.is_file and i.base_name.startswith("part-") and i.base_name.endswith(".parquet")
+                 and i.base_name not in pending),
+                key=lambda i: i.mtime,
                 reverse=True,
             )
             loaded = 0
-            for path in files:
+            for info in files:
                 if loaded >= window.max_keys:
                     break
-                t = pq.read_table(path, columns=list(column))
+                t = pq.read_table(info.path, columns=list(column), filesystem=self.out.fs)
                 if table == "spans":
                     keys = [
                         (bytes.fromhex(a), bytes.fromhex(b))
@@ -185,10 +190,11 @@ class Compactor:
         rows = {}
         for (name, date), parts in sorted(tables.items()):
             table = pa.concat_tables(parts)
-            write_table_atomic(table, self.store.partition(name, date) / f"part-{writer}-{seg_id}.parquet", name)
+            write_table_atomic(table, self.out.path(name, f"date={date}", f"part-{writer}-{seg_id}.parquet"), name,
+                               fs=self.out.fs)
             rows[name] = rows.get(name, 0) + table.num_rows
         if quarantined:
-            write_quarantine(self.store.root, writer, seg_id, quarantined)
+            write_quarantine(self.out, writer, seg_id, quarantined)
             for q in quarantined:
                 log.error("quarantined a %s item of %s/%s: %s", q.table, writer, segment.name, q.reason)
         for s in staged.values():  # the files are durably in place: only now may the windows learn the keys

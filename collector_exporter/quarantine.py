@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.parquet import fsync_dir
+from store.atomic import write_atomic
+from store.location import StoreLocation
 
 
 @dataclass(frozen=True)
@@ -46,31 +45,18 @@ def quarantine_dir(store_root: Path) -> Path:
     return store_root / "quarantine"
 
 
-def write_quarantine(store_root: Path, writer: str, segment: str, items: list[Quarantined]) -> Path:
+def write_quarantine(store: StoreLocation, writer: str, segment: str, items: list[Quarantined]) -> str:
     """Write (or rewrite) the segment's quarantine file durably: temp file, fsync, rename, fsync dir."""
-    d = quarantine_dir(store_root)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{writer}-{segment}.jsonl"
-    tmp = d / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(item.to_json(writer, segment) + "\n" for item in items)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(d)
+    path = store.path("quarantine", f"{writer}-{segment}.jsonl")
+    write_atomic(path, "".join(item.to_json(writer, segment) + "\n" for item in items).encode("utf-8"), store.fs)
     return path
 
 
-def quarantine_counts(store_root: Path) -> dict[str, int]:
-    """Quarantined items per table (what ``tracerl status`` shows)."""
+def quarantine_counts(store: StoreLocation) -> dict[str, int]:
+    """Quarantined items per table (what ``tracerl status`` shows), on local disk or in a bucket."""
     counts: Counter[str] = Counter()
-    d = quarantine_dir(store_root)
-    if d.exists():
-        for path in d.glob("*.jsonl"):
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    counts[json.loads(line).get("table", "unknown")] += 1
+    for path in store.files("quarantine", suffix=".jsonl"):
+        for line in store.read_bytes(path).decode("utf-8").splitlines():
+            if line.strip():
+                counts[json.loads(line).get("table", "unknown")] += 1
     return dict(counts)

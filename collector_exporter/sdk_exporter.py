@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from collector_exporter.compactor import Compactor, drain
 from collector_exporter.storable import drop_unstorable_spans
 from collector_exporter.wal import Kind, WriteAheadLog
-from schemas.store import StoreLayout, default_store
+from store.layout import StoreLayout, default_store
 
 log = logging.getLogger("tracerl.exporter")
 

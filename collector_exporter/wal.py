@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
-from schemas.parquet import fsync_dir
+from store.atomic import fsync_dir
 
 log = logging.getLogger("tracerl.collector")
 

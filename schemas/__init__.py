@@ -1,10 +1,8 @@
-"""Contracts between the stages: Arrow schemas, the store layout, atomic Parquet I/O, DuckDB views.
+"""Contracts between the stages: Arrow schemas, the schema version, view SQL.
 
 Nothing here imports another tracerl package; every stage imports this one.
 """
 
-from schemas.parquet import read_table, write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import (
     LOGS_SCHEMA,
     REWARDS_SCHEMA,
@@ -23,7 +21,4 @@ __all__ = [
     "SPANS_SCHEMA",
     "TABLES",
     "TRANSITIONS_SCHEMA",
-    "StoreLayout",
-    "read_table",
-    "write_table_atomic",
 ]

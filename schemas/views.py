@@ -1,21 +1,9 @@
-"""DuckDB views over the store.
+"""The SQL of the store's views: what users see in the README, `tracerl sql` and the trainer alike.
 
-Two entry points, one set of view definitions:
-- ``view_sql(store)`` is plain SQL (``read_parquet(..., hive_partitioning=true)``) for users
-  running their own DuckDB.
-- ``connect_readonly(store)`` backs the same views with pyarrow datasets, then switches off
-  DuckDB's file access and locks the configuration, so ``tracerl sql`` cannot write, attach
-  or read anything outside the store, whatever the query says.
+Plain text only; the connections that run it over a store's files are ``store/views.py``.
 """
 
 from __future__ import annotations
-
-import duckdb
-import pyarrow as pa
-import pyarrow.dataset as ds
-
-from schemas.store import StoreLayout
-from schemas.tables import PARTITION_SCHEMA, TABLES
 
 # Derived views, defined over the base table views; stages add theirs here so that the SQL
 # users see in the README, `tracerl sql` and the trainer are the same text.
@@ -46,53 +34,3 @@ LATEST_ONLY: dict[str, str] = {
     "transitions": "QUALIFY conversion IS NOT DISTINCT FROM max(conversion) OVER (PARTITION BY rollout_id)",
 }
 """Base tables whose rows can be superseded, and the clause that hides the superseded ones."""
-
-
-def _files(layout: StoreLayout, table: str) -> list[str]:
-    root = layout.table(table)
-    if not root.exists():
-        return []
-    return sorted(str(p) for p in root.rglob("*.parquet") if not p.name.startswith("."))
-
-
-def view_sql(store: str) -> str:
-    """The CREATE VIEW statements for an external DuckDB session over this store."""
-    layout = StoreLayout.at(store)
-    out = []
-    for name in TABLES:
-        glob = f"{layout.table(name)}/**/*.parquet"
-        out.append(
-            f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{glob}', "
-            f"hive_partitioning=true, union_by_name=true) {LATEST_ONLY.get(name, '')};"
-        )
-    out += [f"CREATE OR REPLACE VIEW {name} AS {sql};" for name, sql in DERIVED_VIEWS.items()]
-    return "\n".join(out)
-
-
-def connect_readonly(store: str) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per table (empty when the table has no files yet)."""
-    layout = StoreLayout.at(store)
-    con = duckdb.connect(":memory:")
-    for name, schema in TABLES.items():
-        files = _files(layout, name)
-        full = pa.unify_schemas([schema, PARTITION_SCHEMA])
-        if files:
-            data = ds.dataset(
-                files,
-                schema=full,
-                format="parquet",
-                partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
-                partition_base_dir=str(layout.table(name)),
-            )
-        else:
-            data = full.empty_table()
-        con.register(f"_{name}_data", data)
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_data {LATEST_ONLY.get(name, '')}")
-    for name, sql in DERIVED_VIEWS.items():
-        con.execute(f"CREATE VIEW {name} AS {sql}")
-    # DuckDB keeps its spill directory (temp_directory, default '<cwd>/.tmp') readable and writable
-    # even with external access off, so a query could COPY into or read from it: no spill directory.
-    con.execute("SET temp_directory = ''")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-    return con

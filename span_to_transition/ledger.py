@@ -3,20 +3,19 @@
 Not a Parquet file, so table globs never read it. It records which rollouts are converted (with
 the received-at watermark of their last span) or excluded, the span files that are fully
 converted, late spans, the trace -> rollout pairs learnt so far, the rewards files already
-applied, and the settings the converted rows were made with. Written atomically (temp file +
-fsync + rename), so a crash leaves the old state or the new one.
+applied, and the settings the converted rows were made with. Written by the store's atomic writer
+(store/atomic.py), so a crash leaves the old state or the new one.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.store import StoreLayout
 from span_to_transition.convert import ConvertConfig
+from store.atomic import write_atomic
+from store.layout import StoreLayout
 
 
 @dataclass
@@ -52,9 +51,6 @@ class Ledger:
         )
 
     def save(self, layout: StoreLayout) -> None:
-        p = self.path(layout)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.parent / f".{p.name}.{uuid.uuid4().hex}.tmp"
         data = {
             "converted": self.converted,
             "excluded": self.excluded,
@@ -64,11 +60,7 @@ class Ledger:
             "reward_files": sorted(self.reward_files),
             "settings": self.settings,
         }
-        with open(tmp, "w") as f:
-            json.dump(data, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        write_atomic(self.path(layout), json.dumps(data, separators=(",", ":")).encode())
 
 
 def row_settings(config: ConvertConfig) -> dict[str, object]:

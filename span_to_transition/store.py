@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from schemas.store import StoreLayout
 from schemas.tables import LOGS_SCHEMA, REWARDS_SCHEMA, SPANS_SCHEMA, TRANSITIONS_SCHEMA
 from span_to_transition.columnar import _ns, logs_from_table, rewards_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig, RolloutOutput
@@ -41,6 +40,7 @@ from span_to_transition.records import Reward
 from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
 from span_to_transition.tree import END_MARKER, RolloutStatus, decide_completion
 from span_to_transition.workers import WriteTo, Written, convert_parallel
+from store.layout import StoreLayout
 
 __all__ = [
     "ConvertLoop",

@@ -17,9 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from schemas.store import StoreLayout
 from schemas.tables import SPANS_SCHEMA
-from schemas.views import connect_readonly
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.dialects.registry import VALUE_KEYS, classify, parse_call
@@ -29,6 +27,8 @@ from span_to_transition.records import LogEvent, Span
 from span_to_transition.store import rollout_statuses, table_files
 from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
+from store.layout import StoreLayout
+from store.views import connect_readonly
 
 REWARD_SPELLINGS: dict[str, str] = {
     "tracerl.reward": "a span attribute tracerl.reward",

@@ -20,11 +20,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
 from span_to_transition.columnar import SPAN_COLUMNS, materialize, transitions_table
 from span_to_transition.convert import ConvertConfig, RolloutInput, RolloutOutput, convert_rollout
 from span_to_transition.records import LogEvent, Reward, Transition
+from store.layout import StoreLayout
+from store.parquet import write_table_atomic
 
 PARALLEL_MIN_ROLLOUTS = 2000
 """Below this many ready rollouts, conversion stays in-process (worker start-up costs more)."""

@@ -50,8 +50,8 @@ def example_venv(name: str, requirements: Path | None = None) -> Path:
 
 def stored_spans(store: Path) -> list[dict]:
     """The stored spans' identity, names and attribute maps (as dicts), for checking a run's span tree."""
-    from schemas.parquet import read_table
-    from schemas.store import StoreLayout
+    from store.layout import StoreLayout
+    from store.parquet import read_table
 
     table = read_table(StoreLayout.at(store).table("spans"), "spans")
     columns = ["rollout_id", "trace_id", "span_id", "parent_span_id", "name", "attributes", "resource_attributes"]
@@ -227,10 +227,10 @@ class Stack:
         in rollout/call order (timestamps as int ns)."""
         import pyarrow as pa
 
-        from schemas.parquet import read_table
-        from schemas.store import StoreLayout
         from span_to_transition.convert import ConvertConfig
         from span_to_transition.store import convert_store
+        from store.layout import StoreLayout
+        from store.parquet import read_table
 
         self.provider.force_flush()
         self.collector.flush()

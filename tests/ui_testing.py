@@ -70,7 +70,7 @@ def ensure_hostile_rollout(store: Path) -> None:
 
 def store_sql(store: Path, query: str, params: list | None = None) -> list[tuple]:
     """Rows of a query over the store, through the same read-only connection the viewer uses."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:

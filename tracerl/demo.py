@@ -124,7 +124,7 @@ class DemoConfig:
 # ------------------------------------------------------------------------------------ the store
 def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
     """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
@@ -411,9 +411,9 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
          f"{'server' if cfg.server else 'tracerl serve --engine ' + cfg.engine} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
          f"logs in {logs}")
 
-    from schemas.store import StoreLayout
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.layout import StoreLayout
     from trainer.config import TrainSettings
     from trainer.publish import server_publisher
     from trainer.rounds import read_rounds, run_once
@@ -620,7 +620,7 @@ def http_ok_quiet(url: str) -> bool:
 
 def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
     """The reward the collector stored for each of these rollouts (the last value per rollout)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:
@@ -633,7 +633,7 @@ def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
 
 def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
     """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
     con = connect_readonly(str(store))
     try:

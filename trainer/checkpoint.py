@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from store.atomic import fsync_dir, write_atomic
+
 MANIFEST = "tracerl_checkpoint.json"
 
 
@@ -69,23 +71,13 @@ def write_checkpoint(final: Path, save: Callable[[Path], None], manifest: dict[s
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(final.parent)
     return final
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Small state files (the round's selection): temp file + fsync + rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Small state files (the round's selection) as readable JSON, through the store's atomic writer."""
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
 
 
 def clean_temp_dirs(checkpoints: Path) -> int:

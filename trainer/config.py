@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schemas.store import default_store
+from store.layout import default_store
 from tracerl.options import opt
 
 

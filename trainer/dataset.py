@@ -115,7 +115,7 @@ def load_transitions(
 ) -> pa.Table:
     """Selected calls of policy versions ``versions[0]..versions[1]`` with rollout completeness and reward.
 
-    ``con`` is a DuckDB connection with the store's views (``schemas.views.connect_readonly``).
+    ``con`` is a DuckDB connection with the store's views (``store.views.connect_readonly``).
     Calls recorded without a version (the base model served as plain ``policy`` before anything
     was published has no ``@k``) count as version ``unversioned`` (0, the base; -1 skips them).
     """

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 from trainer.rounds import read_rounds
 
 COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds")

@@ -44,10 +44,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.parquet import read_table, write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import ROUNDS_SCHEMA
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.parquet import read_table, write_table_atomic
+from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
     checkpoint_dir,

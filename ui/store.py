@@ -1,4 +1,4 @@
-"""The viewer's one way into the store: ``schemas.views.connect_readonly``, reopened when files change.
+"""The viewer's one way into the store: ``store.views.connect_readonly``, reopened when files change.
 
 ``connect_readonly`` is what ``tracerl sql`` uses: views over the Parquet files, DuckDB's file
 access switched off and its configuration locked, so nothing the viewer runs can write (or read
@@ -30,9 +30,9 @@ from typing import Any
 
 import duckdb
 
-from schemas.store import StoreLayout
 from schemas.tables import TABLES
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 
 log = logging.getLogger("tracerl.ui")
 

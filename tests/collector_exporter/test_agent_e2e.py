@@ -11,7 +11,7 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 AGENT = Path(__file__).with_name("agent_app.py")
 

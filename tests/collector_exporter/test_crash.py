@@ -12,7 +12,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from tracerl_testing import BIN, free_port
 
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 from .helpers import make_spans, span_key
 

@@ -19,7 +19,7 @@ from collector_exporter.collector import Collector, CollectorSettings
 from collector_exporter.compactor import COMPACTION_ERROR
 from collector_exporter.sdk_exporter import TracerlSpanExporter
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 from tracerl.commands.status import collect_status
 
 from .faults import Faults

@@ -22,8 +22,8 @@ from collector_exporter.receive import Ingest
 from collector_exporter.testing import running_collector
 from collector_exporter.wal import WriteAheadLog
 from httpshell import RunningServer
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 
 from .helpers import trace_request
 

@@ -19,7 +19,7 @@ import pytest
 from tracerl_testing import npm_ci
 
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 HERE = Path(__file__).resolve().parent / "js_otel"
 CACHE = Path(__file__).resolve().parents[2] / ".node-otel" / "collector-js"

@@ -23,8 +23,8 @@ from tracerl_testing import BIN, free_port
 from collector_exporter.compactor import Compactor
 from collector_exporter.testing import running_collector
 from collector_exporter.wal import Kind, WriteAheadLog, sealed_segments
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 from tracerl.commands.status import collect_status
 
 from .helpers import trace_request

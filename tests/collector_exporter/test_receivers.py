@@ -15,7 +15,7 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 from .helpers import trace_request
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector_exporter.receive import MAX_RETRY_S, fit_to_deadline, retry_hint_s
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 from .helpers import make_spans, trace_request
 from .test_receivers import EXPORT

@@ -19,8 +19,8 @@ import pytest
 from tracerl_testing import free_port
 
 from collector_exporter.testing import running_collector
-from schemas.parquet import read_table
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
+from store.parquet import read_table
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "scale_out" / "otelcol.yaml"
 OTELCOL = os.environ.get("OTELCOL_CONTRIB") or shutil.which("otelcol-contrib")

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 
 from collector_exporter.compactor import Compactor
 from collector_exporter.wal import Kind, WriteAheadLog, encode_record, read_records, sealed_segments
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 
 from .helpers import trace_request
 

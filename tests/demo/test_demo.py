@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from tracerl_testing import BIN, tracerl
 
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 from tracerl.demo import TABLE_HEADER, RoundResult, format_row, parse_table
 from trainer.rounds import read_rounds
 

@@ -154,12 +154,12 @@ def _rollouts_by_links(store, tmp_path) -> set[frozenset[str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from schemas.parquet import read_table, write_table_atomic
-    from schemas.store import StoreLayout
     from schemas.tables import SPANS_SCHEMA
-    from schemas.views import connect_readonly
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.layout import StoreLayout
+    from store.parquet import read_table, write_table_atomic
+    from store.views import connect_readonly
 
     spans = read_table(StoreLayout.at(store).table("spans"), "spans")
     res = [[(k, v) for k, v in m if k != "tracerl.rollout_id"] for m in spans.column("resource_attributes").to_pylist()]

@@ -54,10 +54,10 @@ CASES = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict], list[dict], list[str], Path]]:
     """Every case through ``tracerl rollout`` on one stack: (rows, requests, conversion problems, store) per case."""
-    from schemas.parquet import read_table
-    from schemas.store import StoreLayout
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.layout import StoreLayout
+    from store.parquet import read_table
 
     bins = {v: example_venv(f"frameworks-{v}", HERE / f"requirements-{v}.txt") for v in ("openai2", "openai3")}
     store = tmp_path_factory.mktemp("frameworks") / "store"
@@ -102,9 +102,9 @@ def test_exact_token_ids_join_without_traceparent_where_the_span_records_the_res
 
 
 def test_agents_select_by_name_and_sql_shows_the_names(runs) -> None:
-    from schemas.views import connect_readonly
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.views import connect_readonly
 
     store = runs["strands"][3]
     convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill", agents="calculator"), rebuild=True)

@@ -85,8 +85,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     stack, built once for the module's tests)."""
     import pyarrow as pa
 
-    from schemas.parquet import read_table
-    from schemas.store import StoreLayout
+    from store.layout import StoreLayout
+    from store.parquet import read_table
 
     bin_dir = example_venv("rag_agent")
     tmp = tmp_path_factory.mktemp("rag_agent")

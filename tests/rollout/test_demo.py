@@ -19,7 +19,7 @@ import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
 

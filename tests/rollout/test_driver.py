@@ -12,7 +12,7 @@ from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
 from rollout.agent_env import parse_resource_attributes
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 HERE = Path(__file__).parent
 AGENT = [str(BIN / "python"), str(HERE / "fake_agent.py")]

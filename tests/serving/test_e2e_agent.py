@@ -19,7 +19,7 @@ import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
 
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 
 from .helpers import chat_prompt_ids, recompute_logprobs
 

@@ -16,8 +16,8 @@ from opentelemetry.trace import StatusCode
 from tracerl_testing import free_port, start_tracerl, stop_tracerl
 
 from collector_exporter.testing import running_collector
-from schemas.views import connect_readonly
 from serving.gateway.proxy import Gateway, GatewayConfig
+from store.views import connect_readonly
 
 from .helpers import wait_for
 

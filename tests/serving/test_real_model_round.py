@@ -22,8 +22,8 @@ from real_model import real_model_dir
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 from tracerl.demo import wait_for_round
 from trainer.rounds import read_rounds
 

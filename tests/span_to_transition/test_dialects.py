@@ -7,15 +7,15 @@ from dataclasses import asdict
 
 import pytest
 
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
 from span_to_transition.chat_messages import messages_from_parts
 from span_to_transition.convert import ConvertConfig, RolloutInput, convert_rollout
 from span_to_transition.dialects.registry import classify, parse_call
 from span_to_transition.flat_attributes import unflatten
 from span_to_transition.records import Span
 from span_to_transition.store import convert_store, logs_from_table, spans_from_table
+from store.layout import StoreLayout
+from store.parquet import write_table_atomic
+from store.views import connect_readonly
 
 from .factory import (
     AGENTOPS_FIXTURES,

@@ -11,13 +11,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from schemas.store import StoreLayout
 from span_to_transition.agents import attribute_agent
 from span_to_transition.columnar import transitions_table
 from span_to_transition.convert import _dumps
 from span_to_transition.records import Span, Transition, load_json
 from span_to_transition.tree import build_tree
 from span_to_transition.workers import write_transitions
+from store.layout import StoreLayout
 
 from .test_agents import writer_checker_rewriter
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from tracerl_testing import wire_message
 
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.layout import StoreLayout
+from store.parquet import write_table_atomic
+from store.views import connect_readonly
 
 from .factory import FIXTURES, fixture_tables
 

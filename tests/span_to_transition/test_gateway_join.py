@@ -12,10 +12,10 @@ import pytest
 from tracerl_testing import BIN
 
 from collector_exporter.testing import running_collector
-from schemas.parquet import read_table
-from schemas.store import StoreLayout
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.layout import StoreLayout
+from store.parquet import read_table
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.slow

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.views import connect_readonly
 
 from .factory import TraceBuilder, fixture_tables, spans_table, user
 from .test_store import LATER, S, put, transitions

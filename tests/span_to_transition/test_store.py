@@ -11,13 +11,13 @@ from pathlib import Path
 import pyarrow as pa
 from tracerl_testing import tracerl
 
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import REWARDS_SCHEMA
-from schemas.views import connect_readonly
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.identity import link_rollouts
 from span_to_transition.store import convert_store
+from store.layout import StoreLayout
+from store.parquet import write_table_atomic
+from store.views import connect_readonly
 
 from .factory import DIALECT_FIXTURES, TraceBuilder, fixture_tables, spans_table, user
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from schemas.parquet import write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import TRANSITIONS_SCHEMA
+from store.layout import StoreLayout
+from store.parquet import write_table_atomic
 from trainer.config import TrainSettings
 
 

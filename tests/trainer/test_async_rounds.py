@@ -12,8 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from schemas.store import StoreLayout
-from schemas.views import connect_readonly
+from store.layout import StoreLayout
+from store.views import connect_readonly
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import DatasetConfig, build_samples, load_transitions
 from trainer.rounds import read_rounds, run_once, selection_path

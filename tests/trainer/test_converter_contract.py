@@ -11,9 +11,9 @@ import json
 
 import pyarrow as pa
 
-from schemas.parquet import read_table, write_table_atomic
-from schemas.store import StoreLayout
 from schemas.tables import SPANS_SCHEMA
+from store.layout import StoreLayout
+from store.parquet import read_table, write_table_atomic
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.rounds import read_rounds, run_once
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 from trainer.dataset import DatasetConfig, build_samples, load_transitions
 
 

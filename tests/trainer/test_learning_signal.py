@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir
 from trainer.config import TrainSettings
 from trainer.rounds import read_rounds, run_once

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import Sample, assign_weights
 from trainer.distributed import step_plan

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import Sample, assign_weights
 from trainer.loss import LossConfig, policy_loss

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import torch
 
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir
 from trainer.publish import server_publisher
 from trainer.rounds import PublishRequest, read_rounds, run_once

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.store import StoreLayout
+from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.rounds import PublishRequest, read_rounds, run_once, selection_path, train_lock, write_round
 

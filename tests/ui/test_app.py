@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 from tracerl_testing import BIN
 from ui_testing import XSS_PROMPT, XSS_ROLLOUT, XSS_TASK, ensure_hostile_rollout, store_sql
 
-from schemas.views import connect_readonly
+from store.views import connect_readonly
 from ui.app import COOKIE, UiConfig, make_app
 
 

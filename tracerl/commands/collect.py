@@ -14,8 +14,9 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
-from schemas.store import default_store
 from span_to_transition.convert import ConvertConfig
+from store.layout import default_store
+from store.location import is_uri
 from tracerl.options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 
@@ -33,7 +34,10 @@ post a reward for a rollout:
 class CollectConfig(ConvertConfig):
     """The collector's settings; with --convert, also the converter's (same flags as `tracerl convert`)."""
 
-    store: str = opt(default_store(), "store directory (spans/, logs/, rewards/, wal/)", metavar="DIR")
+    store: str = opt(default_store(), "store directory (spans/, logs/, rewards/, wal/), or s3://bucket/prefix "
+                     "(endpoint and keys from the AWS_* variables)", metavar="DIR|URI")
+    wal: str | None = opt(None, "write-ahead log directory on this host's disk (default: STORE/wal; "
+                          "./tracerl-wal when the store is s3://)", metavar="DIR")
     grpc: str = opt("127.0.0.1:4317", "OTLP/gRPC listen address; 'off' to disable", metavar="HOST:PORT")
     http: str = opt("127.0.0.1:4318", "OTLP/HTTP + /v1/rewards listen address; 'off' to disable", metavar="HOST:PORT")
     token: str | None = opt(None, "require 'authorization: Bearer TOKEN' on both protocols", env="TRACERL_TOKEN")
@@ -61,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if not grpc_addr and not http_addr:
         raise UsageError("both receivers are off; enable --grpc or --http")
     settings = CollectorSettings(
-        store=cfg.store, grpc=grpc_addr, http=http_addr, token=cfg.token, tls_cert=cfg.tls_cert,
+        store=cfg.store, wal=cfg.wal, grpc=grpc_addr, http=http_addr, token=cfg.token, tls_cert=cfg.tls_cert,
         tls_key=cfg.tls_key, max_segment_age_s=cfg.segment_age_s,
         max_backlog_bytes=cfg.max_backlog_mb << 20, min_free_disk_bytes=cfg.min_free_disk_mb << 20,
     )
+    if cfg.convert and is_uri(cfg.store):
+        raise UsageError("--convert needs a local --store for now; run the converter on a host with a local store")
     convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
     try:
         convert_cfg.validate()
@@ -87,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if loop is not None:
         parts.append(f"converting every {cfg.convert_every_s:g}s")
     stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
-    print(f"tracerl collect: {', '.join(parts)} → {collector.store.root}", flush=True)
+    where = cfg.store if is_uri(cfg.store) else collector.store.root
+    print(f"tracerl collect: {', '.join(parts)} → {where}", flush=True)
     wait_for_stop(stop)
     print("tracerl collect: stopping (flushing the write-ahead log)…", file=sys.stderr, flush=True)
     problems = collector.stop()

@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.store import default_store
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.layout import default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from schemas.store import StoreLayout, default_store
 from span_to_transition.convert import ConvertConfig
+from store.layout import StoreLayout, default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\

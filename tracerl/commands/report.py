@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.store import StoreLayout, default_store
+from store.layout import StoreLayout, default_store
 from tracerl.options import add_options, from_args, opt
 
 

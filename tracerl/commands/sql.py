@@ -12,9 +12,8 @@ import csv
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from schemas.store import default_store
+from store.layout import default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -28,7 +27,7 @@ examples:
 
 @dataclass
 class SqlConfig:
-    store: str = opt(default_store(), "store directory", metavar="DIR")
+    store: str = opt(default_store(), "store directory, or s3://bucket/prefix", metavar="DIR|URI")
     format: str = opt("table", "output format", choices=["table", "csv", "json"])
     max_width: int = opt(60, "truncate table cells wider than this (table format only)")
     views: bool = opt(False, "print the view definitions instead of running a query")
@@ -67,7 +66,8 @@ READ_ONLY_STATEMENTS = {"SELECT", "EXPLAIN"}
 def run(args: argparse.Namespace) -> int:
     import duckdb
 
-    from schemas.views import connect_readonly, view_sql
+    from store.location import parse_store
+    from store.views import connect_readonly, view_sql
 
     cfg = from_args(SqlConfig, args)
     if cfg.views:
@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     query = sys.stdin.read() if args.query == "-" else args.query
     if not query:
         raise UsageError('give a query, e.g. tracerl sql "SELECT count(*) FROM spans"')
-    if not Path(cfg.store).is_dir():
+    if not parse_store(cfg.store).exists():
         raise UsageError(f"no store at {cfg.store}; pass --store DIR (or set TRACERL_STORE) to the directory "
-                         "`tracerl collect` writes")
+                         "or s3://bucket/prefix `tracerl collect` writes")
     con = connect_readonly(cfg.store)
     try:
         kinds = {s.type.name for s in con.extract_statements(query)}

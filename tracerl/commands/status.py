@@ -8,13 +8,14 @@ import contextlib
 import json
 from dataclasses import dataclass
 
-from schemas.store import StoreLayout, default_store
+from store.layout import StoreLayout, default_store
+from store.location import parse_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 
 @dataclass
 class StatusConfig:
-    store: str = opt(default_store(), "store directory", metavar="DIR")
+    store: str = opt(default_store(), "store directory, or s3://bucket/prefix", metavar="DIR|URI")
     json: bool = opt(False, "print one JSON object instead of text")
 
 
@@ -29,14 +30,15 @@ def collect_status(store: str) -> dict:
     from collector_exporter.quarantine import quarantine_counts
     from collector_exporter.wal import iter_wal_dirs
     from schemas.tables import TABLES
-    from schemas.views import connect_readonly
+    from store.views import connect_readonly
 
-    layout = StoreLayout.at(store)
+    loc = parse_store(store)
     con = connect_readonly(store)
     counts = {name: con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in TABLES}
     last_received, last_end = con.execute("SELECT max(received_at), max(end_time_ns) FROM spans").fetchone()
     writers, segments, backlog, errors, oldest = [], 0, 0, {}, None
-    for d in iter_wal_dirs(layout.wal):
+    # the WAL is on each collector's local disk: here only when the store is local too
+    for d in iter_wal_dirs(StoreLayout.at(store).wal) if loc.is_local else ():
         segs = list(d.glob("seg-*"))
         writers.append(d.name)
         segments += len(segs)
@@ -51,9 +53,9 @@ def collect_status(store: str) -> dict:
         with contextlib.suppress(OSError, ValueError):  # absent unless that writer's compaction is failing
             errors[d.name] = json.loads((d / COMPACTION_ERROR).read_text())
     return {
-        "store": str(layout.root),
+        "store": loc.root if loc.is_local else loc.uri,
         "rows": counts,
-        "quarantined": quarantine_counts(layout.root),
+        "quarantined": quarantine_counts(loc),
         "wal": {"writers": writers, "segments": segments, "backlog_bytes": backlog,
                 "oldest_sealed_segment_age_s": None if oldest is None else round(time.time() - oldest, 1),
                 "compaction_errors": errors},
@@ -64,7 +66,7 @@ def collect_status(store: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(StatusConfig, args)
-    if not StoreLayout.at(cfg.store).root.exists():
+    if not parse_store(cfg.store).exists():
         raise UsageError(f"no store at {cfg.store}; start `tracerl collect --store {cfg.store}` or pass --store")
     s = collect_status(cfg.store)
     if cfg.json:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from schemas.store import StoreLayout, default_store
+from store.layout import StoreLayout, default_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from store.location import is_uri
+
 DEFAULT_STORE = "./tracerl-store"
 
 
@@ -16,11 +18,18 @@ def default_store() -> str:
 
 @dataclass(frozen=True)
 class StoreLayout:
+    """The local directories of a store; with ``wal_root``, the WAL lives there instead of ``root/wal``."""
+
     root: Path
+    wal_root: Path | None = None
 
     @classmethod
-    def at(cls, root: str | os.PathLike[str]) -> StoreLayout:
-        return cls(Path(root).expanduser().resolve())
+    def at(cls, root: str | os.PathLike[str], wal: str | os.PathLike[str] | None = None) -> StoreLayout:
+        """A local store; ``s3://…`` is refused here, since a stage that walks ``Path``s cannot use it."""
+        if is_uri(root) and not os.fspath(root).startswith("file://"):
+            raise ValueError(f"{os.fspath(root)} is not a local directory; this command needs a local --store "
+                             "(collect, sql and status also take s3://bucket/prefix)")
+        return cls(Path(root).expanduser().resolve(), Path(wal).expanduser().resolve() if wal else None)
 
     def table(self, name: str) -> Path:
         """Directory of a hive-partitioned table: spans, logs, rewards, transitions, rounds."""
@@ -28,7 +37,8 @@ class StoreLayout:
 
     @property
     def wal(self) -> Path:
-        return self.root / "wal"
+        """Where each writer's write-ahead log directory lives: always local disk."""
+        return self.wal_root or self.root / "wal"
 
     @property
     def checkpoints(self) -> Path:

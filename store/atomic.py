@@ -1,0 +1,74 @@
+"""The one atomic writer: a file of the store either exists whole or not at all.
+
+Every file a stage persists (Parquet tables, the converter's ledger, quarantine files, the trainer's
+JSON state) goes through ``write_atomic``, so there is one set of guarantees to reason about:
+
+- local disk: a temp file in the same directory (``.<name>.<32 hex>.tmp``, which readers and the
+  compactor's sweep know to skip or delete), fsync, ``os.replace``, then fsync of the directory,
+  so after a crash the path holds the old bytes or the new ones, and the rename itself is durable;
+- object storage: a single upload through ``pyarrow.fs`` (``open_output_stream``); S3 makes an
+  object visible only when its PUT (or multipart completion) succeeds, so no reader sees a partial
+  object. The bytes are complete in memory before the upload starts, so a failure while producing
+  them can never complete an upload of a prefix of them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow.fs as pafs
+
+Payload = bytes | Callable[[BinaryIO], None]
+"""What to write: the bytes, or a function that writes them to a binary file (streamed locally)."""
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename or unlink in ``path`` durable (the directory entry itself is fsynced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_path(path: Path) -> Path:
+    """The temp sibling a local write goes through; unique, and hidden from ``*.parquet`` globs."""
+    return path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+
+
+def write_atomic(path: str | os.PathLike[str], data: Payload, fs: pafs.FileSystem | None = None) -> None:
+    """Write ``data`` to ``path`` (on ``fs``; local disk when None) so readers see all of it or none.
+
+    Writing the same path again replaces it, which keeps replays idempotent.
+    """
+    if fs is None or isinstance(fs, pafs.LocalFileSystem):
+        _write_local(Path(path), data)
+        return
+    if callable(data):
+        buf = io.BytesIO()
+        data(buf)
+        data = buf.getvalue()
+    with fs.open_output_stream(os.fspath(path)) as out:
+        out.write(data)
+
+
+def _write_local(path: Path, data: Payload) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
