@@ -252,10 +252,24 @@ def poll(what, timeout_s: float, step_s: float = 0.25):
     return got
 
 
+@pytest.fixture(scope="module")
+def other32(tmp_path_factory) -> Path:
+    """Weights of the same shapes as model32's, initialised from another seed: clearly another policy."""
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-model") / "other32", seed=5, heads=2, kv_heads=1)
+
+
+def served_by(got: dict, weights: dict[int, Path]) -> int:
+    """The one version whose weights reproduce every logprob vLLM returned (the others are far off)."""
+    err = {v: max(abs(a - b) for a, b in zip(got["logprobs"], recomputed(m, got["prompt"], got["ids"])))
+           for v, m in weights.items()}
+    (version,) = [v for v, e in err.items() if e < 2e-3]  # one matches to float precision ...
+    assert sorted(err.values())[-1] > 0.5, err  # ... and the other is far off on some token
+    return version
+
+
 def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the_weights_that_served_it(
-        stack, model32, tmp_path):
-    vllm, gateway = stack["vllm"], stack["gateway"]
-    other = build_tiny_model(tmp_path / "other", seed=5, heads=2, kv_heads=1)  # same shapes, other weights
+        stack, model32, other32):
+    vllm, gateway, other = stack["vllm"], stack["gateway"], other32
     VLLMPublisher(vllm.url).publish_full(model32, version=40)  # known weights (earlier tests may have trained it)
     calls: dict[str, dict] = {}
     started: dict[str, threading.Event] = {}
@@ -289,12 +303,7 @@ def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the
     assert len(calls) == 12
 
     # each call was served by exactly one weight set, for all of its tokens
-    served = {}
-    for name, got in sorted(calls.items()):
-        err = {v: max(abs(a - b) for a, b in zip(got["logprobs"], recomputed(m, got["prompt"], got["ids"])))
-               for v, m in ((40, model32), (41, other))}
-        (served[name],) = [v for v, e in err.items() if e < 2e-3]  # one matches to float precision ...
-        assert max(err.values()) > 0.5, (name, err)  # ... and the other is far off on some token
+    served = {name: served_by(got, {40: model32, 41: other}) for name, got in sorted(calls.items())}
     assert {served[f"a{i}"] for i in range(6)} == {40}  # drained on the old weights
     assert 41 in {served[f"b{i}"] for i in range(6)}  # most arrive in the pause, served by the new
 
@@ -325,6 +334,34 @@ def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the
     # that drained may be ambiguous: vLLM's API server streams their last chunks after the engine has
     # already reloaded (20 ms here), so the gateway's read after them can see the new version
     assert any(v == "41" for v, _, _ in got_labels.values()), got_labels
+
+
+def test_a_call_sent_right_after_a_reload_is_never_labelled_with_the_version_before_it(
+        vllm, model32, other32, spans):
+    """With the production cache of served names (2 s), a call just after a swap must not get the old
+    version (the gateway's cached version would give it)."""
+    from serving.gateway.proxy import Gateway, GatewayConfig
+
+    VLLMPublisher(vllm.url).publish_full(model32, version=50)
+    gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[vllm.url]), spans.provider).start_background()
+    try:
+        never = threading.Event()
+        before = stream_call(gw.url, "Write the letter e", never, 8)
+        VLLMPublisher(vllm.url).publish_full(other32, version=51, restore_from=model32)
+        after = stream_call(gw.url, "Write the letter e", never, 8)
+    finally:
+        gw.stop()
+    got = poll(lambda: len(spans.get_finished_spans()) == 2 and spans.get_finished_spans(), 10)
+    assert got, "the gateway did not record both calls"
+    served = [served_by(call, {50: model32, 51: other32}) for call in (before, after)]
+    assert served == [50, 51]
+    for call, span, version in zip((before, after), sorted(got, key=lambda s: s.start_time), served):
+        assert span.attributes["gen_ai.response.id"] == call["id"]
+        if span.attributes.get("tracerl.policy_version_ambiguous"):
+            assert "tracerl.policy_version" not in span.attributes
+            assert sorted(span.attributes["tracerl.policy_version_candidates"]) == ["50", "51"]
+        else:
+            assert span.attributes.get("tracerl.policy_version") == version, dict(span.attributes)
 
 
 BAD_OR_ODD_REQUESTS = {
