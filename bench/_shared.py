@@ -37,17 +37,25 @@ def load_script(path: Path, name: str) -> ModuleType:
     return module
 
 
+# vLLM's dev-mode answers the gateway reads around each call served by a full reload's weights
+VLLM_DEV_GETS = {"/weight_info": {"weight_version": "1"}, "/is_paused": {"is_paused": False}}
+
+
 class ScriptedUpstream(Handler):
     """A near-zero-latency OpenAI-compatible upstream: a fixed chat answer in vLLM 0.10.2+ shape, each
     with its own response id; token ids (one per UTF-8 byte) and per-token logprobs when asked, as the
-    gateway asks. Set ``answer`` on a subclass for another text."""
+    gateway asks; a weight version and pause state (``VLLM_DEV_GETS``). Set ``answer`` on a subclass for
+    another text."""
 
     ids = itertools.count(1)
     answer = "A short, fixed answer."
 
     def do_GET(self) -> None:
-        if self.path.rstrip("/") == "/v1/models":
+        path = self.path.rstrip("/")
+        if path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": "policy", "object": "model"}]})
+        elif path in VLLM_DEV_GETS:  # a full-weight reload's version, as vLLM in dev mode reports it
+            self.send_json(200, VLLM_DEV_GETS[path])
         else:
             self.send_json(404, {"error": {"message": f"no route {self.path}", "type": "NotFound"}})
 

@@ -114,8 +114,11 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
 
 def streaming_upstream(tokens: int, token_ms: float) -> Any:
     """An engine stand-in that streams: ``tokens`` chat chunks ``token_ms`` apart, in vLLM 0.10.2+'s shape
-    (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked),
+    (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked;
+    ``/weight_info`` and ``/is_paused`` as vLLM in dev mode, so the gateway reads versions as for a full reload),
     on the same HTTP stack as the gateway (``httpshell``)."""
+    from _shared import VLLM_DEV_GETS
+
     from httpshell import ServerOptions
     from serving.asgi import ShellServer, dumps
 
@@ -127,8 +130,10 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
             if scope["type"] != "http":
                 return
             if scope["method"] == "GET":
-                found = scope["path"].rstrip("/") == "/v1/models"
-                body = dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]} if found else
+                path = scope["path"].rstrip("/")
+                found = path == "/v1/models" or path in VLLM_DEV_GETS
+                body = dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}
+                             if path == "/v1/models" else VLLM_DEV_GETS[path] if found else
                              {"error": {"message": "not found", "type": "NotFoundError", "code": 404}})
                 await send({"type": "http.response.start", "status": 200 if found else 404,
                             "headers": [(b"content-type", b"application/json")]})

@@ -19,8 +19,12 @@ upstream lists in ``/v1/models`` (cached ``models_ttl_s``; a 404 on a just-unloa
 refreshes and retries once). The span keeps the requested name in ``gen_ai.request.model`` and
 the served one in ``gen_ai.response.model`` / ``tracerl.policy_version``. After a full-weight
 reload the served name stays ``policy``; the publisher then sets the server's weight version
-(``/update_weight_version``) and the gateway reads it from ``GET /weight_info`` (same cache), so
-``tracerl.policy_version`` is known for full reloads too, within ``models_ttl_s`` of the switch.
+(``/update_weight_version``) inside the reload's pause, and the gateway brackets each call served
+by the base name with two reads of ``GET /weight_info`` (versions.py): one completed before the call
+is sent (a paused upstream is waited out first) and one started after its last chunk. Equal reads
+are the call's exact version; unequal ones mean it straddled a swap, and the span says
+``tracerl.policy_version_ambiguous`` with both ``tracerl.policy_version_candidates`` instead of a
+version. Upstreams without ``/weight_info`` (and LoRA calls, whose name is their version) skip this.
 The gateway is asynchronous end to end (ASGI on ``httpshell``, ``aiohttp`` upstream, see upstream.py):
 a waiting call costs a coroutine and two sockets, not a thread, so a training round's thousands of
 concurrent agent calls fit in one process; streams are relayed chunk by chunk as they arrive.
@@ -65,6 +69,7 @@ from serving.asgi import (
     stream_out,
 )
 from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name, is_timeout
+from serving.gateway.versions import VersionLabel, Watch, label
 from serving.protocol import (
     OPERATIONS,
     SSE_DONE,
@@ -75,6 +80,7 @@ from serving.protocol import (
     error_body,
     error_message,
     latest_version_name,
+    parse_policy_version,
     pick_upstream,
     prepare_upstream_body,
     record_from_response,
@@ -109,6 +115,7 @@ class GatewayConfig:
     tls_key: str | None = None
     latest_alias: bool = True  # "policy" -> newest "policy@k" the upstream serves
     models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
+    version_max_age_s: float = 0.25  # a weight-version read this fresh is reused before sending a call
     reuse_port: bool = False  # other processes serve the same port (--workers, serving/gateway/workers.py)
 
 
@@ -180,6 +187,7 @@ class Gateway(ShellServer):
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
         self._state_lock: asyncio.Lock | None = None
+        self._watches: dict[str, Watch] = {}
         self.plain_upstreams: set[str] = set()  # upstreams that refuse return_token_ids
         self.warned_no_ids: set[str] = set()
 
@@ -214,6 +222,30 @@ class Gateway(ShellServer):
             state = UpstreamState(time.monotonic(), names, str(version) if version is not None else None)
             self._state[upstream] = state
             return state
+
+    def watch(self, upstream: str, headers: dict[str, str]) -> Watch:
+        """The upstream's weight-version watch (versions.py), reading with the first caller's headers."""
+        w = self._watches.get(upstream)
+        if w is None:
+            auth = {k: v for k, v in headers.items() if k == "Authorization"}
+
+            async def read() -> tuple[bool, str | None]:
+                paused, version = await asyncio.gather(
+                    self._get_field(upstream + "/is_paused", auth, "is_paused"),
+                    self._get_field(upstream + "/weight_info", auth, "weight_version"),
+                )
+                return paused is True, None if version is None else str(version)
+
+            w = self._watches[upstream] = Watch(read, self.config.version_max_age_s)
+        return w
+
+    async def _get_field(self, url: str, headers: dict[str, str], key: str) -> object:
+        """One field of a JSON GET; None when the route, the field or the upstream is missing."""
+        try:
+            status, _, raw = await self.client.get(url, headers)
+            return json.loads(raw).get(key) if status == 200 else None
+        except (*TRANSPORT_ERRORS, ValueError, AttributeError):
+            return None
 
     # -- ASGI ------------------------------------------------------------------------------
 
@@ -312,6 +344,7 @@ class Gateway(ShellServer):
             f"tracerl.gateway {model}", context=parent, kind=SpanKind.CLIENT, start_time=start
         )
         call = _Call(self, span, body, op)
+        call.deadline = time.monotonic() + self.config.timeout_s
         try:
             up_body, wants = prepare_upstream_body(body, op)
             call.wants = wants
@@ -326,7 +359,7 @@ class Gateway(ShellServer):
             for i in self.upstream_order(key):
                 call.upstream = self.upstreams[i]
                 try:
-                    resp = await self._send(call.upstream, path, body, up_body, headers)
+                    resp = await self._send(call, path, body, up_body, headers)
                 except CONNECT_ERRORS as e:  # nothing ran there: try the next one
                     last = e
                     continue
@@ -335,9 +368,11 @@ class Gateway(ShellServer):
                 if resp.status == 200 and wants.stream:
                     return call.stream(resp)  # the stream now owns the span and the upstream response
                 try:
-                    return await call.whole(resp)
+                    response = await call.whole(resp)
                 finally:
                     resp.release()
+                call.streaming = True  # the answer ends the span once the client has it
+                return _Answered(call, response)
             raise _UpstreamFailure(
                 502,
                 "upstream_unreachable",
@@ -359,7 +394,7 @@ class Gateway(ShellServer):
                 call.end()
 
     async def _send(
-        self, upstream: str, path: str, client_body: dict, up_body: dict, headers: dict[str, str]
+        self, call: _Call, path: str, client_body: dict, up_body: dict, headers: dict[str, str]
     ) -> aiohttp.ClientResponse:
         """POST to one upstream (response not yet read), retrying once for each of two recoverable refusals.
 
@@ -367,7 +402,11 @@ class Gateway(ShellServer):
         refresh the list and retry. A 400 naming ``return_token_ids`` means the upstream is not
         vLLM >= 0.10.2 (e.g. the OpenAI API rejects unknown fields): remember that, and send the
         client's own request from now on, so the agent keeps working (its spans then lack ids).
+
+        A call the base name serves (no ``@k``) on an upstream that reports a weight version is sent
+        only once the upstream is not paused, and ``call.before`` keeps the version read before it went.
         """
+        upstream = call.upstream
         plain = upstream in self.plain_upstreams
         refreshed = False
         while True:
@@ -376,6 +415,10 @@ class Gateway(ShellServer):
                 upstream, headers, refreshed
             )  # cached; also feeds the span's version
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
+            call.watch = None
+            if state.weight_version is not None and parse_policy_version(alias or body.get("model")) is None:
+                call.watch = self.watch(upstream, headers)
+                call.before = (await call.watch.before(call.deadline)).version
             payload = json.dumps({**body, "model": alias} if alias else body, separators=(",", ":")).encode()
             resp = await self.client.post(upstream + path, payload, headers)
             if alias and resp.status == 404 and not refreshed:  # unloaded since we looked: look again
@@ -420,7 +463,16 @@ class _Call:
         self.upstream = gw.upstreams[0]
         self.wants: ClientWants | None = None
         self.record: CallRecord | None = None
-        self.streaming = False
+        self.streaming = False  # an ASGI answer (_Stream, _Answered) ends the span, not _proxy
+        self.deadline = float("inf")
+        self.watch: Watch | None = None  # set when the call's version is the upstream's weight version
+        self.before: str | None = None
+        self.version = VersionLabel()
+
+    async def read_version(self) -> None:
+        """Read the upstream's version again, now that the call's last chunk has arrived, and label the call."""
+        if self.watch is not None:
+            self.version = label(self.before, (await self.watch.after()).version)
 
     def fail(self, f: _UpstreamFailure) -> None:
         self.record = f.record or self.record
@@ -431,12 +483,12 @@ class _Call:
         self.span.set_status(Status(StatusCode.ERROR, message))
 
     def end(self) -> None:
-        """Record the call on its span and end it."""
-        state = self.gw._state.get(self.upstream)
+        """Record the call on its span and end it (the version only as ``read_version`` labelled it)."""
         rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
-        self.span.set_attributes(
-            span_attributes(rec, self.upstream, weight_version=state.weight_version if state else None)
-        )
+        self.span.set_attributes(span_attributes(rec, self.upstream, weight_version=self.version.version))
+        if self.version.ambiguous:
+            self.span.set_attribute("tracerl.policy_version_ambiguous", True)
+            self.span.set_attribute("tracerl.policy_version_candidates", list(self.version.candidates))
         self.span.end()
 
     async def whole(self, resp: aiohttp.ClientResponse) -> Response:
@@ -481,6 +533,20 @@ class _Call:
         return _Stream(self, resp)
 
 
+class _Answered:
+    """The ASGI answer of a whole call: sent to the client first, then the version is read and the span ends."""
+
+    def __init__(self, call: _Call, response: Response):
+        self.call, self.response = call, response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+            await self.call.read_version()
+        finally:
+            self.call.end()
+
+
 class _Stream:
     """The ASGI answer of a streamed call: relays the upstream's events as they come, cleaned for the
     client, and ends the call's span when the stream ends, however it ends."""
@@ -490,6 +556,9 @@ class _Stream:
         self.acc = StreamAccumulator(call.body, call.op)
         self.failure: _UpstreamFailure | None = None
         self.read_all = False  # the upstream's answer was read to its end: its connection can be kept
+        n = call.body.get("n")
+        self.unfinished = set(range(n if isinstance(n, int) and n > 0 else 1))  # choices without a finish_reason
+        self.version_read: asyncio.Task[None] | None = None  # started at the last token, before usage and [DONE]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = self.call
@@ -507,7 +576,11 @@ class _Stream:
                 call.fail(self.failure)
             elif not completed:
                 call.fail_with("client_disconnected", "the client closed the connection mid-stream")
-            call.end()
+            try:
+                # after the last token: the weights that served it were live before this read
+                await (self.version_read or call.read_version())
+            finally:
+                call.end()
 
     async def _events(self) -> AsyncIterator[bytes]:
         """The client's stream: every event that has arrived is cleaned and sent on in one write.
@@ -560,6 +633,11 @@ class _Stream:
             )
             return sse_data(chunk)
         self.acc.add(chunk)
+        for ch in chunk.get("choices") or ():
+            if ch.get("finish_reason") is not None:
+                self.unfinished.discard(ch.get("index"))
+        if not self.unfinished and self.version_read is None:
+            self.version_read = asyncio.ensure_future(self.call.read_version())
         out = strip_chunk(chunk, self.call.wants)
         return sse_data(out) if out is not None else b""
 
