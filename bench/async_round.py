@@ -15,8 +15,11 @@ then 1 and 2 (the next K batches of rollouts run while a round trains). For each
 
 Target (issue #22) on 2 cores: >= 1.4x samples per minute with held-out success no worse beyond noise.
 
+A mode ``K:T`` also sets the training threads while rollouts run beside it (``tracerl demo
+--train-threads T``; default 1, the demo's --threads: on 2 cores the engine has one).
+
     python bench/async_round.py                      # modes 0,1,2; 4 rounds each (~25 min on 2 cores)
-    python bench/async_round.py --modes 0,1 --rounds 3 --json bench/out/async.json
+    python bench/async_round.py --modes 0,1,1:2 --rounds 3 --json bench/out/async.json
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def measure(run) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="0,1,2", help="--max-staleness values to run, the first is the baseline")
+    ap.add_argument("--modes", default="0,1,2", help="--max-staleness values to run, the first is the baseline; "
+                    "K:T also sets --train-threads T")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--heldout-samples", type=int, default=4)
     ap.add_argument("--model", default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
@@ -75,18 +79,20 @@ def main() -> int:
 
     from tracerl.demo import DemoConfig, run_demo
 
-    modes = [int(m) for m in args.modes.split(",")]
+    modes = args.modes.split(",")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tracerl-async-bench-"))
-    results: dict[int, dict] = {}
-    for k in modes:
-        print(f"\n=== --max-staleness {k} ===", flush=True)
-        cfg = DemoConfig(workdir=str(work / f"staleness-{k}"), model=args.model, rounds=args.rounds,
-                         heldout_samples=args.heldout_samples, max_staleness=k)
-        results[k] = measure(run_demo(cfg))
-        print(json.dumps(results[k]), flush=True)
+    results: dict[str, dict] = {}
+    for mode in modes:
+        k, _, threads = mode.partition(":")
+        print(f"\n=== --max-staleness {k}" + (f" --train-threads {threads}" if threads else "") + " ===", flush=True)
+        cfg = DemoConfig(workdir=str(work / f"staleness-{mode.replace(':', '-t')}"), model=args.model,
+                         rounds=args.rounds, heldout_samples=args.heldout_samples, max_staleness=int(k),
+                         train_threads=int(threads) if threads else None)
+        results[mode] = measure(run_demo(cfg))
+        print(json.dumps(results[mode]), flush=True)
 
     base = results[modes[0]]
-    print(f"\n{'staleness':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
+    print(f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
           f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}")
     for k, r in results.items():
         ratio = r["samples_per_min"] / base["samples_per_min"] if base["samples_per_min"] else float("nan")

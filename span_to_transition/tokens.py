@@ -29,6 +29,9 @@ PROMPT_IDS = "tracerl.prompt_token_ids"
 RESPONSE_IDS = "tracerl.response_token_ids"
 LOGPROBS = "tracerl.response_logprobs"
 POLICY_VERSION = "tracerl.policy_version"
+# set by the gateway, instead of a version, on a call that straddled a full-weight swap (served by
+# one of the two, which one is unknown: serving/gateway/versions.py)
+POLICY_CANDIDATES = "tracerl.policy_version_candidates"
 
 PROMPT_ID_KEYS = (
     PROMPT_IDS,
@@ -171,6 +174,16 @@ def match_gateways(calls: Iterable[LLMCall], gateways: Iterable[Span],
     return matched, unclaimed
 
 
+def older_candidate(value: str | None) -> int | None:
+    """The older of an ambiguous call's two candidate versions: a lower bound of the version that served
+    it, never a fresher one. Its staleness is then counted at most one publish too high, and its
+    importance weight is exact either way (it divides by the logprobs the engine really sampled with)."""
+    raw = load_json(value) if value is not None else None
+    versions = [v for v in (as_int(str(c)) if as_int(str(c)) is not None else parse_policy_version(str(c))
+                            for c in (raw if isinstance(raw, list) else [])) if v is not None]
+    return min(versions) if versions else None
+
+
 def resolve_tokens(call_span: Span, gateway: Span | None, call: LLMCall, problems: list[str],
                    twins: Iterable[Span] = ()) -> Tokens:
     """Exact tokens for one call, with the policy version (attribute first, then ``name@k``).
@@ -190,6 +203,8 @@ def resolve_tokens(call_span: Span, gateway: Span | None, call: LLMCall, problem
             if span is not None and as_int(span.attributes.get(POLICY_VERSION)) is not None:
                 tokens.policy_version = as_int(span.attributes.get(POLICY_VERSION))
                 break
+    if tokens.policy_version is None and gateway is not None:
+        tokens.policy_version = older_candidate(gateway.attributes.get(POLICY_CANDIDATES))
     if tokens.policy_version is None:
         gw_model = gateway.attributes.get("gen_ai.response.model") if gateway is not None else None
         for model in (gw_model, call.response_model, call.request_model):

@@ -90,3 +90,16 @@ def test_policy_version_from_model_name() -> None:
     assert parse_policy_version("policy@12") == 12
     assert parse_policy_version("gpt-4o") is None
     assert parse_policy_version(None) is None
+
+
+def test_a_call_that_straddled_a_swap_gets_the_older_candidate_never_a_fresher_version() -> None:
+    """The gateway labels a full-reload call whose version reads before and after differ as ambiguous
+    (serving/gateway/versions.py); the transition takes the older one as a lower bound, not 0."""
+    t = TraceBuilder()
+    call = t.chat(None, [user("hi")], "hello", response_id="r1", model="policy")
+    attrs = {**gateway_attrs("r1", [1, 2], [3], version=None), "gen_ai.request.model": "policy",
+             "gen_ai.response.model": "policy", "tracerl.policy_version_ambiguous": True,
+             "tracerl.policy_version_candidates": ["4", "5"]}
+    t.span("POST /v1/chat/completions", call, attrs)
+    [tr] = convert(t).transitions
+    assert tr.token_source == "gateway" and tr.policy_version == 4
