@@ -59,7 +59,10 @@ def holder_id() -> str:
 
 def s3_client(loc: StoreLocation) -> Any:
     """A boto3 S3 client for the same endpoint, region and credentials as ``loc``'s pyarrow file system."""
-    import boto3
+    try:
+        import boto3
+    except ImportError:
+        raise RuntimeError("a lease on an s3:// store needs boto3 (conditional PUTs): pip install 'tracerl[s3]'") from None
 
     query = {k: v[-1] for k, v in parse_qs(urlsplit(loc.uri).query).items()}
     endpoint = query.get("endpoint_override")

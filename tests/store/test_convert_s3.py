@@ -1,5 +1,6 @@
 """``tracerl convert --store s3://…``: spans a real agent sent to a real collector become transitions in
-the bucket, under the store's lease, and converting again writes nothing (the ledger is in the bucket).
+the bucket, under the store's lease, and converting again writes nothing (the ledger is in the bucket);
+``tracerl doctor`` reads the same bucket.
 
 The bucket is served by moto's standalone server, a stand-in for S3 on 127.0.0.1 (s3_server.py); the
 collector and the converter are real ``tracerl`` processes reaching it through pyarrow's S3 client
@@ -86,6 +87,10 @@ def test_collect_then_convert_on_a_bucket_yields_one_transition_per_call_once(s3
     second = json.loads(tracerl("convert", "--store", s3_store, "--quiet-s", "0", "--json").stdout)
     assert second["transitions_written"] == 0 and second["span_files_read"] == 0
     assert loc.files("transitions") == files
+
+    # doctor reads the bucket too: spans, calls, content and rewards are fine; the agent had no gateway
+    doctor = tracerl("doctor", "--store", s3_store, "--json", check=False)
+    assert doctor.returncode == 1 and [f["problem"] for f in json.loads(doctor.stdout)] == ["no token ids"]
 
 
 def test_convert_names_a_bucket_prefix_without_spans(s3_store):
