@@ -4,18 +4,19 @@ Not a Parquet file, so table globs never read it. It records which rollouts are 
 the received-at watermark of their last span) or excluded, the span files that are fully
 converted, late spans, the trace -> rollout pairs learnt so far, the rewards files already
 applied, and the settings the converted rows were made with. Written by the store's atomic writer
-(store/atomic.py), so a crash leaves the old state or the new one.
+(store/atomic.py), so a crash leaves the old state or the new one; on local disk or in a bucket alike.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
+
+import pyarrow.fs as pafs
 
 from span_to_transition.convert import ConvertConfig
 from store.atomic import write_atomic
-from store.layout import StoreLayout
+from store.layout import Where, locate
 
 
 @dataclass
@@ -31,15 +32,15 @@ class Ledger:
     settings: dict[str, object] = field(default_factory=dict)  # the row settings of the converted rows
 
     @staticmethod
-    def path(layout: StoreLayout) -> Path:
-        return layout.table("transitions") / "_state.json"
+    def path(store: Where) -> str:
+        return locate(store).path("transitions", "_state.json")
 
     @classmethod
-    def load(cls, layout: StoreLayout) -> Ledger:
-        p = cls.path(layout)
-        if not p.exists():
+    def load(cls, store: Where) -> Ledger:
+        loc = locate(store)
+        if loc.fs.get_file_info(p := cls.path(loc)).type == pafs.FileType.NotFound:
             return cls()
-        d = json.loads(p.read_text())
+        d = json.loads(loc.read_bytes(p))
         return cls(
             d["converted"],
             d["excluded"],
@@ -50,7 +51,7 @@ class Ledger:
             d.get("settings", {}),
         )
 
-    def save(self, layout: StoreLayout) -> None:
+    def save(self, store: Where) -> None:
         data = {
             "converted": self.converted,
             "excluded": self.excluded,
@@ -60,7 +61,8 @@ class Ledger:
             "reward_files": sorted(self.reward_files),
             "settings": self.settings,
         }
-        write_atomic(self.path(layout), json.dumps(data, separators=(",", ":")).encode())
+        loc = locate(store)
+        write_atomic(self.path(loc), json.dumps(data, separators=(",", ":")).encode(), loc.fs)
 
 
 def row_settings(config: ConvertConfig) -> dict[str, object]:

@@ -12,18 +12,19 @@ One pass (``convert_store``) reads top to bottom:
 5. record what happened in the ledger and the stats (``stats.py``).
 
 Re-running over the same spans writes nothing new. ``ConvertLoop`` runs passes inside the collector.
+The store is a local directory or an ``s3://`` prefix: every read and write goes through ``store/``
+(``StoreLocation``'s file system, the one atomic writer, and its lock: flock locally, a lease on S3).
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +41,9 @@ from span_to_transition.records import Reward
 from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
 from span_to_transition.tree import END_MARKER, RolloutStatus, decide_completion
 from span_to_transition.workers import WriteTo, Written, convert_parallel
-from store.layout import StoreLayout
+from store.layout import Where, locate
+from store.lease import hold
+from store.location import StoreLocation
 
 __all__ = [
     "ConvertLoop",
@@ -68,22 +71,21 @@ def convert_store(
     The collector calls this periodically (``collect --convert``) and ``tracerl convert`` calls it
     once; both give the same transitions because completion and conversion depend only on the
     spans and ``now_ns``. Returns what happened, including late spans and excluded rollouts.
-    Concurrent callers on one store (the collector and a manual ``tracerl convert``) take turns
-    on an exclusive lock, so no rollout is ever written twice.
+    Concurrent callers on one store (the collector and a manual ``tracerl convert``, on one host or
+    several sharing a bucket) take turns on the store's lock (``store/lease.py``), so no rollout is
+    ever written twice; the lease is confirmed right before the ledger is saved (the commit point).
     """
-    layout = StoreLayout.at(store)
-    lock_path = layout.table("transitions") / "_state.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return _convert_store_locked(layout, config, now_ns, rebuild)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    loc = locate(store)
+    with hold(loc, "transitions/_state") as held:
+        return _convert_store_locked(loc, config, now_ns, rebuild, held.confirm)
 
 
 def _convert_store_locked(
-    layout: StoreLayout, config: ConvertConfig, now_ns: int | None, rebuild: bool = False
+    layout: StoreLocation,
+    config: ConvertConfig,
+    now_ns: int | None,
+    rebuild: bool = False,
+    confirm: Callable[[], None] = lambda: None,
 ) -> ConvertStats:
     t0 = time.perf_counter()
     config.validate()
@@ -94,16 +96,17 @@ def _convert_store_locked(
     rewards = _read_rewards(layout, ledger, converted, rebuild)
 
     span_files = table_files(layout, "spans")
-    rel = {f: str(f.relative_to(layout.table("spans"))) for f in span_files}
-    todo = _files_to_read(span_files, rel, ledger, rewards)
+    rel = {f: _relative(layout, "spans", f) for f in span_files}
+    todo = _files_to_read(layout, span_files, rel, ledger, rewards)
     stats.span_files_read = len(todo)
     if not todo:
         if rewards.any_new:
             ledger.reward_files = set(rewards.files)
+            confirm()
             ledger.save(layout)
         return _finish(stats, ledger, t0)
 
-    spans = _read_numbered(todo, SPANS_SCHEMA)
+    spans = _read_numbered(layout, todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
     spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links)
     stats.spans_read = len(spans)
@@ -139,21 +142,23 @@ def _convert_store_locked(
         if i not in pending_files:
             ledger.files_done.add(rel[f])
     ledger.reward_files = set(rewards.files)
+    confirm()
     ledger.save(layout)
     if rebuild:  # every rollout has newer rows now: the older files only hold superseded ones
         stats.rollouts_reconverted = stats.rollouts_converted
-        written = {Path(f).resolve() for f in stats.files_written}
+        written = set(stats.files_written)
         for f in old_transition_files:
-            if f.resolve() not in written:
-                f.unlink(missing_ok=True)
+            if f not in written:
+                with contextlib.suppress(FileNotFoundError):
+                    layout.fs.delete_file(f)
                 stats.files_removed += 1
     stats.lap("ledger", lap)
     return _finish(stats, ledger, t0)
 
 
 def _open_ledger(
-    layout: StoreLayout,
-    transition_files: list[Path],
+    layout: StoreLocation,
+    transition_files: list[str],
     config: ConvertConfig,
     rebuild: bool,
     stats: ConvertStats,
@@ -162,7 +167,7 @@ def _open_ledger(
     converted (the ledger's, plus any with rows the ledger lost: never converted twice), and this
     pass's ``conversion`` number."""
     ledger = Ledger.load(layout)
-    existing = _read(transition_files, TRANSITIONS_SCHEMA, ["rollout_id", "conversion"])
+    existing = _read(layout, transition_files, TRANSITIONS_SCHEMA, ["rollout_id", "conversion"])
     conversion = int(pc.max(existing.column("conversion")).as_py() or 0) + 1
     settings = row_settings(config)
     if rebuild:  # every rollout again, from every span file; the trace -> rollout pairs stay known
@@ -190,11 +195,11 @@ class _Rewards:
     reconvert: set[str] = field(default_factory=set)  # converted rollouts with a reward row newer than that
 
 
-def _read_rewards(layout: StoreLayout, ledger: Ledger, converted: dict[str, int], rebuild: bool) -> _Rewards:
+def _read_rewards(layout: StoreLocation, ledger: Ledger, converted: dict[str, int], rebuild: bool) -> _Rewards:
     reward_files = table_files(layout, "rewards")
-    reward_rel = [str(f.relative_to(layout.table("rewards"))) for f in reward_files]
+    reward_rel = [_relative(layout, "rewards", f) for f in reward_files]
     new_reward_file = [r not in ledger.reward_files for r in reward_rel]
-    reward_table = _read_numbered(reward_files, REWARDS_SCHEMA)
+    reward_table = _read_numbered(layout, reward_files, REWARDS_SCHEMA)
     out = _Rewards(rewards_from_table(reward_table), reward_rel, any(new_reward_file))
     rewarded = {x for r_id, t_id, _ in out.rows for x in (r_id, t_id) if x}
     # excluded rollouts whose reward has since arrived are read again from their files
@@ -212,13 +217,14 @@ def _read_rewards(layout: StoreLayout, ledger: Ledger, converted: dict[str, int]
 
 
 def _files_to_read(
-    span_files: list[Path], rel: dict[Path, str], ledger: Ledger, rewards: _Rewards
-) -> list[Path]:
+    layout: StoreLocation, span_files: list[str], rel: dict[str, str], ledger: Ledger, rewards: _Rewards
+) -> list[str]:
     """Span files not yet fully converted, and the done ones holding a rollout to retry or reconvert."""
-    extra: set[Path] = set()
+    extra: set[str] = set()
     if rewards.reconvert:
         traces = rewards.reconvert | {t for t, r in ledger.traces.items() if r in rewards.reconvert}
-        extra = _files_with([f for f in span_files if rel[f] in ledger.files_done], rewards.reconvert, traces)
+        done = [f for f in span_files if rel[f] in ledger.files_done]
+        extra = _files_with(layout, done, rewards.reconvert, traces)
     return [
         f
         for f in span_files
@@ -226,13 +232,13 @@ def _files_to_read(
     ]
 
 
-def _files_with(files: list[Path], rollouts: set[str], traces: set[str]) -> set[Path]:
+def _files_with(layout: StoreLocation, files: list[str], rollouts: set[str], traces: set[str]) -> set[str]:
     """The span files holding any span of these rollouts (by rollout id, or by trace for spans that
     name no rollout, such as the gateway's)."""
     out = set()
     rollout_set, trace_set = pa.array(sorted(rollouts), pa.string()), pa.array(sorted(traces), pa.string())
     for f in files:
-        ids = pq.read_table(f, columns=["rollout_id", "trace_id"])
+        ids = pq.read_table(f, columns=["rollout_id", "trace_id"], filesystem=layout.fs)
         if (
             pc.any(pc.is_in(ids.column("rollout_id"), value_set=rollout_set)).as_py()
             or pc.any(pc.is_in(ids.column("trace_id"), value_set=trace_set)).as_py()
@@ -292,7 +298,7 @@ def _count_late_spans(
 
 
 def _convert_ready(
-    layout: StoreLayout,
+    layout: StoreLocation,
     spans: pa.Table,
     ready: list[str],
     timed_out: frozenset[str],
@@ -316,6 +322,7 @@ def _convert_ready(
     trace_ids = pc.unique(sel.column("trace_id"))
     logs = logs_from_table(
         _read(
+            layout,
             table_files(layout, "logs"),
             LOGS_SCHEMA,
             filter=(ds.field("trace_id").isin(trace_ids)) & pc.starts_with(ds.field("event_name"), "gen_ai."),
@@ -325,7 +332,7 @@ def _convert_ready(
     for r_id, t_id, rw in reward_rows:
         rewards_by.setdefault(r_id or f"trace:{t_id}", []).append(rw)
     for written, outs in convert_parallel(
-        sel, logs, rewards_by, config, len(ready), WriteTo(str(layout.root), conversion), timed_out
+        sel, logs, rewards_by, config, len(ready), WriteTo(_store_arg(layout), conversion), timed_out
     ):
         assert isinstance(written, Written)
         stats.files_written += written.files
@@ -384,31 +391,39 @@ def _finish(stats: ConvertStats, ledger: Ledger, t0: float) -> ConvertStats:
 # Reading the store
 
 
-def table_files(layout: StoreLayout, table: str) -> list[Path]:
+def table_files(store: Where, table: str) -> list[str]:
     """The Parquet files of one table (files being written, named ``.*``, are not yet part of it)."""
-    root = layout.table(table)
-    if not root.exists():
-        return []
-    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
+    return locate(store).files(table)
+
+
+def _relative(layout: StoreLocation, table: str, path: str) -> str:
+    """``path`` relative to its table's directory: how the ledger names span and reward files."""
+    return path[len(layout.table(table)) + 1 :]
+
+
+def _store_arg(layout: StoreLocation) -> str:
+    """The store as a string a worker process turns back into a location (``parse_store``)."""
+    return layout.root if layout.is_local else layout.uri
 
 
 def _read(
-    files: list[Path],
+    layout: StoreLocation,
+    files: list[str],
     schema: pa.Schema,
     columns: list[str] | None = None,
     filter: pc.Expression | None = None,
 ) -> pa.Table:
     if not files:
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
-    dataset = ds.dataset([str(f) for f in files], schema=schema, format="parquet")
+    dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=layout.fs)
     return dataset.to_table(columns=columns, filter=filter)
 
 
-def _read_numbered(files: list[Path], schema: pa.Schema) -> pa.Table:
+def _read_numbered(layout: StoreLocation, files: list[str], schema: pa.Schema) -> pa.Table:
     """Every row of ``files``, with ``_file``: the index in ``files`` of the file it came from."""
     parts = [schema.empty_table().append_column("_file", pa.array([], pa.int32()))]
     for i, f in enumerate(files):
-        t = pq.read_table(f, schema=schema)
+        t = pq.read_table(f, schema=schema, filesystem=layout.fs)
         parts.append(t.append_column("_file", pa.array(np.full(len(t), i, dtype=np.int32))))
     return pa.concat_tables(parts)
 

@@ -27,7 +27,7 @@ from span_to_transition.records import LogEvent, Span
 from span_to_transition.store import rollout_statuses, table_files
 from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
-from store.layout import StoreLayout
+from store.location import StoreLocation, parse_store
 from store.views import connect_readonly
 
 REWARD_SPELLINGS: dict[str, str] = {
@@ -187,7 +187,7 @@ def gather(
 ) -> StoreFacts:
     """The facts ``diagnose`` reads, from ``store`` (never written to); ``quiet_s`` / ``max_wait_s``:
     the completion settings to judge pending rollouts by (default: convert's)."""
-    layout = StoreLayout.at(store)
+    layout = parse_store(store)
     ledger = Ledger.load(layout)
     settings = ledger.settings
     f = StoreFacts(
@@ -226,17 +226,17 @@ def gather(
 
 
 def _pending(
-    layout: StoreLayout, ledger: Ledger, quiet_s: float, max_wait_s: float, now_ns: int, follow_links: bool
+    layout: StoreLocation, ledger: Ledger, quiet_s: float, max_wait_s: float, now_ns: int, follow_links: bool
 ) -> list[Pending]:
     """Rollouts the next convert pass would leave pending, with the wait each is on (the pass's own rules)."""
     files = [
         f
         for f in table_files(layout, "spans")
-        if str(f.relative_to(layout.table("spans"))) not in ledger.files_done
+        if f[len(layout.table("spans")) + 1 :] not in ledger.files_done
     ]
     if not files:
         return []
-    spans = ds.dataset([str(p) for p in files], schema=SPANS_SCHEMA, format="parquet").to_table(
+    spans = ds.dataset(files, schema=SPANS_SCHEMA, format="parquet", filesystem=layout.fs).to_table(
         columns=["trace_id", "span_id", "parent_span_id", "rollout_id", "received_at", "attributes", "links"]
     )
     statuses = rollout_statuses(assign_rollouts(spans, dict(ledger.traces), follow_links)[0])

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.location import is_uri
+from store.location import StoreLocation, is_uri, parse_store
 
 DEFAULT_STORE = "./tracerl-store"
 
@@ -28,7 +28,7 @@ class StoreLayout:
         """A local store; ``s3://…`` is refused here, since a stage that walks ``Path``s cannot use it."""
         if is_uri(root) and not os.fspath(root).startswith("file://"):
             raise ValueError(f"{os.fspath(root)} is not a local directory; this command needs a local --store "
-                             "(collect, sql and status also take s3://bucket/prefix)")
+                             "(collect, sql, status, doctor and convert also take s3://bucket/prefix)")
         return cls(Path(root).expanduser().resolve(), Path(wal).expanduser().resolve() if wal else None)
 
     def table(self, name: str) -> Path:
@@ -46,3 +46,21 @@ class StoreLayout:
 
     def partition(self, table: str, date: str) -> Path:
         return self.table(table) / f"date={date}"
+
+    @property
+    def location(self) -> StoreLocation:
+        """The same store as a ``pyarrow.fs`` location (what code that also runs on a bucket takes)."""
+        return parse_store(self.root)
+
+
+Where = StoreLayout | StoreLocation | str | os.PathLike[str]
+"""A store as callers name it: a layout (local), a location, or ``--store`` as given (path or URI)."""
+
+
+def locate(store: Where) -> StoreLocation:
+    """Any way of naming a store -> its ``StoreLocation``, so one code path serves disk and bucket."""
+    if isinstance(store, StoreLocation):
+        return store
+    if isinstance(store, StoreLayout):
+        return store.location
+    return parse_store(store)

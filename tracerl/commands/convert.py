@@ -17,11 +17,13 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+import pyarrow.fs as pafs
 
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import default_store
+from store.location import parse_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -37,7 +39,8 @@ examples:
 
 @dataclass
 class ConvertCommandConfig(ConvertConfig):
-    store: str = opt(default_store(), "store directory", metavar="DIR", env="TRACERL_STORE")
+    store: str = opt(default_store(), "store directory, or s3://bucket/prefix", metavar="DIR|URI",
+                     env="TRACERL_STORE")
     json: bool = opt(False, "print the conversion stats as JSON")
     rebuild: bool = opt(False, "convert every complete rollout again with these settings (rows already "
                                "converted keep the settings they were converted with otherwise); earlier "
@@ -55,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
         convert_cfg.validate()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if not (Path(cfg.store).expanduser() / "spans").is_dir():
+    loc = parse_store(cfg.store)
+    if loc.fs.get_file_info(loc.table("spans")).type != pafs.FileType.Directory:
         raise UsageError(f"--store {cfg.store} has no spans/ directory; point --store (or TRACERL_STORE) at the "
-                         "directory `tracerl collect --store DIR` writes")
+                         "directory (or s3://bucket/prefix) `tracerl collect --store` writes")
     stats = convert_store(cfg.store, convert_cfg, rebuild=cfg.rebuild)
     if cfg.json:
         print(json.dumps(dataclasses.asdict(stats), indent=2))

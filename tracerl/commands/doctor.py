@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+import pyarrow.fs as pafs
+
 from span_to_transition.convert import ConvertConfig
-from store.layout import StoreLayout, default_store
+from store.layout import default_store
+from store.location import parse_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
@@ -28,7 +31,8 @@ examples:
 
 @dataclass
 class DoctorConfig:
-    store: str = opt(default_store(), "store directory", metavar="DIR", env="TRACERL_STORE")
+    store: str = opt(default_store(), "store directory, or s3://bucket/prefix", metavar="DIR|URI",
+                     env="TRACERL_STORE")
     quiet_s: float = opt(
         ConvertConfig.quiet_s, "judge pending rollouts by this --quiet-s (the one you convert with)"
     )
@@ -46,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
     from tracerl.commands.status import collect_status
 
     cfg = from_args(DoctorConfig, args)
-    layout = StoreLayout.at(cfg.store)
-    if not layout.root.is_dir():
+    loc = parse_store(cfg.store)
+    if loc.fs.get_file_info(loc.root).type != pafs.FileType.Directory:
         raise UsageError(
             f"--store {cfg.store} is not a directory; point --store (or TRACERL_STORE) at the "
-            "directory `tracerl collect --store DIR` writes"
+            "directory (or s3://bucket/prefix) `tracerl collect --store` writes"
         )
     try:
         ConvertConfig(quiet_s=cfg.quiet_s, max_wait_s=cfg.max_wait_s).validate()
@@ -63,5 +67,5 @@ def run(args: argparse.Namespace) -> int:
         wal_backlog_bytes=collect_status(cfg.store)["wal"]["backlog_bytes"],
     )
     findings = diagnose(facts)
-    print(as_json(findings) if cfg.json else report(findings, str(layout.root)))
+    print(as_json(findings) if cfg.json else report(findings, loc.root if loc.is_local else loc.uri))
     return 1 if findings else 0
