@@ -39,11 +39,18 @@ def write_table_atomic(table: pa.Table, path: str | os.PathLike[str], table_name
     return Path(path) if fs is None or isinstance(fs, pafs.LocalFileSystem) else os.fspath(path)
 
 
-def read_table(directory: str | os.PathLike[str], table_name: str) -> pa.Table:
-    """Read every committed file of a table (temp files start with '.' and are ignored)."""
-    directory = Path(directory)
+def read_table(directory: str | os.PathLike[str], table_name: str, fs: pafs.FileSystem | None = None) -> pa.Table:
+    """Read every committed file of a table (temp files start with '.' and are ignored); ``fs``: the
+    store's file system when it is not local disk (``StoreLocation.fs``, with ``directory`` a path on it)."""
     schema = TABLES[table_name]
-    files = sorted(p for p in directory.rglob("*.parquet") if not p.name.startswith("."))
+    if fs is None or isinstance(fs, pafs.LocalFileSystem):
+        local = Path(directory)
+        files = [str(p) for p in sorted(local.rglob("*.parquet")) if not p.name.startswith(".")]
+        fs = None
+    else:
+        selector = pafs.FileSelector(os.fspath(directory), recursive=True, allow_not_found=True)
+        files = sorted(i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File
+                       and i.path.endswith(".parquet") and not i.base_name.startswith("."))
     if not files:
         return schema.empty_table()
-    return pa.concat_tables([pq.read_table(p, schema=schema) for p in files])
+    return pa.concat_tables([pq.read_table(p, schema=schema, filesystem=fs) for p in files])

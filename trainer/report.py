@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from store.layout import StoreLayout
 from trainer.rounds import read_rounds
 
 COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds")
@@ -16,7 +15,7 @@ COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "los
 def round_rows(store: str) -> list[dict[str, Any]]:
     """One dict per round with the columns of ``COLUMNS`` (seconds = sum of the phase timings)."""
     rows = []
-    for r in read_rounds(StoreLayout.at(store)).values():
+    for r in read_rounds(store).values():
         m = json.loads(r.get("metrics") or "{}")
         rows.append({**{c: r.get(c) for c in COLUMNS if c != "seconds"},
                      "seconds": sum(json.loads(r["timings"] or "{}").values()),

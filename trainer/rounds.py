@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.tables import ROUNDS_SCHEMA
-from store.layout import StoreLayout
+from store.layout import StoreLayout, Where, locate
 from store.parquet import read_table, write_table_atomic
 from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
@@ -105,9 +105,11 @@ def selection_path(layout: StoreLayout, k: int) -> Path:
     return layout.checkpoints / f"round-{k:06d}.json"
 
 
-def read_rounds(layout: StoreLayout) -> dict[int, dict[str, Any]]:
-    """The manifest: one row per round (each round's file is rewritten as its status advances)."""
-    rows = read_table(layout.table("rounds"), "rounds").to_pylist()
+def read_rounds(store: Where) -> dict[int, dict[str, Any]]:
+    """The manifest: one row per round (each round's file is rewritten as its status advances); read
+    through the store's file system, so ``tracerl report`` also reads a bucket."""
+    loc = locate(store)
+    rows = read_table(loc.table("rounds"), "rounds", loc.fs).to_pylist()
     return {r["round"]: r for r in sorted(rows, key=lambda r: r["round"])}
 
 

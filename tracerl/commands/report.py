@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.layout import StoreLayout, default_store
+from store.layout import default_store, locate
 from tracerl.options import add_options, from_args, opt
 
 
@@ -31,10 +31,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = from_args(ReportConfig, args)
     rows = round_rows(cfg.store)
     if not rows:
-        print(f"no rounds in {StoreLayout.at(cfg.store).table('rounds')} yet; run 'tracerl train --once' first")
+        print(f"no rounds in {locate(cfg.store).table('rounds')} yet; run 'tracerl train --once' first")
         return 0
     print(format_table(rows))
     if cfg.plot:
-        out = Path(cfg.out) if cfg.out else StoreLayout.at(cfg.store).root / "report.png"
+        where = locate(cfg.store)
+        out = Path(cfg.out) if cfg.out else Path(where.root) / "report.png" if where.is_local else Path("report.png")
         print(f"wrote {plot(rows, out)}")
     return 0
