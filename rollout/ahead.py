@@ -33,6 +33,7 @@ class BatchesAhead(Generic[T]):
         self._released = 0
         self._results: dict[int, tuple[T | None, BaseException | None]] = {}
         self._closed = False
+        self.running = False  # a batch's agents are running now (the demo's trainer then leaves them a core)
         self.spans: list[tuple[float, float]] = []
         self._thread = threading.Thread(target=self._loop, name="batches-ahead", daemon=True)
         self._thread.start()
@@ -48,10 +49,12 @@ class BatchesAhead(Generic[T]):
                 if self._closed:
                     return
             t0 = time.monotonic()
+            self.running = True
             try:
                 result: tuple[T | None, BaseException | None] = (self._run(b), None)
             except BaseException as e:  # handed to the consumer by get(); this thread stops
                 result = (None, e)
+            self.running = False
             with self._cond:
                 self.spans.append((t0, time.monotonic()))
                 self._results[b] = result

@@ -532,9 +532,12 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                 pending = None
                 if outcome.status == "trained":
                     outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
-            else:  # beside the next batches' agents, training gets --threads; alone, the machine
-                now = settings if not lead else dataclasses.replace(settings, threads=shared_threads)
-                outcome = run_once(now, publisher=publisher, log=lambda _msg: None)
+            elif not lead:  # training alone: the machine's cores
+                outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
+            else:  # beside the next batch's agents: --threads, the machine's cores once they are done
+                outcome = run_once(dataclasses.replace(settings, threads=shared_threads), publisher=publisher,
+                                   log=lambda _msg: None,
+                                   threads_now=lambda: shared_threads if ahead.running else alone_threads)
             run.train_spans.append((tt, time.monotonic()))
             ahead.release()
             alive()

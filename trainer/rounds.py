@@ -185,8 +185,13 @@ def run_once(
     publisher: Publisher | None = None,
     on_step: StepCallback | None = None,
     log: Callable[[str], None] = print,
+    threads_now: Callable[[], int] | None = None,
 ) -> RoundOutcome:
-    """Do the next step of the round protocol (module docstring); safe to call from cron."""
+    """Do the next step of the round protocol (module docstring); safe to call from cron.
+
+    ``threads_now`` (in-process torch backend only): asked before each micro-batch for the torch
+    threads to use, so a trainer sharing the machine with rollouts takes the cores they leave (the
+    demo's asynchronous rounds: one beside the agents, all once they are done)."""
     if settings.nproc < 1:
         raise TrainError(f"--nproc must be >= 1, got {settings.nproc}")
     if not settings.model:
@@ -208,11 +213,12 @@ def run_once(
             log(msg)
             return RoundOutcome("locked", message=msg)
         clean_temp_dirs(layout.checkpoints)
-        return _run_locked(settings, layout, base_model, publisher, on_step, log)
+        return _run_locked(settings, layout, base_model, publisher, on_step, log, threads_now)
 
 
 def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, publisher: Publisher | None,
-                on_step: StepCallback | None, log: Callable[[str], None]) -> RoundOutcome:
+                on_step: StepCallback | None, log: Callable[[str], None],
+                threads_now: Callable[[], int] | None = None) -> RoundOutcome:
     rounds = read_rounds(layout)
     done = [k for k, r in rounds.items() if r["status"] in DONE]
     last = max(done) if done else None
@@ -297,7 +303,7 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
                 f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))
             with contextlib.ExitStack() as stack:
                 metrics, adapter, save = _train(settings, base_model, parent, batches, final, on_step,
-                                                timings, stack)
+                                                timings, stack, threads_now)
                 t = time.perf_counter()
                 manifest = {
                     "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
@@ -324,7 +330,8 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
 
 def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
            on_step: StepCallback | None, timings: dict[str, float],
-           stack: contextlib.ExitStack) -> tuple[TrainMetrics, bool, Callable[[Path], None]]:
+           stack: contextlib.ExitStack,
+           threads_now: Callable[[], int] | None = None) -> tuple[TrainMetrics, bool, Callable[[Path], None]]:
     """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
     process state never lives in this process); returns metrics, adapter flag and the ``save`` for
     ``write_checkpoint``. ``stack`` keeps the ranks' work dir until the checkpoint is written."""
@@ -344,7 +351,7 @@ def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batch
     t = time.perf_counter()
     backend = load_backend(settings.backend, settings, base_model, parent)
     timings["model_load"] = time.perf_counter() - t
-    metrics = backend.train(batches, on_step)
+    metrics = backend.train(batches, on_step, threads_now)
     timings["train"] = metrics.seconds
     return metrics, bool(backend.adapter), backend.save
 

@@ -95,3 +95,13 @@ def test_a_failed_batch_is_raised_by_get_and_close_unblocks_a_waiting_get():
     with pytest.raises(RuntimeError, match="stopped"):
         ahead.get(1)
     assert len(ahead.spans) == 1
+
+
+def test_running_says_whether_a_batch_is_under_way():
+    rec = Recorder()
+    ahead = BatchesAhead(rec, lead=0, wanted=lambda b: b < 1)
+    assert rec.wait_started(1) and ahead.running
+    rec.finish(0)
+    ahead.get(0)
+    assert not ahead.running
+    ahead.close()

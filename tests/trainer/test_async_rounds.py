@@ -182,3 +182,22 @@ def test_report_plots_staleness_and_importance_weights_of_asynchronous_rounds(tm
     if os.environ.get("TRACERL_KEEP_PLOTS"):
         shutil.copy(async_png, os.environ["TRACERL_KEEP_PLOTS"])
     assert Image.open(async_png).height > Image.open(sync_png).height  # two more panels
+
+
+def test_threads_now_sets_the_torch_threads_before_every_micro_batch(tmp_path, write_rows, make_rollouts,
+                                                                    train_settings):
+    """The demo's asynchronous rounds train beside the next batch's agents on one core, then on all."""
+    import torch
+
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    asked: list[int] = []
+    before = torch.get_num_threads()
+    try:
+        out = run_once(train_settings(store, pack_tokens=64, threads=1), log=lambda m: None,
+                       threads_now=lambda: asked.append(2) or 2)
+        assert out.status == "trained" and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    micro = read_manifest(checkpoint_dir(StoreLayout.at(store).checkpoints, 1))["metrics"]["micro_batches"]
+    assert len(asked) == micro > 1

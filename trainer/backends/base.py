@@ -42,7 +42,8 @@ class Backend(Protocol):
     tokenizer: Any
     adapter: bool
 
-    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
+    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None,
+              threads_now: Callable[[], int] | None = None) -> TrainMetrics:
         """Run the round's optimizer steps over ``batches`` (weights over all batches sum to 1)."""
         ...
 

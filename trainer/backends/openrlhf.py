@@ -36,7 +36,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,9 +298,11 @@ class OpenRLHFBackend:
         with self.engine.module.disable_adapter():  # LoRA: the base model is the adapter switched off
             return self._logprobs(self.actor, ob)
 
-    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
+    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None,
+              threads_now: Callable[[], int] | None = None) -> TrainMetrics:
         """Every rank gets all of the round's ``batches`` and trains its share of each step (module
-        docstring); metrics are those of the torch backend, summed over ranks the same way."""
+        docstring); metrics are those of the torch backend, summed over ranks the same way.
+        ``threads_now`` is the torch backend's in-process hook: ranks keep ``--threads``."""
         from openrlhf.models.utils import compute_approx_kl
 
         s = self.settings

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,11 @@ class TorchBackend:
         with self._autocast():
             return sequence_logprobs(self.model, batch, batch.weights > 0)
 
-    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None) -> TrainMetrics:
+    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None,
+              threads_now: Callable[[], int] | None = None) -> TrainMetrics:
         """Every rank gets all of the round's ``batches`` and trains its share of each step (one rank:
-        all of them); see ``trainer.distributed`` for why the ranks' gradients are summed."""
+        all of them); see ``trainer.distributed`` for why the ranks' gradients are summed.
+        ``threads_now``: torch threads for the next micro-batch on CPU (``run_once``'s hook)."""
         s = self.settings
         t0 = time.perf_counter()
         plan = step_plan(len(batches), s.steps_per_epoch, self.rank, self.world)
@@ -139,6 +141,10 @@ class TorchBackend:
                     continue
                 for i in step:
                     b = local[i]
+                    if threads_now is not None and self.device.type == "cpu":
+                        n = threads_now()
+                        if n > 0 and n != torch.get_num_threads():
+                            torch.set_num_threads(n)
                     with self._autocast():
                         lp = sequence_logprobs(self.model, b, b.weights > 0)
                     old_lp = old[i] if old is not None else lp.detach()
