@@ -36,7 +36,7 @@ from typing import Any
 
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.options import UsageError, opt
-from tracerl.signals import interrupt_on_signals
+from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
 
@@ -359,9 +359,10 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
             _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs, task=task,
                   ports=(serve_port, gateway_port, grpc_port, http_port))
         finally:
-            if children.items:
-                _say("stopping gateway, server and collector")
-            children.stop_all()
+            with shielded():
+                if children.items:
+                    _say("stopping gateway, server and collector")
+                children.stop_all()
     run.seconds = time.perf_counter() - t_start
     return run
 

@@ -32,6 +32,7 @@ def wait_for_stop(stop: threading.Event | None = None) -> None:
 
 
 _interrupted = threading.Event()
+_shield = threading.Event()  # set while a driver stops what it started: a second Ctrl-C must not cut that short
 
 
 def was_interrupted() -> bool:
@@ -49,7 +50,8 @@ def interrupt_on_signals() -> Iterator[None]:
     was inherited as ignored, so a driver unwinds and stops everything it started."""
     def handler(*_: Any) -> None:
         _interrupted.set()
-        raise KeyboardInterrupt
+        if not _shield.is_set():
+            raise KeyboardInterrupt
 
     _interrupted.clear()
     try:
@@ -71,7 +73,9 @@ def drain_then_interrupt(stop: threading.Event, on_first: Any = None) -> Iterato
     def handler(*_: Any) -> None:
         if stop.is_set():
             _interrupted.set()
-            raise KeyboardInterrupt
+            if not _shield.is_set():
+                raise KeyboardInterrupt
+            return
         stop.set()
         if on_first is not None:
             on_first()
@@ -87,3 +91,15 @@ def drain_then_interrupt(stop: threading.Event, on_first: Any = None) -> Iterato
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Stop and clean up without being cut short: a SIGINT/SIGTERM arriving inside (a second Ctrl-C, or
+    ``timeout`` forwarding one) is remembered, not raised, so every child still gets stopped; the
+    command then exits 130 as ``was_interrupted`` says."""
+    _shield.set()
+    try:
+        yield
+    finally:
+        _shield.clear()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from serving.processes import die_with_parent
 from tracerl.options import UsageError
 
 BIN = Path(sys.executable).parent
@@ -58,9 +59,13 @@ class Child:
         self.name, self.argv, self.log_path = name, argv, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
-        # own session: a Ctrl-C reaches only the demo, which then stops the children in order
+        # own session: a Ctrl-C reaches only the demo, which then stops the children in order; and the
+        # kernel stops a child whose owner died without stopping it (kill -9; PR_SET_PDEATHSIG is tied to
+        # the thread that forks: children are started from the owner's main thread)
+        parent = os.getpid()
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True,
+                                     preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent))
 
     def log_tail(self, n: int = 15) -> str:
         try:
