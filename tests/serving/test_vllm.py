@@ -281,14 +281,21 @@ def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the
         t.start()
         return t
 
+    in_flight: set[str] = set()  # first calls streaming when the publisher asked vLLM to pause
+
     def on_request(request: httpx.Request) -> None:  # six more calls as the publisher asks vLLM to pause
         if request.url.path == "/pause":
+            in_flight.update(n for n in (f"a{i}" for i in range(6)) if started[n].is_set() and n not in calls)
             threads.extend(launch(f"b{i}") for i in range(6))
 
-    # six streams in flight, then a reload of other weights; six more calls arrive with its pause
+    # six streams, a reload of other weights as soon as one streams (the tiny model writes 400 tokens in
+    # seconds: waiting for all six could see the first finish on a loaded machine); six more calls
+    # arrive with its pause
     threads = [launch(f"a{i}") for i in range(6)]
-    assert all(started[f"a{i}"].wait(120) for i in range(6)), "the first calls never streamed a token"
-    assert not any(calls.get(f"a{i}") for i in range(6)), "the first calls ended before the reload: lengthen them"
+    deadline = time.monotonic() + 120
+    while not any(e.is_set() for e in started.values()):
+        assert time.monotonic() < deadline, "the first calls never streamed a token"
+        time.sleep(0.01)
     pub = VLLMPublisher(vllm.url, httpx.Client(timeout=120, event_hooks={"request": [on_request]}))
     published = [pub.publish_full(other, version=41, restore_from=model32)]
     for t in threads:
@@ -304,7 +311,8 @@ def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the
 
     # each call was served by exactly one weight set, for all of its tokens
     served = {name: served_by(got, {40: model32, 41: other}) for name, got in sorted(calls.items())}
-    assert {served[f"a{i}"] for i in range(6)} == {40}  # drained on the old weights
+    assert in_flight, "no call was streaming when the reload paused vLLM"
+    assert {served[n] for n in in_flight} == {40}  # drained on the old weights, none cut over
     assert 41 in {served[f"b{i}"] for i in range(6)}  # most arrive in the pause, served by the new
 
     # the gateway's label on each call's span: the version that served it, or explicitly ambiguous
