@@ -25,6 +25,7 @@ CONNECT_ERRORS: tuple[type[BaseException], ...] = (
 )
 # Everything the upstream connection can raise (aiohttp's read timeouts are asyncio.TimeoutError).
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
+KEEPALIVE_S = 4.0  # below uvicorn's (and so vLLM's) 5 s keep-alive: never reuse a connection it is closing
 
 
 def error_name(e: BaseException) -> str:
@@ -59,7 +60,11 @@ class UpstreamClient:
             import certifi
 
             tls = ssl.create_default_context(cafile=certifi.where())  # the trust store httpx used
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls)
+            # reuse an idle connection for 4 s at most: vLLM's server (uvicorn) closes one after 5 s
+            # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and aiohttp's default of 15 s let a call reuse a connection
+            # the server was closing: ServerDisconnectedError, a 502 for a call held through a reload
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls,
+                                             keepalive_timeout=KEEPALIVE_S)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
             self._owner = asyncio.ensure_future(self._close_at_loop_end(self._session))
         return self._session
