@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -44,15 +44,16 @@ def was_interrupted() -> bool:
     return _interrupted.is_set()
 
 
-@contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while inside, even where SIGINT
-    was inherited as ignored, so a driver unwinds and stops everything it started."""
-    def handler(*_: Any) -> None:
-        _interrupted.set()
-        if not _shield.is_set():
-            raise KeyboardInterrupt
+def _interrupt() -> None:
+    """Remember the stop and, unless cleanup is ``shielded``, unwind the main thread."""
+    _interrupted.set()
+    if not _shield.is_set():
+        raise KeyboardInterrupt
 
+
+@contextlib.contextmanager
+def _handling(handler: Callable[..., None]) -> Iterator[None]:
+    """``handler`` for SIGINT and SIGTERM while inside, the previous handlers restored after."""
     _interrupted.clear()
     try:
         old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -67,30 +68,27 @@ def interrupt_on_signals() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def drain_then_interrupt(stop: threading.Event, on_first: Any = None) -> Iterator[None]:
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread while inside, even where SIGINT
+    was inherited as ignored, so a driver unwinds and stops everything it started."""
+    with _handling(lambda *_: _interrupt()):
+        yield
+
+
+@contextlib.contextmanager
+def drain_then_interrupt(stop: threading.Event, on_first: Callable[[], None] | None = None) -> Iterator[None]:
     """The first SIGINT/SIGTERM sets ``stop`` (finish what runs, start nothing new); a second one
     raises KeyboardInterrupt like ``interrupt_on_signals`` (stop everything now)."""
     def handler(*_: Any) -> None:
         if stop.is_set():
-            _interrupted.set()
-            if not _shield.is_set():
-                raise KeyboardInterrupt
+            _interrupt()
             return
         stop.set()
         if on_first is not None:
             on_first()
 
-    _interrupted.clear()
-    try:
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread
+    with _handling(handler):
         yield
-        return
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
 
 
 @contextlib.contextmanager
