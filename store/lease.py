@@ -191,23 +191,30 @@ class Held:
 def hold(loc: StoreLocation, name: str, ttl_s: float = DEFAULT_TTL_S, wait_s: float | None = None) -> Iterator[Held]:
     """Hold the store's lock ``name`` (e.g. ``transitions/_state``) for the ``with`` block.
 
-    Waits for the current holder (up to ``wait_s``; forever when None), as ``flock`` does locally.
-    Raises TimeoutError when ``wait_s`` passes first.
+    Waits for the current holder (up to ``wait_s``; forever when None; ``wait_s=0`` tries once, as the
+    trainer's cron-safe run does). Raises TimeoutError when ``wait_s`` passes first.
     """
+    deadline = None if wait_s is None else time.monotonic() + wait_s
     if loc.is_local:
         path = Path(loc.path(f"{name}.lock"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with open(path, "a+") as f:
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                    break
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError(f"{path} is locked by another process; waited {wait_s:g}s") from None
+                    time.sleep(0.05)
             try:
                 yield Held()
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
         return
     lease = ObjectLease.at(loc, name, ttl_s)
-    deadline = None if wait_s is None else time.monotonic() + wait_s
     while not lease.try_take():
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             record, _ = lease.read()
             raise TimeoutError(f"{loc.uri}: {name} is held by {(record or {}).get('holder')}; waited {wait_s:g}s")
         time.sleep(min(1.0, ttl_s / 4) * random.uniform(0.5, 1.0))

@@ -52,6 +52,10 @@ class StoreLocation:
         with self.fs.open_input_stream(path) as f:
             return f.read()
 
+    def is_file(self, path: str) -> bool:
+        """Whether ``path`` (as ``path()`` builds it) is a stored file."""
+        return self.fs.get_file_info(path).type == pafs.FileType.File
+
     def exists(self) -> bool:
         """Whether anything is stored at the root (an S3 prefix exists once an object is under it)."""
         return self.fs.get_file_info(self.root).type != pafs.FileType.NotFound

@@ -17,7 +17,7 @@ import pyarrow.dataset as ds
 
 from schemas.tables import PARTITION_SCHEMA, TABLES
 from schemas.views import DERIVED_VIEWS, LATEST_ONLY
-from store.location import parse_store
+from store.location import StoreLocation, parse_store
 
 
 def view_sql(store: str) -> str:
@@ -35,9 +35,9 @@ def view_sql(store: str) -> str:
     return "\n".join(out)
 
 
-def connect_readonly(store: str) -> duckdb.DuckDBPyConnection:
+def connect_readonly(store: str | StoreLocation) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per table (empty when the table has no files yet)."""
-    loc = parse_store(store)
+    loc = store if isinstance(store, StoreLocation) else parse_store(store)
     con = duckdb.connect(":memory:")
     for name, schema in TABLES.items():
         files = loc.files(name)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from store.atomic import fsync_dir, write_atomic
 
 MANIFEST = "tracerl_checkpoint.json"
@@ -75,9 +77,10 @@ def write_checkpoint(final: Path, save: Callable[[Path], None], manifest: dict[s
     return final
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Small state files (the round's selection) as readable JSON, through the store's atomic writer."""
-    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode())
+def write_json_atomic(path: str | os.PathLike[str], data: dict[str, Any], fs: pafs.FileSystem | None = None) -> None:
+    """Small state files (the round's selection) as readable JSON, through the store's atomic writer
+    (``fs``: the store's file system when it is a bucket)."""
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True, default=str) + "\n").encode(), fs)
 
 
 def clean_temp_dirs(checkpoints: Path) -> int:
@@ -89,19 +92,3 @@ def clean_temp_dirs(checkpoints: Path) -> int:
                 shutil.rmtree(p, ignore_errors=True)
                 n += 1
     return n
-
-
-def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
-    """Remove complete checkpoints older than the ``keep`` newest; returns what was removed.
-
-    A 50-round run of SmolLM2 would otherwise hold 50 adapters and 50 merged models (270 MB each).
-    The newest is the next round's parent and the serving policy; the one before it is what a
-    failed reload restores; so ``keep`` is at least 2. Incomplete ones are the temp-dir sweep's.
-    """
-    if keep < 2:
-        raise ValueError(f"keep must be >= 2 (the serving policy and the one a failed reload restores), got {keep}")
-    done = sorted(p for p in checkpoints.glob("policy-*") if p.is_dir() and is_complete(p))
-    gone = done[:-keep]
-    for p in gone:
-        shutil.rmtree(p, ignore_errors=True)
-    return gone

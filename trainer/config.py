@@ -16,8 +16,12 @@ from tracerl.options import opt
 class TrainSettings:
     """Everything one training round needs; ``tracerl train --help`` lists these as flags."""
 
-    store: str = opt(default_store(), "store directory (transitions/ in, rounds/ and checkpoints/ out)",
-                     metavar="DIR")
+    store: str = opt(default_store(), "store directory (transitions/ in, rounds/ and checkpoints/ out), or "
+                                      "s3://bucket/prefix", metavar="DIR|URI")
+    checkpoints: str = opt("", "local directory checkpoints are written to and loaded from (torch saves and vLLM "
+                               "loads local files); default STORE/checkpoints, or ./tracerl-checkpoints when "
+                               "the store is s3://, where each complete checkpoint is also copied to "
+                               "STORE/checkpoints/ and fetched back on a host that lacks it", metavar="DIR")
     model: str | None = opt(None, "base model directory (HF format), served as policy@0; "
                                   "make a tiny one with 'tracerl init-model DIR'", metavar="DIR")
     server: str | None = opt(None, "serving URL to publish each new policy to (vLLM or 'tracerl serve'); "

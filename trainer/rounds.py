@@ -21,7 +21,12 @@ One call of ``run_once`` does at most one round, under an exclusive lock (cron-s
    (and ``--every`` not due) it writes nothing and returns ``waiting``: a rerun is a no-op;
 3. record the selection (``checkpoints/round-<k>.json``: which rollouts and calls) and a
    ``started`` row in ``rounds``, train (here, or in ``--nproc`` ranks: ``trainer/launcher.py``),
-   write the checkpoint atomically, mark ``trained``, publish, mark ``published``.
+   write the checkpoint atomically (on a bucket store: locally, then copied into the bucket,
+   ``trainer/checkpoint_store.py``), mark ``trained``, publish, mark ``published``.
+
+The store may be a bucket (``s3://bucket/prefix``): the manifest, the selections and the lock (a
+lease object, ``store/lease.py``, confirmed before every state write) live there, so a trainer on
+another host resumes exactly where a dead one stopped, fetching the checkpoints it needs.
 
 The selection file is what makes reruns safe: a rollout listed in an earlier round's selection
 is never trained on again, and a resumed round trains on exactly the rollouts it started with.
@@ -31,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import math
 import time
@@ -45,20 +49,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.tables import ROUNDS_SCHEMA
-from store.layout import StoreLayout, Where, locate
+from store.layout import Where, locate
+from store.lease import Held, LeaseLost, hold
+from store.location import StoreLocation
 from store.parquet import read_table, write_table_atomic
 from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
-    checkpoint_dir,
     clean_temp_dirs,
     git_sha,
     is_complete,
-    prune_checkpoints,
     read_manifest,
     write_checkpoint,
     write_json_atomic,
 )
+from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainSettings
 from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions
 from trainer.merge import served_weights
@@ -101,8 +106,16 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def selection_path(layout: StoreLayout, k: int) -> Path:
-    return layout.checkpoints / f"round-{k:06d}.json"
+def selection_path(store: Where, k: int) -> str:
+    """Round k's selection file, a path on the store's file system."""
+    return locate(store).path("checkpoints", f"round-{k:06d}.json")
+
+
+def read_selection(store: Where, k: int) -> dict[str, Any] | None:
+    """Round k's recorded selection, or None when no run of round k got that far."""
+    loc = locate(store)
+    path = selection_path(loc, k)
+    return json.loads(loc.read_bytes(path)) if loc.is_file(path) else None
 
 
 def read_rounds(store: Where) -> dict[int, dict[str, Any]]:
@@ -113,37 +126,37 @@ def read_rounds(store: Where) -> dict[int, dict[str, Any]]:
     return {r["round"]: r for r in sorted(rows, key=lambda r: r["round"])}
 
 
-def write_round(layout: StoreLayout, row: dict[str, Any]) -> Path:
+def write_round(store: Where, row: dict[str, Any]) -> Path | str:
     """Write (or replace) the manifest row of ``row['round']`` atomically, in its first date partition."""
+    loc = locate(store)
     name = f"round-{row['round']:06d}.parquet"
-    existing = sorted(layout.table("rounds").rglob(name)) if layout.table("rounds").exists() else []
-    path = existing[0] if existing else layout.partition("rounds", _now().strftime("%Y-%m-%d")) / name
-    return write_table_atomic(pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA), path, "rounds")
+    existing = [f for f in loc.files("rounds") if f.rsplit("/", 1)[-1] == name]
+    path = existing[0] if existing else loc.path("rounds", f"date={_now().strftime('%Y-%m-%d')}", name)
+    return write_table_atomic(pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA), path, "rounds", fs=loc.fs)
 
 
 @contextlib.contextmanager
-def train_lock(layout: StoreLayout) -> Iterator[bool]:
-    """Exclusive, non-blocking lock on the store's training state; released by the OS if we die."""
-    layout.checkpoints.mkdir(parents=True, exist_ok=True)
-    with open(layout.checkpoints / ".train.lock", "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+def train_lock(store: Where) -> Iterator[Held | None]:
+    """The store's training lock, tried once (cron-safe): a ``Held`` (``confirm()`` before each state write),
+    or None when another trainer holds it. ``flock`` locally, released by the OS if we die; a lease
+    object on a bucket, taken over once a dead holder's expires (``store/lease.py``)."""
+    stack = contextlib.ExitStack()
+    try:
+        held = stack.enter_context(hold(locate(store), "checkpoints/.train", wait_s=0))
+    except TimeoutError:
+        yield None
+        return
+    with stack:
+        yield held
 
 
-def used_rollouts(layout: StoreLayout, before: int) -> set[str]:
+def used_rollouts(store: Where, before: int) -> set[str]:
     """Rollouts already consumed by rounds < ``before``."""
     used: set[str] = set()
     for k in range(before):
-        p = selection_path(layout, k)
-        if p.exists():
-            used.update(json.loads(p.read_text())["rollout_ids"])
+        sel = read_selection(store, k)
+        if sel is not None:
+            used.update(sel["rollout_ids"])
     return used
 
 
@@ -199,50 +212,65 @@ def run_once(
     base_model = Path(settings.model).expanduser().resolve()
     if not (base_model / "config.json").exists():
         raise TrainError(f"--model {base_model} has no config.json; point it at a HF model directory")
-    layout = StoreLayout.at(settings.store)
-    if not layout.root.is_dir():
-        raise TrainError(f"no store at {layout.root}; pass --store DIR (or TRACERL_STORE), the directory "
-                         "`tracerl collect` writes")
-    if not layout.checkpoints.exists() and not any(layout.table("transitions").rglob("*.parquet")):
-        msg = f"no transitions in {layout.root} yet (run `tracerl convert`, or `collect --convert`); nothing written"
+    loc = _store(settings)
+    if not loc.files("transitions") and not loc.files("checkpoints", suffix=".json"):
+        msg = f"no transitions in {loc.uri} yet (run `tracerl convert`, or `collect --convert`); nothing written"
         log(msg)
         return RoundOutcome("waiting", message=msg)
-    with train_lock(layout) as locked:
-        if not locked:
+    ckpts = CheckpointStore.of(loc, settings.checkpoints)
+    with train_lock(loc) as held:
+        if held is None:
             msg = "another 'tracerl train' holds the lock on this store; nothing done"
             log(msg)
             return RoundOutcome("locked", message=msg)
-        clean_temp_dirs(layout.checkpoints)
-        return _run_locked(settings, layout, base_model, publisher, on_step, log, threads_now)
+        clean_temp_dirs(ckpts.local)
+        try:
+            return _run_locked(settings, loc, ckpts, held, base_model, publisher, on_step, log, threads_now)
+        except LeaseLost as e:
+            raise TrainError(f"{e}: this run stopped before committing; the holder now goes on from the store") from e
 
 
-def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, publisher: Publisher | None,
-                on_step: StepCallback | None, log: Callable[[str], None],
+def _store(settings: TrainSettings) -> StoreLocation:
+    """``--store`` as a location, refused with the fix when nothing is there."""
+    try:
+        loc = locate(settings.store)
+    except (OSError, ValueError) as e:
+        raise TrainError(f"--store {settings.store}: {e}") from e
+    if loc.is_local and not Path(loc.root).is_dir():
+        raise TrainError(f"no store at {loc.root}; pass --store DIR (or TRACERL_STORE), the directory "
+                         "`tracerl collect` writes")
+    if not loc.is_local and not loc.exists():
+        raise TrainError(f"nothing stored at {loc.uri}; pass the s3://bucket/prefix `tracerl collect --store` writes")
+    return loc
+
+
+def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointStore, held: Held, base_model: Path,
+                publisher: Publisher | None, on_step: StepCallback | None, log: Callable[[str], None],
                 threads_now: Callable[[], int] | None = None) -> RoundOutcome:
-    rounds = read_rounds(layout)
+    rounds = read_rounds(loc)
     done = [k for k, r in rounds.items() if r["status"] in DONE]
     last = max(done) if done else None
     if last is not None and rounds[last]["status"] == "trained" and publisher is not None:
-        row = _publish(layout, rounds[last], base_model, publisher, log, settings.served_name,
+        row = _publish(loc, ckpts, held, rounds[last], base_model, publisher, log, settings.served_name,
                        settings.keep_checkpoints)
         return RoundOutcome("published", last, row=row,
                             message=f"published {settings.served_name}@{last + 1} (left unannounced by an earlier run)")
     k = 0 if last is None else last + 1
-    parent = checkpoint_dir(layout.checkpoints, k) if k > 0 else None
+    parent = ckpts.ensure_local(k) if k > 0 else None
     if parent is not None and not is_complete(parent):
-        raise TrainError(f"round {k} starts from {parent}, which is missing or incomplete; restore it, or start "
-                         "a new --store")
+        where = f" or {ckpts.name(k)}" if ckpts.mirror is not None else ""
+        raise TrainError(f"round {k} starts from {parent}{where}, which is missing or incomplete; restore it, "
+                         "or start a new --store")
     for r in rounds.values():
         if r["base_model"] and Path(r["base_model"]) != base_model:
             raise TrainError(f"round {r['round']} was trained from base model {r['base_model']}, not {base_model}; "
                              "use the same --model for every round of a store, or a new --store")
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    sel_file = selection_path(layout, k)
-    resuming = sel_file.exists()  # a run of round k was interrupted: redo it on the same rollouts
-    selection: dict[str, Any] | None = json.loads(sel_file.read_text()) if resuming else None
+    selection = read_selection(loc, k)
+    resuming = selection is not None  # a run of round k was interrupted: redo it on the same rollouts
     lo = selection["versions"][0] if selection is not None else max(0, k - settings.max_staleness)
-    con = connect_readonly(str(layout.root))
+    con = connect_readonly(loc)
     rows = load_transitions(con, (lo, k), agents=settings.agents, tasks=settings.tasks,
                             unversioned=settings.unversioned_as)
     con.close()
@@ -252,18 +280,18 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base_model)
-    exclude = used_rollouts(layout, k) if selection is None else set()
+    exclude = used_rollouts(loc, k) if selection is None else set()
     samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
                                    trained_version=k)
     if lo > 0 and selection is None:
-        stats.n_rollouts_too_stale = _too_stale(settings, layout, lo, exclude)
+        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, exclude)
     timings["dataset"] = time.perf_counter() - t
     if selection is not None:
         trained_ids = set(selection["transition_ids"])
         samples = [s for s in samples if s.transition_id in trained_ids]
     else:
         usable = stats.n_rollouts - stats.n_rollouts_incomplete - stats.n_rollouts_no_reward
-        due = usable >= settings.min_rollouts or _every_due(settings, layout, last, usable)
+        due = usable >= settings.min_rollouts or _every_due(settings, loc, last, usable)
         if not due or not samples:
             why = (f"{usable} complete rewarded rollouts of policy@{k} (need --min-rollouts {settings.min_rollouts})"
                    if not due else f"all {usable} rollouts of policy@{k} are in zero-reward-variance groups")
@@ -273,7 +301,8 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
         rollout_ids = sorted({s.rollout_id for s in samples} | _usable_rollouts(rows, exclude))
         selection = {"round": k, "versions": [lo, k], "rollout_ids": rollout_ids,
                      "transition_ids": sorted(s.transition_id for s in samples), "created_at": _now().isoformat()}
-        write_json_atomic(sel_file, selection)
+        held.confirm()
+        write_json_atomic(selection_path(loc, k), selection, loc.fs)
 
     row = {
         "round": k, "policy_version": k, "base_model": str(base_model), "checkpoint_path": None,
@@ -281,8 +310,9 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
         "mean_reward": stats.mean_reward, "loss": None, "kl": None, "clip_fraction": None,
         "timings": json.dumps(timings), "published_at": None, "status": "started", "metrics": None,
     }
-    write_round(layout, row)
-    final = checkpoint_dir(layout.checkpoints, k + 1)
+    held.confirm()
+    write_round(loc, row)
+    final = ckpts.ensure_local(k + 1)
     metrics: TrainMetrics | None = None
     try:
         if is_complete(final) and read_manifest(final).get("round") == k:
@@ -315,15 +345,25 @@ def _run_locked(settings: TrainSettings, layout: StoreLayout, base_model: Path, 
                 }
                 write_checkpoint(final, save, manifest)
                 timings["save"] = time.perf_counter() - t
+        t = time.perf_counter()
+        held.confirm()
+        if ckpts.upload(k + 1):
+            timings["upload"] = time.perf_counter() - t
+    except LeaseLost:
+        raise  # the store is another trainer's now: write nothing more
     except BaseException:
-        write_round(layout, {**row, "status": "failed", "timings": json.dumps(timings)})
+        with contextlib.suppress(LeaseLost):
+            held.confirm()
+            write_round(loc, {**row, "status": "failed", "timings": json.dumps(timings)})
         raise
-    row.update(checkpoint_path=str(final), adapter=adapter, loss=metrics.loss, kl=metrics.kl,
+    row.update(checkpoint_path=ckpts.name(k + 1), adapter=adapter, loss=metrics.loss, kl=metrics.kl,
                clip_fraction=metrics.clip_fraction, timings=json.dumps(timings), status="trained",
                metrics=metrics_json(metrics, stats, nproc))
-    write_round(layout, row)
+    held.confirm()
+    write_round(loc, row)
     if publisher is not None:
-        row = _publish(layout, row, base_model, publisher, log, settings.served_name, settings.keep_checkpoints)
+        row = _publish(loc, ckpts, held, row, base_model, publisher, log, settings.served_name,
+                       settings.keep_checkpoints)
     log(metrics_line(row, stats, metrics))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
@@ -377,10 +417,10 @@ def _usable_rollouts(rows: pa.Table, exclude: set[str]) -> set[str]:
     return out
 
 
-def _too_stale(settings: TrainSettings, layout: StoreLayout, lo: int, used: set[str]) -> int:
+def _too_stale(settings: TrainSettings, loc: StoreLocation, lo: int, used: set[str]) -> int:
     """Complete, rewarded rollouts that started before version ``lo`` and no round used: out of the
     window for good (a level, not a flow: each such rollout is counted by every later round)."""
-    con = connect_readonly(str(layout.root))
+    con = connect_readonly(loc)
     try:
         rows = load_transitions(con, (0, lo - 1), agents=settings.agents, tasks=settings.tasks,
                                 unversioned=settings.unversioned_as)
@@ -389,34 +429,37 @@ def _too_stale(settings: TrainSettings, layout: StoreLayout, lo: int, used: set[
     return len(_usable_rollouts(rows, used))
 
 
-def _every_due(settings: TrainSettings, layout: StoreLayout, last: int | None, usable: int) -> bool:
+def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, usable: int) -> bool:
     """``--every S``: S seconds after the previous round started, train with whatever (>= 2) rollouts exist."""
     if settings.every <= 0 or usable < 2:
         return False
-    if last is None or not selection_path(layout, last).exists():
+    sel = read_selection(loc, last) if last is not None else None
+    if sel is None:
         return True
-    started = datetime.fromisoformat(json.loads(selection_path(layout, last).read_text())["created_at"])
+    started = datetime.fromisoformat(sel["created_at"])
     return (_now() - started).total_seconds() >= settings.every
 
 
-def _publish(layout: StoreLayout, row: dict[str, Any], base_model: Path, publisher: Publisher,
-             log: Callable[[str], None], served_name: str = "policy", keep_checkpoints: int = 0) -> dict[str, Any]:
+def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[str, Any], base_model: Path,
+             publisher: Publisher, log: Callable[[str], None], served_name: str = "policy",
+             keep_checkpoints: int = 0) -> dict[str, Any]:
     k = row["round"]
-    prev = read_rounds(layout).get(k - 1) if k > 0 else None
-    previous = served_weights(Path(prev["checkpoint_path"]) if prev and prev["checkpoint_path"] else None,
+    prev = read_rounds(loc).get(k - 1) if k > 0 else None
+    previous = served_weights(ckpts.ensure_local(k) if prev and prev["checkpoint_path"] else None,
                               bool(prev and prev["adapter"]), base_model)
-    req = PublishRequest(name=f"{served_name}@{k + 1}", version=k + 1, checkpoint_path=Path(row["checkpoint_path"]),
+    req = PublishRequest(name=f"{served_name}@{k + 1}", version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
                          adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
     t = time.perf_counter()
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
     timings["publish"] = time.perf_counter() - t
     row = {**row, "status": "published", "published_at": _now(), "timings": json.dumps(timings)}
-    write_round(layout, row)
+    held.confirm()
+    write_round(loc, row)
     log(f"round {k}: published {req.name} from {req.checkpoint_path}")
     if keep_checkpoints:
-        for gone in prune_checkpoints(layout.checkpoints, keep_checkpoints):
-            log(f"round {k}: removed old checkpoint {gone} (--keep-checkpoints {keep_checkpoints})")
+        for gone in ckpts.prune(keep_checkpoints):
+            log(f"round {k}: removed old checkpoint {ckpts.name(gone)} (--keep-checkpoints {keep_checkpoints})")
     return row
 
 

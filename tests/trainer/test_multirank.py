@@ -122,7 +122,7 @@ def test_a_failing_rank_is_a_train_error_naming_its_error(tmp_path, write_rows, 
 
     layout = StoreLayout.at(store)
     assert read_rounds(layout)[0]["status"] == "failed" and read_rounds(layout)[0]["metrics"] is None
-    assert selection_path(layout, 0).exists() and not checkpoint_dir(layout.checkpoints, 1).exists()
+    assert Path(selection_path(layout, 0)).exists() and not checkpoint_dir(layout.checkpoints, 1).exists()
     assert not list(layout.checkpoints.glob(".policy-*"))  # the work dir is removed on failure too
 
 
@@ -196,12 +196,12 @@ def test_kill_during_a_multirank_round_stops_the_ranks_and_the_rerun_resumes(
     assert not list(layout.checkpoints.glob(".policy-*/result.json"))
     assert read_rounds(layout)[0]["status"] == "started"
     assert not checkpoint_dir(layout.checkpoints, 1).exists()
-    selection = selection_path(layout, 0).read_text()
+    selection = Path(selection_path(layout, 0)).read_text()
 
     logs: list[str] = []
     out = run_once(train_settings(store, nproc=2, **FAST), log=logs.append)
     assert out.status == "trained" and any("(resumed)" in m for m in logs)
-    assert selection_path(layout, 0).read_text() == selection  # the same rollouts, not a new pick
+    assert Path(selection_path(layout, 0)).read_text() == selection  # the same rollouts, not a new pick
     assert read_manifest(checkpoint_dir(layout.checkpoints, 1))["metrics"]["optimizer_steps"] == 2
     assert not list(layout.checkpoints.glob(".policy-*"))  # the killed run's work dir is cleaned up
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import MANIFEST, checkpoint_dir, prune_checkpoints
+from trainer.checkpoint import MANIFEST, checkpoint_dir
+from trainer.checkpoint_store import CheckpointStore
 from trainer.merge import merged_dir, served_weights
 from trainer.publish import choose_mode, server_publisher
 from trainer.rounds import TrainError
@@ -49,10 +50,10 @@ def test_pruning_keeps_the_newest_checkpoints_and_the_round_files(tmp_path):
         _checkpoint(tmp_path, v, merged=v % 2 == 0)
     (tmp_path / "round-000004.json").write_text("{}")
     (tmp_path / "policy-000009").mkdir()  # incomplete: not the pruner's to judge
-    gone = prune_checkpoints(tmp_path, keep=3)
-    assert [p.name for p in gone] == ["policy-000001", "policy-000002"]
+    gone = CheckpointStore(tmp_path).prune(keep=3)
+    assert gone == [1, 2]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["policy-000003", "policy-000004", "policy-000005", "policy-000009", "round-000004.json"]
-    assert prune_checkpoints(tmp_path, keep=3) == []
+    assert CheckpointStore(tmp_path).prune(keep=3) == []
     with pytest.raises(ValueError, match=">= 2"):
-        prune_checkpoints(tmp_path, keep=1)
+        CheckpointStore(tmp_path).prune(keep=1)

@@ -57,7 +57,7 @@ def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, w
         assert man["round"] == k and man["publishes"] == f"policy@{k + 1}" and man["adapter"] is False
         assert "git_sha" in man and man["settings"]["lr"] == 1e-3
     # the second round trained on version-1 rollouts only
-    sel1 = json.loads(selection_path(layout, 1).read_text())
+    sel1 = json.loads(Path(selection_path(layout, 1)).read_text())
     assert set(sel1["rollout_ids"]) == {r["rollout_id"] for r in v1}
     assert set(sel1["transition_ids"]) == {r["transition_id"] for r in v1}
     assert [(p.name, p.version, p.adapter) for p in published] == [("policy@1", 1, False), ("policy@2", 2, False)]
@@ -83,7 +83,7 @@ def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, w
     write_rows(store, more_v2)
     third = run_once(s, publisher=published.append, log=lambda m: None)
     assert (third.status, third.round) == ("published", 2)
-    sel2 = json.loads(selection_path(layout, 2).read_text())
+    sel2 = json.loads(Path(selection_path(layout, 2)).read_text())
     assert set(sel2["rollout_ids"]) == {r["rollout_id"] for r in v2 + more_v2}
     assert published[-1].name == "policy@3"
 
@@ -109,13 +109,13 @@ def test_kill_during_a_round_then_rerun_resumes_and_finishes(tmp_path, tiny_mode
     layout = StoreLayout.at(store)
     assert read_rounds(layout)[0]["status"] == "started"
     assert not checkpoint_dir(layout.checkpoints, 1).exists()
-    selection = selection_path(layout, 0).read_text()
+    selection = Path(selection_path(layout, 0)).read_text()
 
     logs: list[str] = []
     out = run_once(train_settings(store, pack_tokens=64, steps_per_epoch=3), log=logs.append)
     assert out.status == "trained" and out.round == 0 and out.trained
     assert any("(resumed)" in m for m in logs)
-    assert selection_path(layout, 0).read_text() == selection  # the same rollouts, not a new pick
+    assert Path(selection_path(layout, 0)).read_text() == selection  # the same rollouts, not a new pick
     assert read_rounds(layout)[0]["status"] == "trained"
     assert read_manifest(checkpoint_dir(layout.checkpoints, 1))["metrics"]["optimizer_steps"] == 3
     assert not list(layout.checkpoints.glob(".policy-*"))  # no temp dirs left behind
@@ -251,8 +251,8 @@ def test_staleness_lets_a_round_use_unused_older_rollouts_once(tmp_path, write_r
     write_rows(store, late_v0 + v1)
     run_once(s, log=lambda m: None)
     layout = StoreLayout.at(store)
-    sel0 = set(json.loads(selection_path(layout, 0).read_text())["rollout_ids"])
-    sel1 = set(json.loads(selection_path(layout, 1).read_text())["rollout_ids"])
+    sel0 = set(json.loads(Path(selection_path(layout, 0)).read_text())["rollout_ids"])
+    sel1 = set(json.loads(Path(selection_path(layout, 1)).read_text())["rollout_ids"])
     assert sel0 == {r["rollout_id"] for r in v0}
     assert sel1 == {r["rollout_id"] for r in late_v0 + v1}  # old-but-unused in, already-used out
     assert not sel0 & sel1

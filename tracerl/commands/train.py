@@ -6,6 +6,10 @@ group-relative advantages per task, runs PPO-clip updates, writes STORE/checkpoi
 then publishes policy@k+1 to --server. --once does at most one round and is safe from cron: it
 takes a lock, resumes an interrupted round, and a rerun with no new data changes nothing.
 --watch keeps doing rounds as data arrives.
+
+--store may be s3://bucket/prefix: the manifest, the selections and the lock (a lease that expires
+when its trainer dies) live in the bucket; checkpoints are written under --checkpoints on this host
+and copied into the bucket, so a trainer on another host goes on where this one stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ examples:
   tracerl init-model ./tiny && tracerl train --once --model ./tiny --min-rollouts 8
   tracerl train --watch --model ./tiny --server http://127.0.0.1:8000 --every 600
   */10 * * * *  tracerl train --once --store /data/tracerl-store --model /models/base   (crontab)
+  tracerl train --watch --store s3://bucket/runs/a --checkpoints /scratch/ckpt --model /models/base
 """
 
 
