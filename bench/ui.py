@@ -11,7 +11,8 @@ Then, in one run, for each page: the time of ``GET page`` through the real serve
 HTTP keep-alive client in the same process) and the time of the bare DuckDB statements the page runs
 (same SQL, same parameters, on a ``connect_readonly`` connection with the viewer's per-rollout table,
 fetched to Python), interleaved, and prints p50/p95 of each and their ratio, plus the time to build
-that per-rollout table (once per store version, in the background).
+that per-rollout table (once per store version, in the background) and to list the tables' files
+(the change signature every request checks).
 
     python bench/ui.py                       # 1M transitions
     python bench/ui.py --transitions 200000 --keep /tmp/ui-store
@@ -42,7 +43,7 @@ from _shared import percentile  # noqa: E402
 
 from schemas.tables import ROUNDS_SCHEMA, TRANSITIONS_SCHEMA  # noqa: E402
 from span_to_transition.workers import write_transitions  # noqa: E402
-from store.layout import StoreLayout  # noqa: E402
+from store.layout import StoreLayout, locate  # noqa: E402
 from store.parquet import write_table_atomic  # noqa: E402
 from store.views import connect_readonly  # noqa: E402
 
@@ -143,6 +144,14 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
     con.execute(ROLLOUT_INDEX_SQL)  # what the viewer's reader builds once per store version
     print(f"per-rollout table (ui_rollouts, built once per store version): {time.perf_counter() - t:.2f}s",
           flush=True)
+    from ui.store import store_signature
+
+    loc, times = locate(store), []
+    for _ in range(20):  # what every page request (and every live poll) lists before it answers
+        t = time.perf_counter()
+        n = len(store_signature(loc))
+        times.append(time.perf_counter() - t)
+    print(f"change signature ({n} table files, per request): {percentile(times, 0.5) * 1000:.2f}ms p50", flush=True)
 
     def run(sql: str, params: object = None) -> list:
         return (con.execute(sql, params) if params is not None else con.execute(sql)).fetchall()

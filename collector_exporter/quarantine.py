@@ -10,10 +10,15 @@ segment, so a replay of the same segment rewrites the same file instead of count
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
 
 from store.atomic import write_atomic
 from store.location import StoreLocation
@@ -52,11 +57,26 @@ def write_quarantine(store: StoreLocation, writer: str, segment: str, items: lis
     return path
 
 
+def quarantine_records(store: StoreLocation) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each quarantined item as (its file's name, its JSON object), newest file first, on local disk or
+    in a bucket: what ``tracerl status`` counts and the viewer lists. A line that is not JSON (a file
+    cut short by hand) is skipped; a file replaced or removed after the listing is skipped too."""
+    selector = pafs.FileSelector(store.path("quarantine"), recursive=True, allow_not_found=True)
+    infos = [i for i in store.fs.get_file_info(selector) if i.type == pafs.FileType.File
+             and i.base_name.endswith(".jsonl") and not i.base_name.startswith(".")]
+    for info in sorted(infos, key=lambda i: (i.mtime_ns or 0, i.path), reverse=True):
+        data = b""
+        with contextlib.suppress(FileNotFoundError):
+            data = store.read_bytes(info.path)
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict):
+                yield info.base_name, item
+
+
 def quarantine_counts(store: StoreLocation) -> dict[str, int]:
     """Quarantined items per table (what ``tracerl status`` shows), on local disk or in a bucket."""
-    counts: Counter[str] = Counter()
-    for path in store.files("quarantine", suffix=".jsonl"):
-        for line in store.read_bytes(path).decode("utf-8").splitlines():
-            if line.strip():
-                counts[json.loads(line).get("table", "unknown")] += 1
-    return dict(counts)
+    return dict(Counter(item.get("table", "unknown") for _name, item in quarantine_records(store)))

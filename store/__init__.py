@@ -5,10 +5,10 @@ through ``pyarrow.fs``, so a stage that writes through this package runs unchang
 This package knows file names and bytes, never what a span means.
 
 Where object storage stands: ``collect`` (WAL local, tables to the bucket), ``sql``, ``status``,
-``doctor``, ``report`` and ``convert`` take ``s3://bucket/prefix``. The converter's lock (``lease.py``) is
+``doctor``, ``report``, ``convert`` and ``ui`` take ``s3://bucket/prefix``. The converter's lock (``lease.py``) is
 ``flock`` on local disk and, on a bucket, a lease object written with S3's conditional PUTs
 (``If-None-Match`` / ``If-Match``) through boto3, since ``pyarrow.fs`` exposes no conditional put.
-``collect --convert`` still refuses a bucket (not yet tested there); ``train`` and ``ui``
-need a local store (``StoreLayout.at`` refuses a URI): they walk ``Path``s in ``trainer/`` and
-``ui/``, which have not moved to ``StoreLocation`` yet.
+``collect --convert`` still refuses a bucket (not yet tested there); ``train``
+needs a local store (``StoreLayout.at`` refuses a URI): it walks ``Path``s in ``trainer/``,
+which has not moved to ``StoreLocation`` yet.
 """

@@ -6,11 +6,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tracerl_testing import tracerl
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     return tmp_path / "store"
+
+
+@pytest.fixture(scope="session")
+def real_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real round's store, shared by the ui tests and the ui-on-a-bucket test (``tracerl demo``
+    itself, about 30 s: 2 letters x 2 samples, 1 round trained and published, then policy@1 evaluated).
+
+    Spans, transitions with exact token ids and logprobs, a rounds manifest, a selection file and a
+    checkpoint: the tiny model behind `tracerl serve`, the gateway, the collector and the unmodified
+    demo agent, so the store holds two policy versions.
+    """
+    work = tmp_path_factory.mktemp("ui-demo")
+    proc = tracerl("demo", "--tiny", "--rounds", "1", "--rollouts-per-round", "4", "--letters", "ae", "--workdir", str(work),
+                   timeout=240)
+    (work / "demo.out").write_text(proc.stdout)  # for the test of the demo's last lines
+    return work / "store"
 
 
 @pytest.fixture(scope="module")

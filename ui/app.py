@@ -52,6 +52,7 @@ class UiConfig:
     """What one viewer serves and how (``tracerl ui`` builds it from its flags)."""
 
     store: str
+    """The store's directory, or ``s3://bucket/prefix`` (read through ``pyarrow.fs``)."""
     token: str | None = None
     """Required on every request when set: ``?token=`` once (sets a cookie), the cookie, or a Bearer header."""
     tokenizer: str | None = None
@@ -138,7 +139,7 @@ def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
     types = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".png": "image/png"}
 
     def page(name: str, code: int = 200, **context: Any) -> HTMLResponse:
-        html = env.get_template(name).render(store=str(reader.layout.root), poll_ms=int(cfg.poll_s * 1000),
+        html = env.get_template(name).render(store=reader.store, poll_ms=int(cfg.poll_s * 1000),
                                              **context)
         return HTMLResponse(html, code, headers=SECURITY_HEADERS)
 

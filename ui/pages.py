@@ -9,20 +9,21 @@ the same group (task × policy version) with the estimator of the round that tra
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from collector_exporter.quarantine import quarantine_records
 from schemas.views import LATEST_ONLY
 from span_to_transition.credit import CREDIT
 from span_to_transition.doctor import GATEWAY_FIX, diagnose
 from span_to_transition.ledger import Ledger
 from trainer.advantages import RolloutReward, rollout_advantages
+from trainer.checkpoint import MANIFEST
 from ui import messages as msg
 from ui.charts import Series, line_chart
 from ui.filters import RolloutQuery, rollouts_sql
-from ui.store import StoreReader
+from ui.store import StoreReader, read_local_json
 from ui.timeline import layout, ticks
 from ui.tokens import load_decoder, token_views
 
@@ -40,18 +41,30 @@ WHY_NOT_GATEWAY = {
 # -- rounds ------------------------------------------------------------------------------------------
 
 
-def manifest_of(reader: StoreReader, checkpoint_path: str | None) -> dict[str, Any]:
-    """The checkpoint's self-description (settings, git sha, selection), or {} without one."""
+def manifest_of(reader: StoreReader, round_k: int, checkpoint_path: str | None) -> dict[str, Any]:
+    """The checkpoint's self-description (settings, git sha, selection), or {} without one.
+
+    Round k publishes ``policy@k+1``: its manifest is read from the store first
+    (``checkpoints/policy-<k+1>/tracerl_checkpoint.json``, where the trainer writes it on a local store
+    and mirrors it on a bucket), then from ``checkpoint_path`` as a path on this host (on a bucket, the
+    trainer's local copy, readable when the viewer runs beside the trainer). A round without a checkpoint
+    yet (``checkpoint_path`` empty) has none. Kept per store version: on a bucket each read is a request.
+    """
     if not checkpoint_path:
         return {}
-    return reader.read_json(Path(checkpoint_path) / "tracerl_checkpoint.json") or {}
+
+    def read() -> dict[str, Any]:
+        return (reader.read_json("checkpoints", f"policy-{round_k + 1:06d}", MANIFEST)
+                or read_local_json(Path(checkpoint_path) / MANIFEST) or {})
+
+    return reader.memo(f"manifest:{round_k}:{checkpoint_path}", read)
 
 
 def staleness(reader: StoreReader, rounds: Sequence[int]) -> dict[int, dict[str, Any]]:
     """Round -> mean and max versions behind of the rollouts it trained on (its selection file)."""
     pairs: list[tuple[int, str]] = []
     for k in rounds:
-        sel = reader.read_json(reader.layout.checkpoints / f"round-{k:06d}.json") or {}
+        sel = reader.read_json("checkpoints", f"round-{k:06d}.json") or {}
         pairs += [(k, rid) for rid in sel.get("rollout_ids", [])]
     if not pairs:
         return {}
@@ -63,7 +76,7 @@ def rounds_data(reader: StoreReader) -> dict[str, Any]:
     rounds = reader.rows("SELECT * EXCLUDE (date) FROM rounds ORDER BY round")
     tasks_re = None
     for r in rounds:
-        man = manifest_of(reader, r["checkpoint_path"])
+        man = manifest_of(reader, r["round"], r["checkpoint_path"])
         settings = man.get("settings") or {}
         r["settings"], r["git_sha"] = settings, man.get("git_sha")
         r["estimator"] = settings.get("estimator", "grpo")
@@ -139,8 +152,8 @@ def estimators(reader: StoreReader) -> dict[int, str]:
 
     def read() -> dict[int, str]:
         out = {}
-        for r in reader.rows("SELECT policy_version, checkpoint_path FROM rounds"):
-            settings = manifest_of(reader, r["checkpoint_path"]).get("settings") or {}
+        for r in reader.rows("SELECT round, policy_version, checkpoint_path FROM rounds"):
+            settings = manifest_of(reader, r["round"], r["checkpoint_path"]).get("settings") or {}
             out[int(r["policy_version"] or 0)] = str(settings.get("estimator", "grpo"))
         return out
 
@@ -233,7 +246,7 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
     advantage = mine.get("advantage")
     decode = load_decoder(reader.memo(f"tokenizer:{tokenizer}", lambda: tokenizer_dir(reader, tokenizer)))
     # the converter's ledger lists every converted rollout (large on a large store): read once per version
-    settings = reader.memo("convert-settings", lambda: Ledger.load(reader.layout).settings)
+    settings = reader.memo("convert-settings", lambda: Ledger.load(reader.loc).settings)
     for c in calls:
         c["messages"] = msg.messages(c["prompt_messages"])
         c["tool_names"] = msg.tool_names(c["tools"])
@@ -258,28 +271,21 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
 # -- doctor and quarantine ---------------------------------------------------------------------------
 
 
-def quarantined(root: Path, limit: int = 200) -> list[dict[str, Any]]:
-    """The newest quarantined records (what the collector could not turn into rows), without payloads."""
-    d = root / "quarantine"
+def quarantined(reader: StoreReader, limit: int = 200) -> list[dict[str, Any]]:
+    """The newest quarantined records (what the collector could not turn into rows), without payloads;
+    listed by ``collector_exporter.quarantine`` (what ``tracerl status`` counts), on disk or in a bucket."""
     out: list[dict[str, Any]] = []
-    if not d.is_dir():
-        return out
-    for path in sorted(d.glob("*.jsonl"), key=os.path.getmtime, reverse=True):
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                item = json.loads(line)
-            except ValueError:
-                continue
-            out.append({"file": path.name, "table": item.get("table"), "reason": item.get("reason"),
-                        "received_at_ns": item.get("received_at_ns"), "bytes": len(item.get("payload_b64", "")) * 3 // 4})
-            if len(out) >= limit:
-                return out
+    for name, item in quarantine_records(reader.loc):
+        out.append({"file": name, "table": item.get("table"), "reason": item.get("reason"),
+                    "received_at_ns": item.get("received_at_ns"), "bytes": len(item.get("payload_b64", "")) * 3 // 4})
+        if len(out) >= limit:
+            break
     return out
 
 
 def doctor_data(reader: StoreReader) -> dict[str, Any]:
     from span_to_transition.survey import gather
 
-    findings = diagnose(gather(str(reader.layout.root)))
-    return {"findings": findings, "quarantine": quarantined(reader.layout.root),
-            "excluded": sorted(Ledger.load(reader.layout).excluded)[:200]}
+    findings = diagnose(gather(reader.store))
+    return {"findings": findings, "quarantine": quarantined(reader),
+            "excluded": sorted(Ledger.load(reader.loc).excluded)[:200]}

@@ -1,10 +1,16 @@
 """The viewer's one way into the store: ``store.views.connect_readonly``, reopened when files change.
 
+The store is a ``StoreLocation`` (``store.location``): a local directory or ``s3://bucket/prefix``,
+both reached through ``pyarrow.fs``, so every page reads a bucket as it reads a directory. Tables go
+through ``connect_readonly``; the trainer's JSON state files (selections, checkpoint manifests) and the
+quarantine through the location's file system.
+
 ``connect_readonly`` is what ``tracerl sql`` uses: views over the Parquet files, DuckDB's file
 access switched off and its configuration locked, so nothing the viewer runs can write (or read
 outside the store). Its views are bound to the files present when it opens, so to show rounds and
 rollouts as ``collect`` and ``train --watch`` add them, the reader lists the tables' files when a
-page asks (``refresh``) and reopens when the list (names, sizes, mtimes) changed.
+page asks (``refresh``) and reopens when the list (names, sizes, mtimes) changed: one recursive listing
+per table, which on a bucket is a few LIST requests, not a request per file.
 
 Each connection also gets ``ui_rollouts``: one in-memory row per rollout (the ``rollouts`` view's
 columns plus what the pages need: the reward the trainer uses, completeness, token sources, the
@@ -22,16 +28,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow.fs as pafs
 
 from schemas.tables import TABLES
-from store.layout import StoreLayout
+from store.layout import Where, locate
+from store.location import StoreLocation
 from store.views import connect_readonly
 
 log = logging.getLogger("tracerl.ui")
@@ -61,27 +68,26 @@ the trainer's dataset computes them (trainer/dataset.py TRANSITIONS_SQL), ``vers
 count as 0, the trainer's default ``--unversioned-as``), the token sources, and the last call's answer."""
 
 
-def store_signature(layout: StoreLayout) -> tuple:
-    """(path, size, mtime) of every committed table file: changes whenever a stage commits one."""
+def store_signature(loc: StoreLocation) -> tuple:
+    """(path, size, mtime) of every committed table file: changes whenever a stage commits one. One
+    recursive ``get_file_info`` per table: a directory walk locally, a paginated LIST on a bucket."""
     out = []
     for name in TABLES:
-        root = layout.table(name)
-        if not root.exists():
-            continue
-        for dirpath, _dirs, files in os.walk(root):
-            for f in files:
-                if f.endswith(".parquet") and not f.startswith("."):
-                    with contextlib.suppress(FileNotFoundError):  # replaced or compacted meanwhile
-                        st = os.stat(os.path.join(dirpath, f))
-                        out.append((dirpath, f, st.st_size, st.st_mtime_ns))
+        selector = pafs.FileSelector(loc.table(name), recursive=True, allow_not_found=True)
+        for info in loc.fs.get_file_info(selector):
+            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") \
+                    and not info.base_name.startswith("."):
+                out.append((info.path, info.size, info.mtime_ns))
     return tuple(sorted(out))
 
 
 class StoreReader:
     """Read-only queries over one store, against its files as of the last ``refresh``."""
 
-    def __init__(self, store: str | os.PathLike[str]):
-        self.layout = StoreLayout.at(store)
+    def __init__(self, store: Where):
+        self.loc = locate(store)
+        self.store = self.loc.root if self.loc.is_local else self.loc.uri
+        """The store as pages name it and as ``connect_readonly`` takes it: the directory, or the URI."""
         self._lock = threading.Lock()  # held while a query uses the connection
         self._state = threading.Lock()  # guards the build in progress
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -92,7 +98,7 @@ class StoreReader:
         """Bumped each time a newer version of the store is in use: what live pages poll."""
 
     def _open(self) -> duckdb.DuckDBPyConnection:
-        con = connect_readonly(str(self.layout.root))
+        con = connect_readonly(self.store)
         con.execute(ROLLOUT_INDEX_SQL)
         return con
 
@@ -118,7 +124,11 @@ class StoreReader:
         done) for it. Returns the generation in use."""
         with self._state:
             if self._building is None:
-                signature = store_signature(self.layout)
+                try:
+                    signature = store_signature(self.loc)
+                except OSError as e:  # a listing racing a compaction, a bucket's network blip: retry next time
+                    log.warning("tracerl ui: could not list the store's files (%s); showing the previous version", e)
+                    signature = self._signature
                 if signature != self._signature:
                     self._building = threading.Thread(target=self._build, args=(signature,),
                                                       name="tracerl-ui-open", daemon=True)
@@ -135,7 +145,7 @@ class StoreReader:
             self.refresh(wait_s=None)
         with self._lock:
             if self._con is None:
-                raise RuntimeError(f"cannot open the store at {self.layout.root}; see the log for why")
+                raise RuntimeError(f"cannot open the store at {self.store}; see the log for why")
             yield self._con
 
     def rows(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
@@ -162,10 +172,20 @@ class StoreReader:
                 self._con.close()
                 self._con = None
 
-    def read_json(self, path: str | os.PathLike[str]) -> dict[str, Any] | None:
-        """A JSON file the trainer wrote (checkpoint manifest, round selection), or None if absent or
-        unreadable."""
+    def read_json(self, *parts: str) -> dict[str, Any] | None:
+        """A JSON file the trainer wrote below the store (``read_json("checkpoints", "round-000003.json")``),
+        read through the store's file system; None if absent or unreadable."""
         try:
-            return json.loads(Path(path).read_text())
+            data = json.loads(self.loc.read_bytes(self.loc.path(*parts)))
         except (OSError, ValueError):
             return None
+        return data if isinstance(data, dict) else None
+
+
+def read_local_json(path: str | Path) -> dict[str, Any] | None:
+    """A JSON file on this host's disk (a checkpoint the trainer keeps outside the store), or None."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -9,6 +9,8 @@ was credited, and why token_source is not `gateway` when it is not); a task's gr
 side by side with reward and advantage, per policy version); Quarantine and doctor.
 
 The store is opened as `tracerl sql` opens it (DuckDB views, file access off): nothing is written.
+It may be a directory or s3://bucket/prefix (endpoint and credentials from the standard AWS_*
+variables, as for `tracerl sql`); the tokenizer that decodes token ids is always a local directory.
 Pages notice new rounds and rollouts while `collect` and `train --watch` run. Everything is served
 from the package (no CDN), so it works offline. It binds 127.0.0.1 unless --listen says otherwise.
 """
@@ -18,13 +20,17 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from store.layout import StoreLayout, default_store
+import pyarrow.fs as pafs
+
+from store.layout import default_store
+from store.location import StoreLocation, parse_store
 from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:
   tracerl ui                                        # ./tracerl-store on http://127.0.0.1:8700
   tracerl ui --store /data/tracerl --listen 127.0.0.1:9000
+  tracerl ui --store s3://bucket/prefix --tokenizer ./base-model   # a bucket store; AWS_* variables apply
   tracerl ui --api-key "$(openssl rand -hex 16)"    # prints http://127.0.0.1:8700/?token=…: open it once
   ssh -L 8700:127.0.0.1:8700 trainer-host           # to view a remote store, forward the port
 
@@ -35,8 +41,8 @@ and the address bar drops it; scripts send `Authorization: Bearer KEY` instead.
 
 @dataclass
 class UiCommandConfig:
-    store: str = opt(default_store(), "store directory to view (opened read-only)", metavar="DIR",
-                     env="TRACERL_STORE")
+    store: str = opt(default_store(), "store directory, or s3://bucket/prefix, to view (opened read-only)",
+                     metavar="DIR", env="TRACERL_STORE")
     listen: str = opt("127.0.0.1:8700", "HOST:PORT to serve on (port 0: any free port)")
     api_key: str = opt("", "require this token on every request (see below); empty: none", metavar="KEY",
                        env="TRACERL_UI_API_KEY")
@@ -49,16 +55,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_options(parser, UiCommandConfig)
 
 
+def where(loc: StoreLocation) -> str:
+    """How the viewer names the store: the resolved directory, or the URI as given."""
+    return loc.root if loc.is_local else loc.uri
+
+
+def existing_store(store: str) -> StoreLocation:
+    """``--store`` as a location, refused with a UsageError (no traceback) when there is nothing to view:
+    a missing local directory, or a bucket prefix that holds nothing or cannot be reached."""
+    try:
+        loc = parse_store(store)
+        if loc.is_local:
+            if loc.fs.get_file_info(loc.root).type != pafs.FileType.Directory:
+                raise UsageError(f"--store {store} is not a directory; point --store (or TRACERL_STORE) at the "
+                                 "directory `tracerl collect --store DIR` writes")
+            return loc
+        found = loc.exists()
+    except (OSError, ValueError) as e:  # pyarrow's errors: no such bucket, access denied, unreachable endpoint
+        raise UsageError(f"--store {store}: cannot read it ({str(e).strip().splitlines()[0]}); check the URI, "
+                         "the AWS_* variables (endpoint, credentials, region) and the bucket") from None
+    if not found:
+        raise UsageError(f"--store {store}: nothing is stored there (no such bucket, or an empty prefix); point "
+                         "--store at the s3://bucket/prefix `tracerl collect --store` writes")
+    return loc
+
+
 def run(args: argparse.Namespace) -> int:
     from serving.asgi import parse_listen
     from tracerl.signals import stop_requested, wait_for_stop
     from ui.app import UiConfig, serve
 
     cfg = from_args(UiCommandConfig, args)
-    layout = StoreLayout.at(cfg.store)
-    if not layout.root.is_dir():
-        raise UsageError(f"--store {cfg.store} is not a directory; point --store (or TRACERL_STORE) at the "
-                         "directory `tracerl collect --store DIR` writes")
+    loc = existing_store(cfg.store)
     if cfg.poll_s <= 0:
         raise UsageError(f"--poll-s must be above 0, got {cfg.poll_s:g}")
     try:
@@ -66,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
-        server = serve(UiConfig(store=str(layout.root), token=cfg.api_key or None, tokenizer=cfg.tokenizer or None,
+        server = serve(UiConfig(store=where(loc), token=cfg.api_key or None, tokenizer=cfg.tokenizer or None,
                                 poll_s=cfg.poll_s), host, port)
     except OSError as e:
         raise UsageError(f"cannot listen on {cfg.listen}: {e.strerror or e}; pick another --listen port") from None
     try:
         stop = stop_requested()
         url = server.url + ("/?token=" + cfg.api_key if cfg.api_key else "/")
-        print(f"tracerl ui: {url}  (store {layout.root}, read-only; Ctrl-C stops)", flush=True)
+        print(f"tracerl ui: {url}  (store {where(loc)}, read-only; Ctrl-C stops)", flush=True)
         wait_for_stop(stop)
     finally:
         server.stop()
