@@ -4,11 +4,10 @@ A store is a local directory or an object-storage prefix (``s3://bucket/prefix``
 through ``pyarrow.fs``, so a stage that writes through this package runs unchanged on either.
 This package knows file names and bytes, never what a span means.
 
-Where object storage stands: ``collect`` (WAL local, tables to the bucket), ``sql``, ``status``,
-``doctor``, ``report``, ``convert`` and ``ui`` take ``s3://bucket/prefix``. The converter's lock (``lease.py``) is
-``flock`` on local disk and, on a bucket, a lease object written with S3's conditional PUTs
-(``If-None-Match`` / ``If-Match``) through boto3, since ``pyarrow.fs`` exposes no conditional put.
-``collect --convert`` still refuses a bucket (not yet tested there); ``train``
-needs a local store (``StoreLayout.at`` refuses a URI): it walks ``Path``s in ``trainer/``,
-which has not moved to ``StoreLocation`` yet.
+Where object storage stands: ``collect`` (WAL local, tables to the bucket), ``convert``, ``train``
+(checkpoints written locally and copied into the bucket, ``trainer/checkpoint_store.py``), ``sql``,
+``status``, ``doctor``, ``report`` and ``ui`` take ``s3://bucket/prefix``. The converter's and the trainer's
+locks (``lease.py``) are ``flock`` on local disk and, on a bucket, a lease object written with S3's
+conditional PUTs (``If-None-Match`` / ``If-Match``) through boto3, since ``pyarrow.fs`` exposes no
+conditional put. ``collect --convert`` still refuses a bucket (not yet tested there).
 """
