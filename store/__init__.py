@@ -8,7 +8,7 @@ Where object storage stands: ``collect`` (WAL local, tables to the bucket), ``sq
 ``doctor``, ``report`` and ``convert`` take ``s3://bucket/prefix``. The converter's lock (``lease.py``) is
 ``flock`` on local disk and, on a bucket, a lease object written with S3's conditional PUTs
 (``If-None-Match`` / ``If-Match``) through boto3, since ``pyarrow.fs`` exposes no conditional put.
-``collect --convert`` still refuses a bucket (not yet tested there); ``train`` and ``ui``
+``collect --convert`` runs the converter in the bucket too, under that lease; ``train`` and ``ui``
 need a local store (``StoreLayout.at`` refuses a URI): they walk ``Path``s in ``trainer/`` and
 ``ui/``, which have not moved to ``StoreLocation`` yet.
 """
