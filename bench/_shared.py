@@ -3,14 +3,18 @@ upstream.
 
 Imported by the scripts with ``bench/`` on ``sys.path`` (they run as plain files, not a package);
 the repository root must be on it too, for ``serving``. It puts ``tests/`` on it, last, for the scripted
-upstreams' HTTP server the tests use too (``tests/scripted_server.py``).
+upstreams' HTTP server the tests use too (``tests/scripted_server.py``) and for the S3 stand-in
+(``tests/s3_server.py``) that ``--store s3`` runs against.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -18,6 +22,33 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 if str(TESTS) not in sys.path:
     sys.path.append(str(TESTS))
 from scripted_server import Handler  # noqa: E402
+
+S3_NOTE = ("S3 figures are against moto's S3 server on 127.0.0.1, a stand-in for S3 sharing these cores: "
+           "they measure tracerl's object-storage code path (pyarrow's S3 client and its requests), "
+           "not S3's latency or throughput")
+"""Printed by every bench run with ``--store s3``, so its figures are never read as S3's."""
+
+
+@contextlib.contextmanager
+def s3_stand_in(bucket: str = "bench") -> Iterator[str]:
+    """moto's S3 server (``tests/s3_server.py``, as the store's tests use it) with one bucket; yields
+    ``s3://BUCKET``. The AWS variables are set in ``os.environ`` for the duration, so this process and
+    the ``tracerl`` processes it starts reach the bucket exactly as a user's would."""
+    from s3_server import make_bucket, moto_server, s3_env
+
+    with moto_server() as endpoint:
+        env = s3_env(endpoint)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            make_bucket(endpoint, bucket)
+            yield f"s3://{bucket}"
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -11,7 +11,12 @@ fsync) and compaction (WAL → Arrow → Parquet), measured in-process on the sa
 The bare baseline is always gRPC (grpcio → Parquet); in HTTP mode only tracerl's collector
 changes transport, so the ratio shows what OTLP/HTTP costs over the bare gRPC path.
 
-    python bench/ingest.py [--seconds 5] [--clients 2 4] [--protocol grpc|http]
+With ``--store s3`` the collector's store is ``s3://bench/…`` on moto's S3 server on 127.0.0.1 (its
+WAL stays in a local temp dir, ``--wal``), and the in-process split compacts into that bucket; the
+bare baseline stays local. moto is a stand-in sharing these cores: the figures measure our
+object-storage code path (pyarrow's S3 client, one PUT per Parquet file), not S3's latency.
+
+    python bench/ingest.py [--seconds 5] [--clients 2 4] [--protocol grpc|http] [--store local|s3]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -33,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from _shared import percentile  # noqa: E402
+from _shared import S3_NOTE, percentile, s3_stand_in  # noqa: E402
 
 
 def free_port() -> int:
@@ -42,11 +48,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(kind: str, port: int, out: Path, protocol: str) -> subprocess.Popen:
+def start_server(kind: str, port: int, out: Path, protocol: str, store: str | None = None) -> subprocess.Popen:
+    """``store``: the collector's s3:// store (its WAL then goes to ``out/wal``); None: ``out`` is the store."""
     if kind == "tracerl":
         addr = f"127.0.0.1:{port}"
         grpc_addr, http_addr = (addr, "off") if protocol == "grpc" else ("off", addr)
-        cmd = [str(BIN / "tracerl"), "collect", "--store", str(out), "--grpc", grpc_addr, "--http", http_addr]
+        where = ["--store", str(out)] if store is None else ["--store", store, "--wal", str(out / "wal")]
+        cmd = [str(BIN / "tracerl"), "collect", *where, "--grpc", grpc_addr, "--http", http_addr]
     else:
         cmd = [sys.executable, str(HERE / "_bare_server.py"), f"127.0.0.1:{port}", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -60,16 +68,23 @@ def cpu_seconds_so_far(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def stored_spans(kind: str, out: Path) -> int:
+def stored_spans(kind: str, out: Path, store: str | None = None) -> int:
+    if store is not None:  # the bucket: count rows from each file's footer, read through the S3 client
+        from store.location import parse_store
+
+        loc = parse_store(store)
+        return sum(pq.read_metadata(f, filesystem=loc.fs).num_rows for f in loc.files("spans"))
     root = out / "spans" if kind == "tracerl" else out
     return sum(pq.read_metadata(p).num_rows for p in root.rglob("*.parquet") if not p.name.startswith("."))
 
 
-def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str) -> dict:
+def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str, bucket: str | None = None) -> dict:
+    """One server under K clients; ``bucket`` (s3://…): tracerl's collector stores there, under a fresh prefix."""
     out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     port = free_port()
     protocol = protocol if kind == "tracerl" else "grpc"
-    server = start_server(kind, port, out, protocol)
+    store = f"{bucket}/ingest-{uuid.uuid4().hex[:8]}" if bucket and kind == "tracerl" else None
+    server = start_server(kind, port, out, protocol, store)
     startup_cpu = cpu_seconds_so_far(server.pid)  # imports and binding: not per-span work
     procs = [subprocess.Popen([sys.executable, str(HERE / "_ingest_client.py"), f"127.0.0.1:{port}", str(seconds), str(batch), protocol],
                               stdout=subprocess.PIPE, text=True) for _ in range(clients)]
@@ -79,17 +94,18 @@ def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str)
     server.returncode = os.waitstatus_to_exitcode(status)
     acked = sum(r["acked"] for r in results)
     lat = [x for r in results for x in r["latencies"]]
-    stored = stored_spans(kind, out)
+    stored = stored_spans(kind, out, store)
     cpu_s = usage.ru_utime + usage.ru_stime - startup_cpu
     return {
-        "server": f"{kind}/{protocol}", "clients": clients, "acked_per_s": acked / seconds, "stored": stored, "acked": acked,
+        "server": f"{kind}{'+s3' if store else ''}/{protocol}", "clients": clients, "acked_per_s": acked / seconds, "stored": stored, "acked": acked,
         "lost": max(0, acked - stored), "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
         "cpu_us_per_span": cpu_s / max(stored, 1) * 1e6,
     }
 
 
-def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
-    """Ack path vs. compaction CPU of our collector, and the bare decode, on the same requests."""
+def split_collector_cpu(batches: int = 40, batch: int = 512, bucket: str | None = None) -> dict:
+    """Ack path vs. compaction CPU of our collector, and the bare decode, on the same requests;
+    ``bucket`` (s3://…): compaction writes there (the WAL stays local, as in the collector)."""
     from _ingest_client import llm_call_attributes
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -102,6 +118,7 @@ def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
     from collector_exporter.storable import drop_unstorable_spans
     from collector_exporter.wal import WriteAheadLog
     from store.layout import StoreLayout
+    from store.location import parse_store
 
     mem = InMemorySpanExporter()
     tp = TracerProvider()
@@ -138,7 +155,8 @@ def split_collector_cpu(batches: int = 40, batch: int = 512) -> dict:
     ack = (time.process_time() - t0) / n * 1e6
     wal.close()
     t0 = time.process_time()
-    Compactor(store).run_once()
+    out = None if bucket is None else parse_store(f"{bucket}/split-{uuid.uuid4().hex[:8]}")
+    Compactor(store, out=out).run_once()
     compact = (time.process_time() - t0) / n * 1e6
     return {"bare_decode_us": bare_decode, "validate_us": validate, "ack_path_us": ack, "compaction_us": compact,
             "ack_p50_ms": percentile(ack_latency, 0.5) * 1e3, "ack_p99_ms": percentile(ack_latency, 0.99) * 1e3}
@@ -150,24 +168,41 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="tracerl's transport (bare is gRPC)")
+    ap.add_argument("--store", choices=["local", "s3"], default="local",
+                    help="tracerl's store: a local temp dir, or a bucket on moto's S3 server on 127.0.0.1 "
+                         "(a stand-in: our code path, not S3's latency); the bare baseline is always local")
     args = ap.parse_args()
+    if args.store == "s3":
+        print(f"--store s3: {S3_NOTE}.", flush=True)
+        with s3_stand_in() as bucket:
+            report(args, bucket)
+        print(f"--store s3: {S3_NOTE}.")
+    else:
+        report(args, None)
+
+
+def report(args: argparse.Namespace, bucket: str | None) -> None:
+    """Run every load and the in-process split, and print them; ``bucket``: tracerl's store is there."""
     rows = []
     for k in args.clients:
         for kind in ("bare", "tracerl"):
-            rows.append(run_load(kind, k, args.seconds, args.batch, args.protocol))
-    print(f"{'server':<13} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
+            rows.append(run_load(kind, k, args.seconds, args.batch, args.protocol, bucket))
+    w = max(13, *(len(r["server"]) for r in rows))
+    print(f"{'server':<{w}} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
     for r in rows:
-        print(f"{r['server']:<13} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
+        print(f"{r['server']:<{w}} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
               f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_us_per_span']:>11.1f}")
     for k in args.clients:
         ours = next(r for r in rows if r["server"].startswith("tracerl") and r["clients"] == k)
         bare = next(r for r in rows if r["server"].startswith("bare") and r["clients"] == k)
-        print(f"K={k}: CPU per stored span tracerl/bare = {ours['cpu_us_per_span'] / bare['cpu_us_per_span']:.2f}x, "
-              f"throughput tracerl/bare = {ours['acked_per_s'] / max(bare['acked_per_s'], 1):.2f}x")
-    split = split_collector_cpu()
+        name = ours["server"].split("/")[0]
+        print(f"K={k}: CPU per stored span {name}/bare = {ours['cpu_us_per_span'] / bare['cpu_us_per_span']:.2f}x, "
+              f"throughput {name}/bare = {ours['acked_per_s'] / max(bare['acked_per_s'], 1):.2f}x")
+    split = split_collector_cpu(bucket=bucket)
+    into = "" if bucket is None else " into the bucket"
     print(f"collector CPU split (in-process, same requests): ack path {split['ack_path_us']:.1f} µs/span "
           f"(bare protobuf decode {split['bare_decode_us']:.1f}, validation before the ack "
-          f"{split['validate_us']:.2f}), compaction {split['compaction_us']:.1f} µs/span, "
+          f"{split['validate_us']:.2f}), compaction{into} {split['compaction_us']:.1f} µs/span, "
           f"total {split['ack_path_us'] + split['compaction_us']:.1f} µs/span")
     print(f"collector ack latency per 512-span request (decode + validate + WAL fsync, no network): "
           f"p50 {split['ack_p50_ms']:.1f} ms, p99 {split['ack_p99_ms']:.1f} ms. Export latencies above also "

@@ -9,5 +9,5 @@ Where object storage stands: ``collect`` (WAL local, tables to the bucket), ``co
 ``status``, ``doctor``, ``report`` and ``ui`` take ``s3://bucket/prefix``. The converter's and the trainer's
 locks (``lease.py``) are ``flock`` on local disk and, on a bucket, a lease object written with S3's
 conditional PUTs (``If-None-Match`` / ``If-Match``) through boto3, since ``pyarrow.fs`` exposes no
-conditional put. ``collect --convert`` still refuses a bucket (not yet tested there).
+conditional put. ``collect --convert`` runs the converter in the bucket too, under that lease.
 """

@@ -69,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
         tls_key=cfg.tls_key, max_segment_age_s=cfg.segment_age_s,
         max_backlog_bytes=cfg.max_backlog_mb << 20, min_free_disk_bytes=cfg.min_free_disk_mb << 20,
     )
-    if cfg.convert and is_uri(cfg.store):
-        raise UsageError("--convert needs a local --store for now; run the converter on a host with a local store")
     convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
     try:
         convert_cfg.validate()
