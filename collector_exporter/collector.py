@@ -17,13 +17,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from collector_exporter.compactor import Compactor, backlog_bytes, drain
+from collector_exporter.compactor import Compactor, backlog_bytes, drain, wal_and_store
 from collector_exporter.grpc_server import start_grpc
 from collector_exporter.http_server import start_http
 from collector_exporter.receive import Ingest, retry_hint_s
 from collector_exporter.wal import WriteAheadLog
 from store.layout import StoreLayout
-from store.location import parse_store
 
 log = logging.getLogger("tracerl.collector")
 
@@ -41,10 +40,6 @@ def split_hostport(value: str, default_port: int) -> tuple[str, int]:
         return host or "127.0.0.1", int(port) if port else default_port
     except ValueError:
         raise ValueError(f"bad address {value!r}: expected HOST:PORT, e.g. 127.0.0.1:4317") from None
-
-
-DEFAULT_REMOTE_WAL = "./tracerl-wal"
-"""Where a collector keeps its write-ahead log when the store is a bucket and ``--wal`` is not given."""
 
 
 @dataclass
@@ -118,13 +113,7 @@ class OverloadGuard:
 class Collector:
     def __init__(self, settings: CollectorSettings):
         self.settings = settings
-        out = parse_store(settings.store)
-        if out.is_local:
-            self.store = StoreLayout.at(settings.store, wal=settings.wal)
-        else:  # the bucket gets the tables; this host keeps only its WAL, on its own disk
-            wal = Path(settings.wal or DEFAULT_REMOTE_WAL).expanduser().resolve()
-            self.store = StoreLayout(wal, wal_root=wal)
-        self.store.root.mkdir(parents=True, exist_ok=True)
+        self.store, out = wal_and_store(settings.store, settings.wal)
         writer = f"collector-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.wal_dir = self.store.wal / writer
         self.compactor = Compactor(self.store, dedupe_keys=settings.dedupe_keys, out=out)

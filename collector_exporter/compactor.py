@@ -323,3 +323,23 @@ def drain(wal: WriteAheadLog, compactor: Compactor, wal_dir: Path) -> list[str]:
     for p in problems:
         log.error("stop: %s", p)
     return problems
+
+
+DEFAULT_REMOTE_WAL = "./tracerl-wal"
+"""Where a collector (or the in-process exporter) keeps its write-ahead log when the store is a bucket and ``--wal`` is not given."""
+
+
+def wal_and_store(store: str, wal: str | None = None) -> tuple[StoreLayout, StoreLocation]:
+    """Where a writer's WAL lives (always this host's disk) and where compaction writes the tables.
+
+    A local store keeps its WAL inside (``STORE/wal``, or ``wal``); for a bucket the tables go there
+    and this host keeps only its WAL (``wal``, default ``./tracerl-wal``). Shared by the collector and
+    the in-process exporter, so both write a bucket the same way."""
+    out = parse_store(store)
+    if out.is_local:
+        layout = StoreLayout.at(store, wal=wal)
+    else:
+        local = Path(wal or DEFAULT_REMOTE_WAL).expanduser().resolve()
+        layout = StoreLayout(local, wal_root=local)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    return layout, out

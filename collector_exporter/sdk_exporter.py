@@ -1,4 +1,4 @@
-"""``OTEL_TRACES_EXPORTER=tracerl``: store spans straight into a local tracerl store, no collector.
+"""``OTEL_TRACES_EXPORTER=tracerl``: store spans straight into a tracerl store, no collector.
 
 Registered under the ``opentelemetry_traces_exporter`` entry point, so the SDK's auto
 configuration (``opentelemetry-instrument``) wraps it in a BatchSpanProcessor like any other
@@ -7,7 +7,9 @@ own encoder), appended to a per-process WAL with fsync, and compacted to Parquet
 background thread and on shutdown. A process that dies leaves its WAL, which the next
 collector or exporter that opens the store replays.
 
-Settings: ``TRACERL_STORE`` (default ``./tracerl-store``).
+Settings: ``TRACERL_STORE`` (default ``./tracerl-store``; ``s3://bucket/prefix`` writes the tables to a
+bucket, as ``tracerl collect`` does) and ``TRACERL_WAL`` (where the WAL lives when the store is a bucket;
+default ``./tracerl-wal``: always this host's disk).
 """
 
 from __future__ import annotations
@@ -22,20 +24,19 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from collector_exporter.compactor import Compactor, drain
+from collector_exporter.compactor import Compactor, drain, wal_and_store
 from collector_exporter.storable import drop_unstorable_spans
 from collector_exporter.wal import Kind, WriteAheadLog
-from store.layout import StoreLayout, default_store
+from store.layout import default_store
 
 log = logging.getLogger("tracerl.exporter")
 
 
 class TracerlSpanExporter(SpanExporter):
-    def __init__(self, store: str | None = None, *, compact_interval_s: float = 1.0):
-        self.store = StoreLayout.at(store or default_store())
-        self.store.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, store: str | None = None, *, compact_interval_s: float = 1.0, wal: str | None = None):
+        self.store, out = wal_and_store(store or default_store(), wal or os.environ.get("TRACERL_WAL") or None)
         self.wal_dir = self.store.wal / f"exporter-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.compactor = Compactor(self.store)
+        self.compactor = Compactor(self.store, out=out)
         self.wal = WriteAheadLog(self.wal_dir, max_segment_age_s=compact_interval_s)
         self.compactor.start(own=self.wal_dir, interval_s=compact_interval_s)
         self._shutdown = False

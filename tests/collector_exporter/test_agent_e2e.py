@@ -11,6 +11,7 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
+from store.layout import locate
 from store.views import connect_readonly
 
 AGENT = Path(__file__).with_name("agent_app.py")
@@ -73,6 +74,19 @@ def test_tracerl_exporter_plugin_writes_the_store_without_a_collector(store):
     assert sorted(con.execute("SELECT trace_id, span_id FROM spans").fetchall()) == sorted(made)
     assert con.execute("SELECT DISTINCT resource_attributes['service.name'] FROM spans").fetchall() == [("writer-agent",)]
     assert not list((store / "wal").glob("*/seg-*"))  # drained on shutdown
+
+
+def test_tracerl_exporter_plugin_writes_a_bucket_with_its_wal_on_local_disk(s3_store, tmp_path):
+    """TRACERL_STORE=s3://…: the tables go to the bucket (moto's S3 server, a stand-in for S3), the WAL
+    to TRACERL_WAL on this host, drained on shutdown."""
+    wal = tmp_path / "wal"
+    made = run_instrumented_agent({"OTEL_TRACES_EXPORTER": "tracerl", "OTEL_LOGS_EXPORTER": "none",
+                                   "OTEL_METRICS_EXPORTER": "none", "TRACERL_STORE": s3_store,
+                                   "TRACERL_WAL": str(wal)}, n_calls=2)
+    out = tracerl("sql", "--store", s3_store, "--format", "json", "SELECT trace_id, span_id FROM spans").stdout
+    assert sorted((r["trace_id"], r["span_id"]) for r in json.loads(out)) == sorted(made)
+    assert wal.is_dir() and not list(wal.glob("*/seg-*"))  # its WAL was on this disk, and drained
+    assert locate(s3_store).files("wal", suffix="") == []  # none of it in the bucket
 
 
 def test_sql_command_cannot_write_or_read_outside_the_store(store, tmp_path):
