@@ -187,7 +187,7 @@ def report(args: argparse.Namespace, bucket: str | None) -> None:
     for k in args.clients:
         for kind in ("bare", "tracerl"):
             rows.append(run_load(kind, k, args.seconds, args.batch, args.protocol, bucket))
-    w = max(13, *(len(r["server"]) for r in rows))
+    w = max([13, *(len(r["server"]) for r in rows)])
     print(f"{'server':<{w}} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
     for r in rows:
         print(f"{r['server']:<{w}} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "

@@ -10,14 +10,20 @@ JSON state) goes through ``write_atomic``, so there is one set of guarantees to 
   object visible only when its PUT (or multipart completion) succeeds, so no reader sees a partial
   object. The bytes are complete in memory before the upload starts, so a failure while producing
   them can never complete an upload of a prefix of them.
+
+A directory that must appear whole (a checkpoint: what torch saves and vLLM loads) goes through
+``atomic_dir``, the same rule for a tree on local disk: filled in a temp sibling, fsynced, renamed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -72,3 +78,26 @@ def _write_local(path: Path, data: Payload) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """A temp sibling of ``final`` (``.<name>.<8 hex>.<random>``) to fill; when the block ends cleanly its files
+    are fsynced, it is renamed to ``final`` and the parent is fsynced; when it raises, it is removed.
+
+    ``final`` must not exist (a rename does not replace a non-empty directory); a killed process leaves
+    only the temp sibling, which its owner's sweep removes by that prefix.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
+    try:
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    fsync_dir(final.parent)

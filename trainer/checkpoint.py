@@ -13,15 +13,13 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 
-from store.atomic import fsync_dir, write_atomic
+from store.atomic import atomic_dir, write_atomic
 
 MANIFEST = "tracerl_checkpoint.json"
 
@@ -56,24 +54,13 @@ def write_checkpoint(final: Path, save: Callable[[Path], None], manifest: dict[s
     An incomplete directory at ``final`` (impossible with rename, but left by hand-copied files)
     is replaced; a complete one is an error, because checkpoints are immutable once published.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
     if final.exists():
         if is_complete(final):
             raise FileExistsError(f"checkpoint {final} already exists; checkpoints are never overwritten")
         shutil.rmtree(final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
-    try:
+    with atomic_dir(final) as tmp:
         save(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    fsync_dir(final.parent)
     return final
 
 

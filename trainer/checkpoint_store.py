@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from store.atomic import fsync_dir, write_atomic
+from store.atomic import atomic_dir, write_atomic
 from store.location import StoreLocation
 from trainer.checkpoint import MANIFEST, checkpoint_dir, is_complete
 from trainer.merge import MERGED
@@ -89,20 +87,13 @@ class CheckpointStore:
         final = self.dir(version)
         if is_complete(final) or self.mirror is None or not self.in_mirror(version):
             return final
-        final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():  # an incomplete leftover (a rename is never partial): replaced
             shutil.rmtree(final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
-        try:
+        with atomic_dir(final) as tmp:
             pafs.copy_files(self._remote(version), str(tmp), source_filesystem=self.mirror.fs,
                             destination_filesystem=pafs.LocalFileSystem())
             if not is_complete(tmp):
                 raise FileNotFoundError(f"{self.name(version)} lost its manifest while it was fetched")
-            os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        fsync_dir(final.parent)
         return final
 
     def remove(self, version: int) -> None:
