@@ -187,6 +187,25 @@ class Held:
                 self.lease.release()
 
 
+LOCKS = {"converter": "transitions/_state", "trainer": "checkpoints/.train"}
+"""The store's locks by who takes them (``hold``'s ``name``), for ``tracerl status``."""
+
+
+def lease_states(loc: StoreLocation) -> dict[str, dict[str, Any]]:
+    """Who holds each of the store's leases on a bucket, and for how long yet (a negative ``expires_in_s``:
+    free, or its holder died that long ago); {} for a local store, whose ``flock`` cannot be read without
+    taking it (and taking it, even briefly, could make a cron ``train --once`` skip its round)."""
+    if loc.is_local:
+        return {}
+    out = {}
+    for who, name in LOCKS.items():
+        record, _ = ObjectLease.at(loc, name).read()
+        if record is not None:
+            out[who] = {"holder": record.get("holder"),
+                        "expires_in_s": round(float(record.get("expires_at", 0.0)) - time.time(), 1)}
+    return out
+
+
 @contextlib.contextmanager
 def hold(loc: StoreLocation, name: str, ttl_s: float = DEFAULT_TTL_S, wait_s: float | None = None) -> Iterator[Held]:
     """Hold the store's lock ``name`` (e.g. ``transitions/_state``) for the ``with`` block.

@@ -51,6 +51,34 @@ def test_status_counts_rows_and_quarantine_in_a_bucket(s3_store):
     assert s["quarantined"] == {"spans": 1} and s["wal"]["writers"] == []
 
 
+def test_status_reports_the_wal_it_is_given_beside_a_bucket(s3_store, tmp_path):
+    """A bucket's WALs are on the collectors' disks: ``--wal`` names this host's."""
+    _fill(s3_store)
+    writer = tmp_path / "wal" / "collector-h-1-abc"
+    writer.mkdir(parents=True)
+    (writer / "seg-000000000001.wal").write_bytes(b"x" * 100)
+    (writer / "compaction-error.json").write_text(json.dumps({"error": "NO_SUCH_BUCKET", "failures": 3,
+                                                              "retry_in_s": 1.6}))
+    s = json.loads(tracerl("status", "--store", s3_store, "--wal", str(tmp_path / "wal"), "--json").stdout)
+    assert s["wal"]["writers"] == ["collector-h-1-abc"] and s["wal"]["backlog_bytes"] == 100
+    assert s["wal"]["compaction_errors"]["collector-h-1-abc"]["error"] == "NO_SUCH_BUCKET"
+
+
+def test_status_names_who_holds_the_leases_of_a_bucket(s3_store):
+    from store.layout import locate
+    from store.lease import ObjectLease
+
+    _fill(s3_store)
+    held = ObjectLease.at(locate(s3_store), "checkpoints/.train", ttl_s=60.0, holder="trainer-host-1")
+    assert held.try_take()
+    s = json.loads(tracerl("status", "--store", s3_store, "--json").stdout)
+    assert list(s["leases"]) == ["trainer"] and s["leases"]["trainer"]["holder"] == "trainer-host-1"
+    assert 0 < s["leases"]["trainer"]["expires_in_s"] <= 60
+    assert "lease  trainer: held by trainer-host-1" in tracerl("status", "--store", s3_store).stdout
+    held.release()
+    assert "lease  trainer: free (last held by trainer-host-1)" in tracerl("status", "--store", s3_store).stdout
+
+
 def test_a_missing_prefix_is_no_store(s3_store):
     run = tracerl("sql", "--store", s3_store + "-nothing-here", "SELECT 1", check=False)
     assert run.returncode == 2 and "no store at" in run.stderr

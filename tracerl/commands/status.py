@@ -1,5 +1,5 @@
-"""Row counts per table, write-ahead-log backlog, quarantined records, compaction errors, and the
-time of the newest span."""
+"""Row counts per table, write-ahead-log backlog, quarantined records, compaction errors, the
+time of the newest span, and (on a bucket) who holds the converter's and the trainer's leases."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from store.layout import StoreLayout, default_store
 from store.location import parse_store
@@ -16,6 +17,8 @@ from tracerl.options import UsageError, add_options, from_args, opt
 @dataclass
 class StatusConfig:
     store: str = opt(default_store(), "store directory, or s3://bucket/prefix", metavar="DIR|URI")
+    wal: str = opt("", "the write-ahead log to report: default STORE/wal for a local store; for s3:// the WALs "
+                       "are on the collectors' disks, so name this host's (collect --wal)", metavar="DIR")
     json: bool = opt(False, "print one JSON object instead of text")
 
 
@@ -23,13 +26,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_options(parser, StatusConfig)
 
 
-def collect_status(store: str) -> dict:
+def collect_status(store: str, wal: str = "") -> dict:
     import time
 
     from collector_exporter.compactor import COMPACTION_ERROR
     from collector_exporter.quarantine import quarantine_counts
     from collector_exporter.wal import iter_wal_dirs
     from schemas.tables import TABLES
+    from store.lease import lease_states
     from store.views import connect_readonly
 
     loc = parse_store(store)
@@ -37,8 +41,9 @@ def collect_status(store: str) -> dict:
     counts = {name: con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in TABLES}
     last_received, last_end = con.execute("SELECT max(received_at), max(end_time_ns) FROM spans").fetchone()
     writers, segments, backlog, errors, oldest = [], 0, 0, {}, None
-    # the WAL is on each collector's local disk: here only when the store is local too
-    for d in iter_wal_dirs(StoreLayout.at(store).wal) if loc.is_local else ():
+    # the WAL is on each collector's local disk: the store's own when it is local, else the one named
+    wal_root = Path(wal).expanduser() if wal else StoreLayout.at(store).wal if loc.is_local else None
+    for d in iter_wal_dirs(wal_root) if wal_root is not None else ():
         segs = list(d.glob("seg-*"))
         writers.append(d.name)
         segments += len(segs)
@@ -61,14 +66,22 @@ def collect_status(store: str) -> dict:
                 "compaction_errors": errors},
         "last_span_received_at": str(last_received) if last_received is not None else None,
         "last_span_end_time_ns": last_end,
+        "leases": lease_states(loc) if not loc.is_local and _has_boto3() else {},
     }
+
+
+def _has_boto3() -> bool:
+    """Leases are read with boto3 (the ``s3`` extra); without it status shows the rest."""
+    import importlib.util
+
+    return importlib.util.find_spec("boto3") is not None
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(StatusConfig, args)
     if not parse_store(cfg.store).exists():
         raise UsageError(f"no store at {cfg.store}; start `tracerl collect --store {cfg.store}` or pass --store")
-    s = collect_status(cfg.store)
+    s = collect_status(cfg.store, cfg.wal)
     if cfg.json:
         print(json.dumps(s))
         return 0
@@ -90,4 +103,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("quarantine 0 records")
     print(f"last span received at {s['last_span_received_at'] or '-'}")
+    for who, lease in s["leases"].items():
+        left = lease["expires_in_s"]
+        state = (f"held by {lease['holder']}, {left:g}s left before it can be taken over" if left > 0
+                 else f"free (last held by {lease['holder']})")
+        print(f"lease  {who}: {state}")
     return 0
