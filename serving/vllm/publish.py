@@ -146,9 +146,12 @@ class VLLMPublisher:
         raise PublishError(f"{method} {url} failed after {self.retries + 1} attempts: {last}; is the server "
                            f"running and reachable? (raise timeout_s for slow weight loads)")
 
-    def _ok(self, endpoint: str, r: httpx.Response) -> None:
+    def _ok(self, endpoint: str, r: httpx.Response, sent: str = "") -> None:
+        """Raise the diagnosis of a failed call; ``sent`` names what was asked for, since a server's message may
+        not (vLLM 0.32 answers a bad adapter path with "No adapter found for <path>", the path redacted)."""
         if r.status_code != 200:
-            raise PublishError(f"{self.base_url}: {diagnose(endpoint, r.status_code, _body_json(r))}")
+            raise PublishError(f"{self.base_url}: {diagnose(endpoint, r.status_code, _body_json(r))}"
+                               + (f" ({sent})" if sent else ""))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -179,7 +182,7 @@ class VLLMPublisher:
                 self.model_cards().get(name, {}).get("root") == str(adapter_dir):
             log.info("%s already serves %s from %s (a retried load); nothing to do", self.base_url, name, adapter_dir)
         else:
-            self._ok("/v1/load_lora_adapter", r)
+            self._ok("/v1/load_lora_adapter", r, sent=f"lora_path sent: {adapter_dir}")
         served = self.served_models()
         if name not in served:
             raise PublishError(f"{self.base_url} accepted {name} but /v1/models does not list it "

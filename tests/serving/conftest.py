@@ -1,4 +1,5 @@
-"""Shared fixtures for the serving tests: one tiny model per session, built locally (no hub)."""
+"""Shared fixtures for the serving tests: one tiny model per session, built locally (no hub), and one real
+vLLM server for the modules that drive it (test_publish_vllm.py, test_vllm.py)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,21 @@ def spans():
     exporter.provider = provider
     yield exporter
     provider.shutdown()
+
+
+@pytest.fixture(scope="package")
+def model32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model re-shaped for vLLM's CPU attention (2 heads of 32, 1 KV head; vLLM refuses head size 16)."""
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-model") / "tiny32", seed=0, heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="package")
+def vllm(model32: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Real vLLM (``tracerl serve --engine vllm``) in fp32 with runtime LoRA and dev mode, shared by the
+    package's vLLM modules: started on first use, stopped when the package's tests are done."""
+    from .vllm_rig import running_vllm
+
+    log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
+    with running_vllm(model32, log, "--dtype", "float32", "--max-model-len", "512", "--max-lora-rank", "8",
+                      "--kv-cache-gb", "1", "--max-num-seqs", "16") as server:
+        yield server

