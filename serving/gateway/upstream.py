@@ -9,6 +9,13 @@ client where a test injects a transport (the publish client); nothing injects on
 
 The gateway records errors under the names its spans have always used (httpx's): ``ConnectError``
 (refused, reset, TLS; nothing ran upstream), ``ConnectTimeout``, ``ReadTimeout``.
+
+A call sent on a kept-alive connection that the server closes as the call arrives fails before any
+answer (``ServerDisconnectedError``): the race every keep-alive client has (RFC 9112 sec. 9.3.1).
+Keeping idle connections below the server's keep-alive narrows it, but a server whose event loop is
+stalled (vLLM's API server on a loaded machine, during a weight reload) still closes late; so ``post``
+sends such a call once more, on a new connection. aiohttp resends only idempotent methods by itself;
+the gateway POSTs nothing but chat and completion calls, which change nothing upstream but its compute.
 """
 
 from __future__ import annotations
@@ -52,22 +59,34 @@ class UpstreamClient:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=timeout_s)
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        self._owner: asyncio.Future | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        self._owners: list[asyncio.Future] = []
+        self.resent = 0  # calls sent again after the upstream closed their connection before answering
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            import certifi
-
-            tls = ssl.create_default_context(cafile=certifi.where())  # the trust store httpx used
             # reuse an idle connection for 4 s at most: vLLM's server (uvicorn) closes one after 5 s
             # (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and aiohttp's default of 15 s let a call reuse a connection
             # the server was closing: ServerDisconnectedError, a 502 for a call held through a reload
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls,
-                                             keepalive_timeout=KEEPALIVE_S)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
-            self._owner = asyncio.ensure_future(self._close_at_loop_end(self._session))
+            self._session = self._open(keepalive_timeout=KEEPALIVE_S)
         return self._session
+
+    @property
+    def fresh(self) -> aiohttp.ClientSession:
+        """A session whose every request gets a new connection (for the one resend of ``post``)."""
+        if self._fresh is None:
+            self._fresh = self._open(force_close=True)
+        return self._fresh
+
+    def _open(self, **connector: object) -> aiohttp.ClientSession:
+        import certifi
+
+        tls = ssl.create_default_context(cafile=certifi.where())  # the trust store httpx used
+        conn = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls, **connector)
+        session = aiohttp.ClientSession(connector=conn, timeout=self.timeout)
+        self._owners.append(asyncio.ensure_future(self._close_at_loop_end(session)))
+        return session
 
     async def get(self, url: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
         """A short GET read whole: (status, content type, body)."""
@@ -76,8 +95,15 @@ class UpstreamClient:
 
     async def post(self, url: str, payload: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
         """A POST whose answer is not yet read: the caller reads it and calls ``release()`` (read to
-        the end: the connection is kept) or ``close()`` (abandoned)."""
-        return await self.session.post(url, data=payload, headers=headers)
+        the end: the connection is kept) or ``close()`` (abandoned). Sent once more, on a new connection,
+        when the upstream closed the connection before answering (module docstring)."""
+        try:
+            return await self.session.post(url, data=payload, headers=headers)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+            if isinstance(e, CONNECT_ERRORS):  # nothing was sent: the caller's failover decides
+                raise
+            self.resent += 1
+            return await self.fresh.post(url, data=payload, headers=headers)
 
     @staticmethod
     async def _close_at_loop_end(session: aiohttp.ClientSession) -> None:

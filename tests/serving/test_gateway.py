@@ -162,6 +162,43 @@ def test_unreachable_upstream_is_a_clear_502_and_the_gateway_stays_up(spans, emb
     assert one_span(spans, 2).attributes["tracerl.upstream"] == embedded.url
 
 
+def test_a_call_on_a_connection_the_upstream_closes_as_it_arrives_is_sent_again_on_a_new_one(spans):
+    """The keep-alive race (RFC 9112 sec. 9.3.1), made certain: this upstream answers the first request of a
+    connection and closes the connection when the next one arrives on it, as uvicorn (vLLM) does when its
+    keep-alive timer fires as a call comes in. Seen in CI as a 502 for a call held through a weight reload."""
+    from scripted_server import Handler
+
+    closed: list[int] = []
+
+    class ClosesKeptAlive(Handler):
+        served = 0  # requests answered on this connection (one handler per connection)
+
+        def do_GET(self) -> None:
+            self.served += 1
+            self.send_json(200, {"object": "list", "data": [{"id": "policy", "object": "model"}]})
+
+        def do_POST(self) -> None:
+            body = self.read_json()
+            if self.served:
+                closed.append(1)
+                self.close_connection = True  # no answer: the connection just ends
+                return
+            self.served += 1
+            self.send_json(200, chat_answer(body["model"]))
+
+    up = Server(("127.0.0.1", 0), ClosesKeptAlive).start_background()
+    try:
+        with gateway(spans, up.url) as gw:
+            for _ in range(4):
+                r = httpx.post(gw.url + "/v1/chat/completions", timeout=30,
+                               json={"model": "policy", "messages": MSGS, "max_tokens": 2})
+                assert r.status_code == 200, r.text
+    finally:
+        up.shutdown()
+        up.server_close()
+    assert closed, "no call met a kept-alive connection: the race was not exercised"
+
+
 def test_slow_upstream_times_out_as_504(spans):
     up = scripted_upstream(lambda h, body: (time.sleep(1.0), h.send_json(200, chat_answer(body["model"]))))
     try:
