@@ -124,11 +124,15 @@ def train_ranks(settings: TrainSettings, base_model: Path, parent: Path | None, 
     (work / JOB).write_text(json.dumps(job))
     torch.save([b.state() for b in batches], work / BATCHES)
     (work / OUT).mkdir()
-    # die_with_parent: a kill -9 of tracerl train stops torchrun (SIGTERM: it stops its ranks) instead of
-    # leaving it training while the rerun trains the same round again
+    # die_with_parent: a kill -9 of tracerl train kills torchrun at once, and its ranks die with it (each
+    # has its own PDEATHSIG, worker.py), instead of training on while the rerun trains the same round again.
+    # SIGKILL, not SIGTERM: torchrun's graceful stop gives the ranks 30 s and then tears down its store,
+    # and once (CI, loaded machine) it outlived the ranks by more than 30 s; the parent is gone, so there
+    # is nobody to stop gracefully for, and the rerun removes the work dir.
+    parent = os.getpid()
     proc = subprocess.Popen(torchrun_command(settings.nproc, work, free_port()), cwd=REPO, env=rank_env(settings),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+                            preexec_fn=lambda: die_with_parent(signal.SIGKILL, parent))
     tail: deque[str] = deque(maxlen=40)
     try:
         assert proc.stdout is not None

@@ -188,8 +188,8 @@ def test_kill_during_a_multirank_round_stops_the_ranks_and_the_rerun_resumes(
     assert proc.returncode == -9, proc.stderr
     assert "killing after optimizer step 1" in proc.stdout
     deadline = time.monotonic() + 30
-    while _processes_mentioning(str(store)) and time.monotonic() < deadline:  # torchrun got SIGTERM from the
-        time.sleep(0.2)                                                       # kernel and stops its ranks
+    while _processes_mentioning(str(store)) and time.monotonic() < deadline:  # the kernel killed torchrun,
+        time.sleep(0.2)                                                       # and its ranks died with it
     assert not _processes_mentioning(str(store))
     layout = StoreLayout.at(store)
     # had the ranks outlived the parent, they would have finished: rank 0 writes result.json last
