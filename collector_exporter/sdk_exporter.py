@@ -8,8 +8,8 @@ background thread and on shutdown. A process that dies leaves its WAL, which the
 collector or exporter that opens the store replays.
 
 Settings: ``TRACERL_STORE`` (default ``./tracerl-store``; ``s3://bucket/prefix`` writes the tables to a
-bucket, as ``tracerl collect`` does) and ``TRACERL_WAL`` (where the WAL lives when the store is a bucket;
-default ``./tracerl-wal``: always this host's disk).
+bucket, as ``tracerl collect`` does) and ``TRACERL_WAL`` (where the WAL lives, always on this host's disk;
+default ``STORE/wal`` for a local store, ``./tracerl-wal`` for a bucket).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
 from span_to_transition.tree import END_MARKER, RolloutStatus, decide_completion
 from span_to_transition.workers import WriteTo, Written, convert_parallel
 from store.layout import Where, locate
-from store.lease import hold
+from store.lease import CONVERTER_LOCK, hold
 from store.location import StoreLocation
 
 __all__ = [
@@ -76,7 +76,7 @@ def convert_store(
     ever written twice; the lease is confirmed right before the ledger is saved (the commit point).
     """
     loc = locate(store)
-    with hold(loc, "transitions/_state") as held:
+    with hold(loc, CONVERTER_LOCK) as held:
         return _convert_store_locked(loc, config, now_ns, rebuild, held.confirm)
 
 

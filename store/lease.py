@@ -187,8 +187,12 @@ class Held:
                 self.lease.release()
 
 
-LOCKS = {"converter": "transitions/_state", "trainer": "checkpoints/.train"}
-"""The store's locks by who takes them (``hold``'s ``name``), for ``tracerl status``."""
+CONVERTER_LOCK = "transitions/_state"
+"""The converter's lock (``hold``'s ``name``): beside the ledger it guards."""
+TRAINER_LOCK = "checkpoints/.train"
+"""The trainer's lock: beside the round selections it guards."""
+LOCKS = {"converter": CONVERTER_LOCK, "trainer": TRAINER_LOCK}
+"""The store's locks by who takes them, for ``tracerl status``."""
 
 
 def lease_states(loc: StoreLocation) -> dict[str, dict[str, Any]]:

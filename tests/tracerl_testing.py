@@ -17,6 +17,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def traces_request(n: int, scope: str = "tests") -> bytes:
+    """An OTLP ExportTraceServiceRequest of ``n`` real SDK spans (``step-0`` …), serialized: the body of
+    ``POST /v1/traces`` with ``content-type: application/x-protobuf``."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    for i in range(n):
+        with tp.get_tracer(scope).start_as_current_span(f"step-{i}"):
+            pass
+    return encode_spans(mem.get_finished_spans()).SerializeToString()
+
+
 def tracerl(*args: str, env: dict | None = None, timeout: float = 120, check: bool = True,
             input: str | None = None) -> subprocess.CompletedProcess:
     """Run the installed `tracerl` command like a user would."""

@@ -63,7 +63,7 @@ class CheckpointStore:
     def in_mirror(self, version: int) -> bool:
         """Whether the bucket holds a complete copy (its manifest, written last, exists)."""
         assert self.mirror is not None
-        return self.mirror.fs.get_file_info(self._remote(version, MANIFEST)).type == pafs.FileType.File
+        return self.mirror.is_file(self._remote(version, MANIFEST))
 
     def upload(self, version: int) -> bool:
         """Copy a complete local checkpoint to the bucket, manifest last; idempotent. True if it copied."""

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 
 from schemas.tables import ROUNDS_SCHEMA
 from store.layout import Where, locate
-from store.lease import Held, LeaseLost, hold
+from store.lease import TRAINER_LOCK, Held, LeaseLost, hold
 from store.location import StoreLocation
 from store.parquet import read_table, write_table_atomic
 from store.views import connect_readonly
@@ -142,7 +142,7 @@ def train_lock(store: Where) -> Iterator[Held | None]:
     object on a bucket, taken over once a dead holder's expires (``store/lease.py``)."""
     stack = contextlib.ExitStack()
     try:
-        held = stack.enter_context(hold(locate(store), "checkpoints/.train", wait_s=0))
+        held = stack.enter_context(hold(locate(store), TRAINER_LOCK, wait_s=0))
     except TimeoutError:
         yield None
         return

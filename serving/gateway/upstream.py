@@ -61,7 +61,6 @@ class UpstreamClient:
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._owners: list[asyncio.Future] = []
-        self.resent = 0  # calls sent again after the upstream closed their connection before answering
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -102,7 +101,6 @@ class UpstreamClient:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if isinstance(e, CONNECT_ERRORS):  # nothing was sent: the caller's failover decides
                 raise
-            self.resent += 1
             return await self.fresh.post(url, data=payload, headers=headers)
 
     @staticmethod

@@ -10,23 +10,9 @@ from __future__ import annotations
 import json
 
 import httpx
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tracerl_testing import free_port, start_tracerl, stop_tracerl, tracerl
+from tracerl_testing import free_port, start_tracerl, stop_tracerl, tracerl, traces_request
 
 from store.location import parse_store
-
-
-def _request(n: int) -> bytes:
-    mem = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(mem))
-    for i in range(n):
-        with tp.get_tracer("tests.store").start_as_current_span(f"step-{i}"):
-            pass
-    return encode_spans(mem.get_finished_spans()).SerializeToString()
 
 
 def test_two_collectors_with_local_wals_fill_one_bucket_without_collisions(s3_store, tmp_path):
@@ -37,7 +23,7 @@ def test_two_collectors_with_local_wals_fill_one_bucket_without_collisions(s3_st
     try:
         for port, n in zip(ports, (7, 5)):
             for _ in range(2):  # two requests each, so each collector may write more than one file
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=_request(n),
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=traces_request(n, "tests.store"),
                                headers={"content-type": "application/x-protobuf"}, timeout=30)
                 assert r.status_code == 200, r.text
     finally:

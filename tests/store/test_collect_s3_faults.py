@@ -14,24 +14,10 @@ from pathlib import Path
 
 import boto3
 import httpx
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from s3_server import make_bucket
-from tracerl_testing import free_port, start_tracerl, stop_tracerl, tracerl
+from tracerl_testing import free_port, start_tracerl, stop_tracerl, tracerl, traces_request
 
 from collector_exporter.compactor import COMPACTION_ERROR
-
-
-def _request(n: int) -> bytes:
-    mem = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(mem))
-    for i in range(n):
-        with tp.get_tracer("tests.store").start_as_current_span(f"step-{i}"):
-            pass
-    return encode_spans(mem.get_finished_spans()).SerializeToString()
 
 
 def _wait(check, what: str, timeout: float = 60.0) -> None:
@@ -53,7 +39,7 @@ def test_spans_acked_while_the_bucket_is_gone_are_stored_once_it_is_back(s3_stor
     try:
         boto3.client("s3").delete_bucket(Bucket=bucket)  # empty so far: every PUT now fails
         for n in (6, 4):
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=_request(n),
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=traces_request(n, "tests.store"),
                            headers={"content-type": "application/x-protobuf"}, timeout=30)
             assert r.status_code == 200, r.text  # acknowledged: the WAL holds them
         _wait(lambda: any(wal.glob(f"*/{COMPACTION_ERROR}")), "the collector to report its failing compaction")
