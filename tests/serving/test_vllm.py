@@ -323,10 +323,11 @@ def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the
             assert version is None and sorted(json.loads(candidates)) == ["40", "41"], (name, candidates)
         else:
             assert version == str(served[name]), (name, version, served[name])
-    # calls held through the pause by the gateway are sent to the new weights knowing it; the calls
-    # that drained may be ambiguous: vLLM's API server streams their last chunks after the engine has
-    # already reloaded (20 ms here), so the gateway's read after them can see the new version
-    assert any(v == "41" for v, _, _ in got_labels.values()), got_labels
+    # Whether any call comes out labelled 41 rather than ambiguous depends on timing, so it is not
+    # asserted: a call held through the pause may still see the gateway's version read straddle the
+    # resume, and the calls that drained may be ambiguous because vLLM's API server streams their last
+    # chunks after the engine has already reloaded. What is guaranteed is above: no label is ever wrong.
+    # A call that starts after the publish returned is labelled 41: the test below.
 
 
 def test_a_call_sent_right_after_a_reload_is_never_labelled_with_the_version_before_it(

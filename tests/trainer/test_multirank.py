@@ -27,6 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 # small enough for 2 CPU cores: several micro-batches, two optimizer steps, KL to the base
 FAST = {"pack_tokens": 64, "max_prompt_tokens": 48, "max_response_tokens": 16, "steps_per_epoch": 2,
         "kl_coef": 0.05}
+# One optimizer step where one process and N ranks are compared: a second step's metrics are computed on
+# weights the first step moved, and Adam moves near-zero-gradient weights by up to lr on float rounding
+# alone (assert_same_adam_step), so only the first step's arithmetic has a bound worth asserting.
+ONE_STEP = {**FAST, "steps_per_epoch": 1}
 
 
 @pytest.mark.parametrize("n_batches,steps,world", [(7, 2, 2), (5, 1, 2), (3, 3, 2), (10, 3, 4), (1, 1, 3)])
@@ -62,25 +66,24 @@ def test_two_ranks_train_the_same_round_as_one_process(tmp_path, write_rows, mak
         write_rows(store, rows)
     steps: list[int] = []
     logs: list[str] = []
-    one = run_once(train_settings(stores[1], **FAST), log=lambda m: None)
-    two = run_once(train_settings(stores[2], nproc=2, progress=True, **FAST),
+    one = run_once(train_settings(stores[1], **ONE_STEP), log=lambda m: None)
+    two = run_once(train_settings(stores[2], nproc=2, progress=True, **ONE_STEP),
                    on_step=lambda i, m: steps.append(i), log=logs.append)
     assert one.status == two.status == "trained"
-    assert any("in 2 ranks" in m for m in logs) and steps == [1, 2]  # rank 0's steps reached on_step
+    assert any("in 2 ranks" in m for m in logs) and steps == [1]  # rank 0's step reached on_step
 
     ckpt = {n: checkpoint_dir(StoreLayout.at(s).checkpoints, 1) for n, s in stores.items()}
     from safetensors.torch import load_file
 
     w1, w2 = (load_file(str(ckpt[n] / "model.safetensors")) for n in (1, 2))
     assert w1.keys() == w2.keys()
-    for name in w1:
-        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=name)
     base = load_file(str(train_settings(stores[1]).model) + "/model.safetensors")
     name = "model.layers.0.mlp.up_proj.weight"
     assert (w1[name] - base[name]).abs().max() > 1e-4  # the step moved the weights: equality is not vacuous
     o1, o2 = (torch.load(ckpt[n] / "optimizer.pt", weights_only=True)["state"] for n in (1, 2))
     for i in o1:  # Adam moments too: the next round starts from the same optimizer either way
         torch.testing.assert_close(o2[i]["exp_avg"], o1[i]["exp_avg"], rtol=1e-4, atol=1e-7)
+    assert_same_adam_step(w1, w2, base, o1, param_names(train_settings(stores[1]).model), lr=1e-3)
 
     m1, m2 = (read_manifest(ckpt[n]) for n in (1, 2))
     for key in ("rollout_ids", "transition_ids"):
@@ -99,7 +102,7 @@ def test_two_ranks_train_the_same_round_as_one_process(tmp_path, write_rows, mak
 
     # rank 0's progress bar reached our stderr; rank 1 (with a different count) stayed quiet
     n = m1["metrics"]["micro_batches"]
-    local = [sum(len(s) for s in step_plan(n, FAST["steps_per_epoch"], r, 2)) for r in (0, 1)]
+    local = [sum(len(s) for s in step_plan(n, ONE_STEP["steps_per_epoch"], r, 2)) for r in (0, 1)]
     err = capsys.readouterr().err
     assert f"/{local[0]} [" in err
     if local[1] != local[0]:
@@ -229,3 +232,34 @@ def test_rounds_files_written_before_the_metrics_column_still_read(tmp_path):
     got = read_rounds(StoreLayout.at(store))[0]
     assert got["metrics"] is None and got["loss"] == 0.1
     assert "trained" in format_table(round_rows(str(store)))
+
+
+def param_names(model_dir: Path) -> list[str]:
+    """The optimizer's parameter order (its state is keyed by index): the model's named parameters."""
+    from transformers import AutoModelForCausalLM
+
+    return [n for n, p in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters() if p.requires_grad]
+
+
+def assert_same_adam_step(w1, w2, base, o1, names, *, lr, eps=1e-8) -> None:
+    """One process and N ranks reduce the same gradients in a different order, so they differ by float
+    rounding (the moments above agree to rtol 1e-4). Adam's first step moves each weight by
+    lr * g / (|g| + eps): where |g| is near eps (a sum that cancels to ~0, which some of a hundred thousand
+    weights always do) that rounding moves the update by up to lr, in either direction. So, derived from the
+    arithmetic rather than tuned to one CPU's float path (bf16 autocast or fp32):
+    - every weight: |w2 - w1| <= 2 lr (the update's magnitude is below lr in both runs);
+    - every weight whose gradient was well conditioned, |g| >= 10 eps (read off run 1's v = (1-b2) g^2),
+      must agree to 1e-5 as before: there a rounding error dg moves the update by lr (eps/g) (dg/g) <= lr dg/g / 10,
+      below 1e-5 for any relative error under 10 % (bf16 autocast's is ~1e-2);
+    and those must be most of the weights the step moved (g > 0; an embedding row of a token the batch lacks
+    has g = 0), so the tight check is not vacuous."""
+    tight = total = 0
+    for i, name in enumerate(names):
+        diff = (w2[name] - w1[name]).abs()
+        assert diff.max() <= 2 * lr + 1e-6, (name, float(diff.max()))
+        g = (o1[i]["exp_avg_sq"] / (1 - 0.999)).sqrt()
+        ok = g >= 10 * eps
+        tight, total = tight + int(ok.sum()), total + int((g > 0).sum())
+        torch.testing.assert_close(w2[name][ok], w1[name][ok], rtol=0, atol=1e-5, msg=name)
+    print(f"weights checked to 1e-5: {tight} of the {total} the step moved")
+    assert tight >= 0.5 * total, (tight, total)

@@ -67,9 +67,14 @@ def run(args: argparse.Namespace) -> int:
     from serving.models.tiny_model import build_tiny_model
 
     path = build_tiny_model(out, seed=cfg.seed, arch=cfg.arch, hidden=cfg.hidden, layers=cfg.layers)
-    print(
-        f"wrote tiny {cfg.arch} model to {path} (seed {cfg.seed}); serve it with: tracerl serve --engine embedded --model {path} (vLLM refuses its head size 16)"
-    )
+    from serving.vllm.model_check import CPU_HEAD_SIZES
+
+    if cfg.hidden // 4 in CPU_HEAD_SIZES:
+        how = f"tracerl serve --model {path}"
+    else:
+        how = (f"tracerl serve --engine embedded --model {path} (head size {cfg.hidden // 4}: vLLM's CPU attention "
+               f"needs 32 or more, e.g. --hidden 128)")
+    print(f"wrote tiny {cfg.arch} model to {path} (seed {cfg.seed}); serve it with: {how}")
     return 0
 
 

@@ -135,12 +135,16 @@ def run_vllm(cfg: ServeConfig) -> int:
 
     from serving.asgi import parse_listen
     from serving.vllm.launcher import VLLMNotFound, VLLMProcess, VLLMSettings, find_vllm_python
+    from serving.vllm.model_check import check_model_dir
 
     try:
         host, port = parse_listen(cfg.listen, 8000)
         python = find_vllm_python(cfg.vllm_python or None)
     except (ValueError, VLLMNotFound) as e:
         raise UsageError(str(e)) from None
+    refused = check_model_dir(Path(cfg.model), python)
+    if refused:
+        raise UsageError(f"{cfg.model}: {refused}")
     if cfg.kv_cache_gb <= 0 or cfg.max_num_seqs < 1 or cfg.max_lora_rank < 1:
         raise UsageError("--kv-cache-gb must be > 0, --max-num-seqs and --max-lora-rank >= 1")
     extra = shlex.split(cfg.vllm_args)
