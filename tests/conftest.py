@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tracerl_testing import tracerl
+
+FAST_LANE = os.environ.get("TRACERL_FAST_LANE") == "1"
+"""Set by ``make test-fast`` (``-m "not slow"``): a test in it that starts a process or builds a model fails
+and names the fix, so the lane stays what it says it is (a test that needs either is marked ``slow``)."""
+
+
+class SlowInFastLane(RuntimeError):
+    """A test outside the ``slow`` mark started a process or built a model under ``make test-fast``."""
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise SlowInFastLane(f"the fast lane runs no {what}: mark this test @pytest.mark.slow "
+                             f"(or its module: pytestmark = pytest.mark.slow)")
+    return refuse
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``make test-fast`` no process starts and no model is built, in any test or fixture (collection,
+    which imports every test module and with them libraries that probe their platform, is done by now)."""
+    if not FAST_LANE:
+        return
+    subprocess.Popen._execute_child = _refuse("process")
+    from transformers import modeling_utils  # every construction (from_pretrained, from_config, a tiny build)
+
+    modeling_utils.PreTrainedModel.post_init = _refuse("model")
 
 
 @pytest.fixture
