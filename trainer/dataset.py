@@ -184,7 +184,7 @@ def build_samples(
         elif r["rollout_reward_used"] is None:
             stats.n_rollouts_no_reward += 1
         else:
-            usable.append(RolloutReward(rid, r["task_id"] or rid, float(r["rollout_reward_used"])))
+            usable.append(RolloutReward(rid, r["task_id"] or rid, float(r["rollout_reward_used"]), r.get("agent_name") or ""))
     if usable:
         stats.mean_reward = sum(u.reward for u in usable) / len(usable)
     adv = rollout_advantages(usable, config.estimator)

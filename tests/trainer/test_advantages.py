@@ -11,6 +11,7 @@ from trainer.advantages import (
     grpo,
     per_rollout_token_weights,
     reinforce_baseline,
+    reinforce_plus_plus,
     rloo,
     rollout_advantages,
 )
@@ -69,3 +70,31 @@ def test_per_rollout_weights_make_each_rollout_count_equally():
     # total weight per rollout is 1/2 each, whatever its length
     assert 3 * w[0] + 1 * w[1] == pytest.approx(0.5)
     assert 2 * w[2] == pytest.approx(0.5)
+
+
+def test_reinforce_plus_plus_whitens_over_the_batch_with_population_std():
+    # rewards 1, 0, 0, 1: mean 0.5, population variance 0.25 -> +-1
+    assert reinforce_plus_plus([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0])
+    # token weights 3, 1: mean 0.75, var 3/4*1/16 + 1/4*9/16 = 0.1875
+    s = math.sqrt(0.1875)
+    assert reinforce_plus_plus([1.0, 0.0], [3, 1]) == pytest.approx([0.25 / s, -0.75 / s])
+
+
+def test_group_free_keeps_singleton_tasks_and_batches_per_agent():
+    rollouts = [
+        RolloutReward("a", "t1", 1.0, "planner"), RolloutReward("b", "t2", 0.0, "planner"),
+        RolloutReward("c", "t3", 1.0, "coder"), RolloutReward("d", "t4", 1.0, "coder"),  # all equal: dropped
+        RolloutReward("e", "t5", 3.0, "lonely"),  # a batch of one: dropped
+    ]
+    res = rollout_advantages(rollouts, "reinforce_plus_plus")
+    assert res.advantages == pytest.approx({"a": 1.0, "b": -1.0})  # each agent whitened on its own
+    assert (res.n_groups, res.n_groups_dropped_zero_variance, res.n_rollouts_dropped) == (3, 2, 3)
+    assert res.grouped_by == "agent"
+    assert rollout_advantages(rollouts, "grpo").grouped_by == "task"
+
+
+def test_group_free_drops_and_counts_a_zero_variance_batch():
+    rollouts = [RolloutReward(f"r{i}", f"t{i}", 0.5) for i in range(5)]
+    res = rollout_advantages(rollouts, "reinforce_plus_plus")
+    assert res.advantages == {}
+    assert (res.n_groups, res.n_groups_dropped_zero_variance, res.n_rollouts_dropped) == (1, 1, 5)
