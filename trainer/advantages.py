@@ -168,3 +168,45 @@ def per_rollout_token_weights(rollout_of_sample: Sequence[str], n_tokens: Sequen
         totals[rid] = totals.get(rid, 0) + n
     n_rollouts = sum(1 for t in totals.values() if t > 0)
     return [0.0 if totals[rid] == 0 else 1.0 / (n_rollouts * totals[rid]) for rid in rollout_of_sample]
+
+
+AUTO = "auto"
+GROUP_ESTIMATOR = "grpo"
+GROUP_FREE_ESTIMATOR = "reinforce_plus_plus"
+REPEAT_SHARE = 0.5
+"""``auto`` picks the group estimator when at least this share of the round's rollouts share their task
+with another rollout. A group estimator learns only from rollouts in groups of two or more (a task
+run once is dropped), so below one half it would throw away most of the round; from one half up, the
+per-task baseline (each task's difficulty taken out of the reward) is worth more than the singletons
+it drops. The replayed task sets of ``tracerl rollout`` sit at 1.0, a service's distinct requests at
+0.0, so the rule is rarely near its edge."""
+
+
+@dataclass(frozen=True)
+class EstimatorChoice:
+    """The estimator a round uses and why (the round manifest's ``estimator``/``estimator_reason``)."""
+
+    estimator: str
+    reason: str
+
+
+def choose_estimator(rollouts: Sequence[RolloutReward], requested: str = AUTO) -> EstimatorChoice:
+    """Resolve ``--estimator``: a named one is used as is; ``auto`` applies the ``REPEAT_SHARE`` rule.
+
+    "Repeat" is precise: the share of rollouts whose ``task_id`` is also the task of at least one other
+    rollout of the round (the rollouts a group estimator can use). No rollouts: the group estimator.
+    """
+    if requested != AUTO:
+        if requested not in ESTIMATORS:
+            raise ValueError(f"unknown advantage estimator {requested!r}; must be one of auto, {', '.join(ESTIMATORS)}")
+        return EstimatorChoice(requested, "set by --estimator")
+    sizes: dict[str, int] = {}
+    for r in rollouts:
+        sizes[r.task_id] = sizes.get(r.task_id, 0) + 1
+    n = len(rollouts)
+    repeated = sum(c for c in sizes.values() if c >= 2)
+    share = repeated / n if n else 1.0
+    pick = GROUP_ESTIMATOR if share >= REPEAT_SHARE else GROUP_FREE_ESTIMATOR
+    cmp = ">=" if share >= REPEAT_SHARE else "<"
+    return EstimatorChoice(pick, f"auto: {repeated} of {n} rollouts share their task with another "
+                                 f"({share:.0%} {cmp} {REPEAT_SHARE:.0%}), {len(sizes)} tasks")

@@ -7,7 +7,10 @@ import math
 import pytest
 
 from trainer.advantages import (
+    ESTIMATORS,
+    EstimatorChoice,
     RolloutReward,
+    choose_estimator,
     grpo,
     per_rollout_token_weights,
     reinforce_baseline,
@@ -98,3 +101,37 @@ def test_group_free_drops_and_counts_a_zero_variance_batch():
     res = rollout_advantages(rollouts, "reinforce_plus_plus")
     assert res.advantages == {}
     assert (res.n_groups, res.n_groups_dropped_zero_variance, res.n_rollouts_dropped) == (1, 1, 5)
+
+
+def test_auto_picks_the_group_estimator_only_where_tasks_repeat():
+    def batch(sizes):
+        return [RolloutReward(f"t{t}-{i}", f"t{t}", float(i)) for t, n in enumerate(sizes) for i in range(n)]
+
+    assert choose_estimator(batch([4, 4, 4])).estimator == "grpo"
+    assert choose_estimator(batch([1] * 16)).estimator == "reinforce_plus_plus"
+    # half the rollouts share a task: at the threshold, the group estimator
+    assert choose_estimator(batch([2, 1, 1])).estimator == "grpo"
+    low = choose_estimator(batch([2, 1, 1, 1]))
+    assert low.estimator == "reinforce_plus_plus"
+    assert low.reason == "auto: 2 of 5 rollouts share their task with another (40% < 50%), 4 tasks"
+    assert choose_estimator([]).estimator == "grpo"
+    assert choose_estimator(batch([1] * 3), "rloo") == EstimatorChoice("rloo", "set by --estimator")
+    with pytest.raises(ValueError, match="auto, grpo, rloo"):
+        choose_estimator([], "ppo")
+
+
+def test_train_flag_choices_come_from_the_registry():
+    import dataclasses
+
+    from trainer.config import TrainSettings
+
+    field = next(f for f in dataclasses.fields(TrainSettings) if f.name == "estimator")
+    assert field.default == "auto"
+    assert list(field.metadata["choices"]) == ["auto", *ESTIMATORS]
+    import argparse
+
+    from tracerl.options import add_options
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, TrainSettings)
+    assert "reinforce_plus_plus" in parser.format_help()  # the help renders (no stray % in it)
