@@ -14,12 +14,20 @@ from span_to_transition.records import Span
 from .factory import TraceBuilder, system, user
 from .test_shell_equivalence import reference, shell_rows
 
-SCHEMA = "You write SQLite. Schema: orders(id, customer, total). Example: Q: how many orders? A: SELECT count(*)"
-FEW_SHOT = [user("how many orders?"), {"role": "assistant", "content": "SELECT count(*) FROM orders"},
-            user("largest total?"), {"role": "assistant", "content": "SELECT max(total) FROM orders"}]
+SCHEMA = (
+    "You write SQLite. Schema: orders(id, customer, total). Example: Q: how many orders? A: SELECT count(*)"
+)
+FEW_SHOT = [
+    user("how many orders?"),
+    {"role": "assistant", "content": "SELECT count(*) FROM orders"},
+    user("largest total?"),
+    {"role": "assistant", "content": "SELECT max(total) FROM orders"},
+]
 
 
-def request(n: int, prompt: list[dict], *, attrs: dict | None = None, resource: dict | None = None) -> list[Span]:
+def request(
+    n: int, prompt: list[dict], *, attrs: dict | None = None, resource: dict | None = None
+) -> list[Span]:
     """One service request: a FastAPI-like server span (its attributes are no dialect's, so the shell
     prunes it unless a key names them), one chat call, a user's feedback reward."""
     t = TraceBuilder(f"{n:032x}")
@@ -35,7 +43,9 @@ def task_ids(spans: list[Span], config: ConvertConfig | None = None) -> dict[str
     assert shell_rows(spans, config) == reference(spans, config)
     out = {}
     for rid in sorted({s.rollout_id for s in spans}):
-        rows = convert_rollout(RolloutInput(rid, [s for s in spans if s.rollout_id == rid]), config).transitions
+        rows = convert_rollout(
+            RolloutInput(rid, [s for s in spans if s.rollout_id == rid]), config
+        ).transitions
         out[rid] = rows[0].task_id
     return out
 
@@ -55,21 +65,29 @@ def test_distinct_questions_after_few_shot_turns_are_distinct_tasks():
 
 def test_the_same_request_twice_is_one_task_and_a_changed_preamble_is_not():
     same = [system(SCHEMA), user("total of customer 7?")]
-    spans = request(1, same) + request(2, same) + request(3, [system(SCHEMA + " v2"), user("total of customer 7?")])
+    spans = (
+        request(1, same)
+        + request(2, same)
+        + request(3, [system(SCHEMA + " v2"), user("total of customer 7?")])
+    )
     ids = task_ids(spans)
     assert ids[f"{1:032x}"] == ids[f"{2:032x}"] != ids[f"{3:032x}"]
 
 
 def test_task_key_names_a_span_or_resource_attribute_and_tracerl_task_id_wins():
     prompt = [system(SCHEMA), user("q")]
-    spans = (request(1, [*prompt, user("a")], attrs={"http.route": "/v1/sql"})  # on a span the shell would prune
-             + request(2, [*prompt, user("b")], attrs={"http.route": "/v1/sql"})
-             + request(3, prompt, resource={"app.tenant": "acme"})
-             + request(4, prompt, attrs={"http.route": "/v1/sql", "tracerl.task_id": "t-4"}))
+    spans = (
+        request(1, [*prompt, user("a")], attrs={"http.route": "/v1/sql"})  # on a span the shell would prune
+        + request(2, [*prompt, user("b")], attrs={"http.route": "/v1/sql"})
+        + request(3, prompt, resource={"app.tenant": "acme"})
+        + request(4, prompt, attrs={"http.route": "/v1/sql", "tracerl.task_id": "t-4"})
+    )
     by_route = task_ids(spans, ConvertConfig(task_key="http.route"))
     assert list(by_route.values())[:2] == ["/v1/sql", "/v1/sql"] and by_route[f"{4:032x}"] == "t-4"
     assert by_route[f"{3:032x}"].startswith("h:")  # no such attribute: the prompt hash
-    assert task_ids(spans, ConvertConfig(task_key="app.tenant"))[f"{3:032x}"] == "acme"  # a resource attribute
+    assert (
+        task_ids(spans, ConvertConfig(task_key="app.tenant"))[f"{3:032x}"] == "acme"
+    )  # a resource attribute
 
 
 @pytest.mark.parametrize("bad", ["", " http.route"])
