@@ -65,7 +65,9 @@ class ConvertConfig:
     rollout_key: str | None = opt(None, "span or resource attribute whose value makes one rollout of every "
                                         "trace that carries it: a conversation (gen_ai.conversation.id, "
                                         "OpenInference's session.id), its reward at its end; "
-                                        "tracerl.rollout_id still wins; default: one trace, one rollout",
+                                        "tracerl.rollout_id still wins; it is complete after --quiet-s "
+                                        "without a new span, so set that to the conversation's idle time; "
+                                        "default: one trace, one rollout",
                                   metavar="ATTR")
 
     def attribute_keys(self) -> tuple[str, ...]:
