@@ -157,6 +157,10 @@ ROUNDS_SCHEMA = pa.schema(
         # JSON: the round's TrainMetrics + DatasetStats + tokens_per_s, nproc (trainer.rounds.metrics_json);
         # null while started/failed, and in files written before it existed (read_table fills in null)
         pa.field("metrics", pa.string()),
+        # the advantage estimator the round used (--estimator auto resolved) and why; null in files
+        # written before these columns existed (read_table fills in null), as for metrics
+        pa.field("estimator", pa.string()),
+        pa.field("estimator_reason", pa.string()),
     ]
 )
 

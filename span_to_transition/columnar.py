@@ -79,14 +79,15 @@ def _ns(col: pa.ChunkedArray | pa.Array) -> list[int]:
     return pc.cast(col, pa.int64()).to_pylist()
 
 
-def relevant_mask(table: pa.Table) -> pa.Array:
-    """Rows that need their attributes: any relevant key, a relevant name, events, or flattened content."""
+def relevant_mask(table: pa.Table, extra_keys: tuple[str, ...] = ()) -> pa.Array:
+    """Rows that need their attributes: any relevant key (``extra_keys`` too: ``--task-key``), a relevant
+    name, events, or flattened content."""
     attrs = table.column("attributes").combine_chunks()
     n = len(table)
     if n == 0:
         return pa.array([], pa.bool_())
     keys, items = attrs.keys, attrs.items
-    hit = pc.is_in(keys, value_set=pa.array(RELEVANT_KEYS))
+    hit = pc.is_in(keys, value_set=pa.array(sorted(set(RELEVANT_KEYS) | set(extra_keys))))
     for prefix in RELEVANT_PREFIXES:
         hit = pc.or_(hit, pc.starts_with(keys, prefix))
     for key, values in RELEVANT_VALUES.items():
@@ -107,8 +108,20 @@ def relevant_mask(table: pa.Table) -> pa.Array:
     return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
 
 
-def spans_from_table(table: pa.Table, *, all_attributes: bool = False) -> list[Span]:
-    """Rows of SPANS_SCHEMA to ``Span`` records; irrelevant rows get no attributes unless asked."""
+def _resource_dicts(resource: pa.Array | pa.ChunkedArray, keys: tuple[str, ...]) -> list[dict[str, str]]:
+    """Each row's resource attributes that conversion reads (``keys``: ``ConvertConfig.attribute_keys``)."""
+    looked = [(k, pc.map_lookup(resource, k, "first").to_pylist()) for k in keys]
+    out: list[dict[str, str]] = []
+    for j in range(len(resource)):
+        d = {k: vals[j] for k, vals in looked if vals[j]}
+        out.append(d or _EMPTY)
+    return out
+
+
+def spans_from_table(table: pa.Table, *, all_attributes: bool = False,
+                     keys: tuple[str, ...] = ("tracerl.task_id",)) -> list[Span]:
+    """Rows of SPANS_SCHEMA to ``Span`` records; irrelevant rows get no attributes unless asked. ``keys``:
+    the resource attributes kept (and span attribute keys that make a row relevant besides the dialects')."""
     n = len(table)
     if n == 0:
         return []
@@ -118,19 +131,18 @@ def spans_from_table(table: pa.Table, *, all_attributes: bool = False) -> list[S
     py = {k: v.to_pylist() for k, v in cols.items()}
     start, end = _ns(table.column("start_time_ns")), _ns(table.column("end_time_ns"))
     received = _ns(table.column("received_at"))
-    mask = pa.array([True] * n) if all_attributes else relevant_mask(table)
+    mask = pa.array([True] * n) if all_attributes else relevant_mask(table, keys)
     idx = pc.indices_nonzero(mask)
     rel = idx.to_pylist()
     attrs = _maps_to_dicts(pc.take(table.column("attributes"), idx))
-    res_all = pc.take(table.column("resource_attributes"), idx)
-    task = pc.map_lookup(res_all, "tracerl.task_id", "first").to_pylist()
+    resource = _resource_dicts(pc.take(table.column("resource_attributes"), idx), keys)
     events = pc.take(table.column("events"), idx).to_pylist()
     a_of: dict[int, tuple[dict[str, str], dict[str, str], tuple[SpanEvent, ...]]] = {}
     for j, i in enumerate(rel):
         ev = tuple(
             SpanEvent(e["name"], e["time_ns"] or 0, dict(e["attributes"] or [])) for e in events[j] or []
         )
-        a_of[i] = (attrs[j], {"tracerl.task_id": task[j]} if task[j] else {}, ev)
+        a_of[i] = (attrs[j], resource[j], ev)
     empty: tuple[dict[str, str], dict[str, str], tuple[SpanEvent, ...]] = ({}, {}, ())
     out = []
     tid, sid, par, nm, rid = py["trace_id"], py["span_id"], py["parent_span_id"], py["name"], py["rollout_id"]
@@ -154,7 +166,7 @@ def spans_from_table(table: pa.Table, *, all_attributes: bool = False) -> list[S
     return out
 
 
-def materialize(table: pa.Table) -> tuple[list[Span], int]:
+def materialize(table: pa.Table, keys: tuple[str, ...] = ("tracerl.task_id",)) -> tuple[list[Span], int]:
     """Spans of complete rollouts as records, grouped by rollout: (records, duplicates dropped).
 
     Vectorised before any Python object exists: duplicates are dropped (earliest received kept),
@@ -163,6 +175,9 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     (numpy pointer jumping). Kept: spans with relevant attributes, roots, and orphans (whose
     parent is missing, so the pure tree code still reports them). Agent attribution, gateway
     joins and rewards only ever look at kept spans, so the result equals the unpruned tree's.
+    ``keys``: the attributes conversion reads besides the dialects' (``ConvertConfig.attribute_keys``:
+    ``tracerl.task_id``, ``--task-key``): a span carrying one is kept with its attributes, and the
+    resource attributes of the kept spans are kept for these keys alone.
     """
     n0 = len(table)
     if n0 == 0:
@@ -212,7 +227,7 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     parent[joined.column("row").to_numpy()] = pc.fill_null(joined.column("prow"), -1).to_numpy()
     has_parent_id = pc.is_valid(narrow.column("parent_span_id")).to_numpy(zero_copy_only=False)
     orphan = has_parent_id & (parent < 0)
-    relevant = relevant_mask(table).to_numpy(zero_copy_only=False)[order_np]
+    relevant = relevant_mask(table, keys).to_numpy(zero_copy_only=False)[order_np]
     keep = relevant | ~has_parent_id | orphan
     anc = parent.copy()
     for _ in range(m):  # pointer jumping through pruned spans; bounded by the tree depth
@@ -244,10 +259,8 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     row_mask_a = pa.array(row_mask)
     attrs_asc = _maps_to_dicts(pc.filter(table.column("attributes"), row_mask_a))
     attrs = [attrs_asc[k] for k in back.tolist()]
-    task = pc.take(
-        pc.map_lookup(pc.filter(table.column("resource_attributes"), row_mask_a), "tracerl.task_id", "first"),
-        pa.array(back),
-    ).to_pylist()
+    resource_asc = _resource_dicts(pc.filter(table.column("resource_attributes"), row_mask_a), keys)
+    resource = [resource_asc[k] for k in back.tolist()]
     n_events = pc.take(pc.fill_null(pc.list_value_length(table.column("events")), 0), rel_rows)
     events_rows = pc.indices_nonzero(pc.greater(n_events, 0))
     events_py = pc.take(table.column("events"), pc.take(rel_rows, events_rows)).to_pylist()
@@ -261,7 +274,7 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     for i in range(len(kept_idx)):
         if is_rel[i]:
             a = attrs[j]
-            r = {"tracerl.task_id": task[j]} if task[j] else _EMPTY
+            r = resource[j]
             ev = events_of.get(j)
             evs = (
                 tuple(SpanEvent(e["name"], e["time_ns"] or 0, dict(e["attributes"] or [])) for e in ev)

@@ -56,6 +56,23 @@ class ConvertConfig:
                                    "trace's rollout")
     workers: int = opt(0, "worker processes for large batches (0: one per CPU, at most 16; 1: "
                           "in-process)")
+    task_key: str | None = opt(None, "span or resource attribute whose value is the task (the group of "
+                                     "group estimators), e.g. http.route or an app's request attribute; "
+                                     "tracerl.task_id still wins; default: a hash of the first call's whole "
+                                     "prompt (every message), so only the same request groups, "
+                                     "never two questions behind one system prompt or few-shot preamble",
+                               metavar="ATTR")
+    rollout_key: str | None = opt(None, "span or resource attribute whose value makes one rollout of every "
+                                        "trace that carries it: a conversation (gen_ai.conversation.id, "
+                                        "OpenInference's session.id), its reward at its end; "
+                                        "tracerl.rollout_id still wins; it is complete after --quiet-s "
+                                        "without a new span, so set that to the conversation's idle time; "
+                                        "default: one trace, one rollout",
+                                  metavar="ATTR")
+
+    def attribute_keys(self) -> tuple[str, ...]:
+        """The attributes conversion reads besides the dialects': ``tracerl.task_id`` and ``--task-key``."""
+        return ("tracerl.task_id", *((self.task_key,) if self.task_key else ()))
 
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""
@@ -70,6 +87,10 @@ class ConvertConfig:
             raise ValueError(f"--workers {self.workers} must be >= 0 (0 picks one per CPU)")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"--gamma {self.gamma} must be within [0, 1]")
+        for flag, key in (("--task-key", self.task_key), ("--rollout-key", self.rollout_key)):
+            if key is not None and (not key.strip() or key != key.strip()):
+                raise ValueError(f"{flag} {key!r} must name an attribute (e.g. http.route, session.id), "
+                                 "without spaces around it")
 
 
 @dataclass
@@ -123,23 +144,39 @@ def _compact_encoder() -> Callable[[Any], str]:
 _dumps = _compact_encoder()
 
 
-def task_id_of(tree: SpanTree, calls: list[LLMCall]) -> str | None:
-    """``tracerl.task_id`` (span attribute, then resource attribute, roots first); otherwise a stable
-    hash of the rollout's first user message, so reruns of the same task group together."""
-    best: tuple | None = None  # roots first, then by start time and span id; span attributes before resource
+def attribute_of(tree: SpanTree, key: str) -> str | None:
+    """The value of attribute ``key`` in the rollout: span attribute before resource attribute, then roots
+    first, then by start time and span id (a deterministic pick when spans disagree)."""
+    best: tuple | None = None
     for s in tree.spans.values():
         for rank, attrs in ((0, s.attributes), (1, s.resource_attributes)):
-            value = attrs.get("tracerl.task_id") if attrs else None
+            value = attrs.get(key) if attrs else None
             if value:
                 order = (rank, s.parent_span_id is not None, s.start_time_ns, s.span_id)
                 if best is None or order < best[0]:
                     best = (order, value)
-    if best is not None:
-        return best[1]
+    return None if best is None else str(best[1])
+
+
+def task_id_of(tree: SpanTree, calls: list[LLMCall], task_key: str | None = None) -> str | None:
+    """The rollout's task, the group of group estimators: ``tracerl.task_id``, else the ``--task-key``
+    attribute (each a span attribute, then a resource attribute; ``attribute_of``), else ``h:`` + a
+    stable hash of the first call's whole prompt: every message (system prompt, few-shot turns, the
+    question). Not its tools: some instrumentations record them and some do not (openai-v2 does not),
+    and the same request must be the same task whichever recorded it.
+
+    Two requests are one task only when the agent was asked the same thing: a deployed service sends
+    one system prompt (schema, examples) before every question, or its examples as user/assistant
+    turns before it, so hashing a part of the prompt (the first user message, say) groups different
+    questions by accident; the whole prompt groups exactly the reruns of one request.
+    """
+    for key in ("tracerl.task_id", *((task_key,) if task_key else ())):
+        value = attribute_of(tree, key)
+        if value is not None:
+            return value
     for c in calls:
-        for m in c.messages:
-            if m["role"] == "user" and m.get("content") is not None:
-                return "h:" + hashlib.sha256(_dumps(m["content"]).encode()).hexdigest()[:16]
+        if c.messages:
+            return "h:" + hashlib.sha256(_dumps(c.messages).encode()).hexdigest()[:16]
     return None
 
 
@@ -322,7 +359,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     refs = [CallRef(c.span_id, c.response_id, c.end_time_ns, a[1] if a else None) for c, a in zip(unique, call_agents)]
     scopes = _reward_scopes(tree, deduped, agent_of) if config.credit == "matched" else None
     credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma, scopes))
-    task_id = task_id_of(tree, unique)
+    task_id = task_id_of(tree, unique, config.task_key)
     n = len(unique)
     for step, (call, credited, found) in enumerate(zip(unique, credit, call_agents)):
         span = tree.spans[(call.trace_id, call.span_id)]

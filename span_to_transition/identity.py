@@ -1,6 +1,7 @@
 """Which rollout each span belongs to: ``tracerl.rollout_id`` spread over its whole trace, traces
-joined by span links (AutoGen starts a trace per message, linked to the sender's), and gateway traces
-joined to the call with the same ``gen_ai.response.id`` (an agent that sends no ``traceparent``)."""
+sharing the ``--rollout-key`` attribute (a conversation), traces joined by span links (AutoGen starts
+a trace per message, linked to the sender's), and gateway traces joined to the call with the same
+``gen_ai.response.id`` (an agent that sends no ``traceparent``)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,21 @@ import pyarrow.compute as pc
 
 
 def assign_rollouts(
-    spans: pa.Table, known: dict[str, str], follow_links: bool = True
+    spans: pa.Table, known: dict[str, str], follow_links: bool = True, rollout_key: str | None = None
 ) -> tuple[pa.Table, dict[str, str]]:
     """Every span's rollout: its ``rollout_id`` (the trace id where the collector derived none), then
-    unified per trace and across links (``unify_rollouts``). Returns the relabelled table and pairs."""
+    unified per trace, by ``rollout_key`` and across links (``unify_rollouts``). Returns the relabelled
+    table and pairs."""
     spans = spans.set_column(
         spans.schema.get_field_index("rollout_id"),
         "rollout_id",
         pc.coalesce(spans.column("rollout_id"), spans.column("trace_id")),
     )
-    return unify_rollouts(spans, known, follow_links=follow_links)
+    return unify_rollouts(spans, known, follow_links=follow_links, rollout_key=rollout_key)
 
 
 def unify_rollouts(
-    spans: pa.Table, known: dict[str, str], *, follow_links: bool = True
+    spans: pa.Table, known: dict[str, str], *, follow_links: bool = True, rollout_key: str | None = None
 ) -> tuple[pa.Table, dict[str, str]]:
     """A trace belongs wholly to the rollout any of its spans names (``tracerl.rollout_id``).
 
@@ -32,7 +34,9 @@ def unify_rollouts(
     id), so spans from a process that does not set the id (the serving gateway, a downstream
     service) would form a rollout of their own, keyed by the trace id. They join the rollout
     their trace belongs to; a gateway span whose trace names no rollout joins the rollout of the call span
-    with its ``gen_ai.response.id`` (``gateway_rollouts``). With ``follow_links``, a trace that names no rollout and links to a
+    with its ``gen_ai.response.id`` (``gateway_rollouts``). With ``rollout_key``, traces that name no rollout
+    and carry that attribute join one rollout per value (``key_rollouts``: a chat session's requests). With
+    ``follow_links``, a trace that names no rollout and links to a
     span of another trace joins that trace's rollout (``link_rollouts``). ``known`` holds the
     trace -> rollout pairs of earlier passes, so late spans still find their rollout. Returns the
     relabelled table and the updated pairs.
@@ -47,6 +51,8 @@ def unify_rollouts(
     )
     mapping = dict(known)
     mapping.update(zip(pairs.column("trace_id").to_pylist(), pairs.column("rollout_id_min").to_pylist()))
+    if rollout_key:
+        mapping.update(key_rollouts(spans, explicit, rollout_key, mapping))
     if follow_links:
         mapping.update(link_rollouts(_link_edges(spans, explicit), mapping))
     mapping.update(gateway_rollouts(spans, explicit, mapping))
@@ -56,6 +62,35 @@ def unify_rollouts(
     mapped = pc.take(values, pc.index_in(tid, value_set=keys))
     relabelled = pc.if_else(explicit, rid, pc.coalesce(mapped, rid))
     return spans.set_column(spans.schema.get_field_index("rollout_id"), "rollout_id", relabelled), mapping
+
+
+def key_rollouts(spans: pa.Table, explicit: pa.ChunkedArray, key: str, known: dict[str, str]) -> dict[str, str]:
+    """trace -> rollout ``<key>=<value>`` for traces that carry attribute ``key`` (on any span: a span
+    attribute, else the span's resource attribute) and that ``known`` has no rollout for yet.
+
+    A deployed chat service starts a trace per request; ``gen_ai.conversation.id`` or OpenInference's
+    ``session.id`` says which requests are one conversation, so its traces form one rollout (the reward
+    at its end, the credit rule spreading it over every call). The rollout id is derived from the value
+    alone, so a conversation's later traces, in a later pass, land in the same rollout; the key's name in
+    it keeps it apart from trace ids and ``tracerl.rollout_id`` values. A trace that names its rollout
+    (``tracerl.rollout_id``) keeps it; a trace whose spans disagree takes the smallest value.
+    """
+    value = pc.coalesce(
+        pc.map_lookup(spans.column("attributes"), key, "first"),
+        pc.map_lookup(spans.column("resource_attributes"), key, "first"),
+    )
+    keep = pc.and_(pc.invert(explicit), pc.fill_null(pc.greater(pc.utf8_length(value), 0), False))
+    pairs = (
+        pa.table({"trace_id": spans.column("trace_id"), "value": value})
+        .filter(keep)
+        .group_by("trace_id")
+        .aggregate([("value", "min")])
+    )
+    return {
+        t: f"{key}={v}"
+        for t, v in zip(pairs.column("trace_id").to_pylist(), pairs.column("value_min").to_pylist())
+        if t not in known
+    }
 
 
 def _link_edges(spans: pa.Table, explicit: pa.ChunkedArray) -> list[tuple[str, str]]:

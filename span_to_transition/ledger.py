@@ -74,6 +74,8 @@ def row_settings(config: ConvertConfig) -> dict[str, object]:
         "missing_reward": config.missing_reward,
         "fill_reward": config.fill_reward,
         "follow_links": config.follow_links,
+        "task_key": config.task_key,
+        "rollout_key": config.rollout_key,
     }
 
 

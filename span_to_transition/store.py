@@ -108,7 +108,7 @@ def _convert_store_locked(
 
     spans = _read_numbered(layout, todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
-    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links)
+    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links, config.rollout_key)
     stats.spans_read = len(spans)
     statuses = rollout_statuses(spans)
     stats.rollouts_seen = len(statuses)

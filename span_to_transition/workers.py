@@ -60,7 +60,7 @@ def _convert_table(
     config: ConvertConfig,
     timed_out: frozenset[str],
 ) -> tuple[pa.Table, list[RolloutOutput]]:
-    records, duplicates = materialize(sel)
+    records, duplicates = materialize(sel, config.attribute_keys())
     logs_by_trace: dict[str, list[LogEvent]] = {}
     for e in logs:
         logs_by_trace.setdefault(e.trace_id or "", []).append(e)

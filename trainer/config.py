@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from store.layout import default_store
 from tracerl.options import opt
+from trainer.advantages import AUTO, ESTIMATORS, GROUP_ESTIMATOR, GROUP_FREE_ESTIMATOR, REPEAT_SHARE
 
 
 @dataclass
@@ -56,7 +57,11 @@ class TrainSettings:
     nproc: int = opt(1, "training processes (ranks) on this machine; >1 launches torchrun (gloo on CPU, "
                         "nccl on GPU, one GPU per rank); the openrlhf backend always trains in ranks",
                      metavar="N")
-    estimator: str = opt("grpo", "advantage estimator", choices=["grpo", "rloo", "reinforce_baseline"])
+    estimator: str = opt(AUTO, f"advantage estimator; auto: {GROUP_ESTIMATOR} where the round's tasks repeat "
+                               f"(a share >= {REPEAT_SHARE:g} of its rollouts share their task with another), else "
+                               f"{GROUP_FREE_ESTIMATOR} (group-free: a service's requests that never repeat "
+                               "train too); the round manifest records which and why",
+                         choices=[AUTO, *ESTIMATORS])
     aggregation: str = opt("rollout", "loss averaging: each rollout, each call or each token counts equally",
                            choices=["rollout", "sequence", "token"])
     lr: float = opt(1e-5, "AdamW learning rate")

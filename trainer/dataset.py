@@ -28,7 +28,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from trainer.advantages import RolloutReward, per_rollout_token_weights, rollout_advantages
+from trainer.advantages import (
+    AUTO,
+    RolloutReward,
+    choose_estimator,
+    per_rollout_token_weights,
+    rollout_advantages,
+)
 
 TRANSITIONS_SQL = """
 WITH latest AS (
@@ -61,7 +67,7 @@ class DatasetConfig:
     max_prompt_tokens: int = 1024
     max_response_tokens: int = 1024
     pack_tokens: int = 2048
-    estimator: str = "grpo"
+    estimator: str = AUTO  # or a name of trainer.advantages.ESTIMATORS
     aggregation: str = "rollout"
     require_complete: bool = True
     stale_without_logprobs: str = "drop"  # or "train" (as if on-policy)
@@ -88,6 +94,8 @@ class DatasetStats:
     n_stale_no_logprobs: int = 0  # stale calls without the engine's logprobs, dropped (or trained as on-policy)
     n_rollouts_too_stale: int = 0  # unused rollouts older than the staleness window: never trained on
     staleness: dict[int, int] = field(default_factory=dict)  # samples by (trained version - call version)
+    estimator: str = ""  # the estimator used (``--estimator auto`` resolved) and why
+    estimator_reason: str = ""
 
 
 @dataclass
@@ -184,10 +192,12 @@ def build_samples(
         elif r["rollout_reward_used"] is None:
             stats.n_rollouts_no_reward += 1
         else:
-            usable.append(RolloutReward(rid, r["task_id"] or rid, float(r["rollout_reward_used"])))
+            usable.append(RolloutReward(rid, r["task_id"] or rid, float(r["rollout_reward_used"]), r.get("agent_name") or ""))
     if usable:
         stats.mean_reward = sum(u.reward for u in usable) / len(usable)
-    adv = rollout_advantages(usable, config.estimator)
+    choice = choose_estimator(usable, config.estimator)
+    stats.estimator, stats.estimator_reason = choice.estimator, choice.reason
+    adv = rollout_advantages(usable, choice.estimator)
     stats.n_groups = adv.n_groups
     stats.n_groups_zero_variance = adv.n_groups_dropped_zero_variance
     stats.n_rollouts_zero_variance = adv.n_rollouts_dropped

@@ -9,7 +9,8 @@ from typing import Any
 
 from trainer.rounds import read_rounds
 
-COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds")
+COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds",
+           "estimator")
 
 
 def round_rows(store: str) -> list[dict[str, Any]]:
@@ -19,6 +20,7 @@ def round_rows(store: str) -> list[dict[str, Any]]:
         m = json.loads(r.get("metrics") or "{}")
         rows.append({**{c: r.get(c) for c in COLUMNS if c != "seconds"},
                      "seconds": sum(json.loads(r["timings"] or "{}").values()),
+                     "estimator_reason": r.get("estimator_reason"),
                      "staleness": {int(d): n for d, n in (m.get("staleness") or {}).items()},
                      "too_stale": m.get("n_rollouts_too_stale") or 0,
                      "is_weight": (m.get("is_weight_min"), m.get("is_weight_mean"), m.get("is_weight_max"))
@@ -66,7 +68,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
     table = [list(COLUMNS)] + [[cell(r[c]) for c in COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in table)
+    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in table]
+    # why each round used its estimator (--estimator auto's rule), once per run of rounds with the same reason
+    last = None
+    for r in rows:
+        if r.get("estimator_reason") and (r["estimator"], r["estimator_reason"]) != last:
+            lines.append(f"round {r['round']}: estimator {r['estimator']}: {r['estimator_reason']}")
+            last = (r["estimator"], r["estimator_reason"])
+    return "\n".join(lines)
 
 
 def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, int]] | None = None) -> Path:

@@ -172,7 +172,7 @@ def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetric
     parts = [f"round {k}: policy@{k} -> policy@{k + 1}", f"status={row['status']}",
              f"rollouts={row['n_rollouts']}", f"calls={row['n_transitions']}",
              f"reward={row['mean_reward']:.4f}", f"loss={row['loss']:.5f}", f"kl={row['kl']:.5f}",
-             f"clip={row['clip_fraction']:.3f}"]
+             f"clip={row['clip_fraction']:.3f}", f"estimator={row.get('estimator')}"]
     if stats is not None:
         parts += [f"retokenized={stats.n_retokenized}",
                   f"truncated={stats.n_truncated_prompt}p/{stats.n_truncated_response}r",
@@ -294,7 +294,8 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         due = usable >= settings.min_rollouts or _every_due(settings, loc, last, usable)
         if not due or not samples:
             why = (f"{usable} complete rewarded rollouts of policy@{k} (need --min-rollouts {settings.min_rollouts})"
-                   if not due else f"all {usable} rollouts of policy@{k} are in zero-reward-variance groups")
+                   if not due else f"all {usable} rollouts of policy@{k} are in zero-reward-variance groups "
+                                   f"(estimator {stats.estimator}; {stats.estimator_reason})")
             msg = f"round {k}: waiting: {why}; nothing written"
             log(msg)
             return RoundOutcome("waiting", k, message=msg)
@@ -309,6 +310,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         "adapter": None, "n_rollouts": len({s.rollout_id for s in samples}), "n_transitions": len(samples),
         "mean_reward": stats.mean_reward, "loss": None, "kl": None, "clip_fraction": None,
         "timings": json.dumps(timings), "published_at": None, "status": "started", "metrics": None,
+        "estimator": stats.estimator, "estimator_reason": stats.estimator_reason,
     }
     held.confirm()
     write_round(loc, row)

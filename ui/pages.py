@@ -3,7 +3,9 @@
 Every query is a constant string with parameters; the only user input that reaches SQL goes through
 ``ui.filters`` (the rollouts table) or is a bound parameter (a rollout or task id from the URL).
 Advantages come from ``trainer.advantages.rollout_advantages``, the function the trainer uses, over
-the same group (task × policy version) with the estimator of the round that trained on it.
+the same group (task × policy version) with the estimator of the round that trained on it; for a
+group-free estimator (REINFORCE++) the group is the version's whole batch of each agent (the trainer's
+batch is the round's selection, which asynchronous rounds widen to older versions too).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from schemas.views import LATEST_ONLY
 from span_to_transition.credit import CREDIT
 from span_to_transition.doctor import GATEWAY_FIX, diagnose
 from span_to_transition.ledger import Ledger
-from trainer.advantages import RolloutReward, rollout_advantages
+from trainer.advantages import GROUP_FREE, RolloutReward, rollout_advantages
 from trainer.checkpoint import MANIFEST
 from ui import messages as msg
 from ui.charts import Series, line_chart
@@ -79,7 +81,8 @@ def rounds_data(reader: StoreReader) -> dict[str, Any]:
         man = manifest_of(reader, r["round"], r["checkpoint_path"])
         settings = man.get("settings") or {}
         r["settings"], r["git_sha"] = settings, man.get("git_sha")
-        r["estimator"] = settings.get("estimator", "grpo")
+        # the estimator the round used (``--estimator auto`` resolved); rounds from before the column: its setting
+        r["estimator"] = r.get("estimator") or settings.get("estimator", "grpo")
         r["seconds"] = sum(json.loads(r["timings"] or "{}").values())
         r["settings_json"] = json.dumps(settings, indent=1, sort_keys=True) if settings else ""
         tasks_re = tasks_re or settings.get("tasks")
@@ -147,37 +150,56 @@ reward used is the rollout reward, else the sum of the calls' rewards; complete 
 
 
 def estimators(reader: StoreReader) -> dict[int, str]:
-    """Policy version -> the estimator of the round that trained on it (its checkpoint's settings);
-    kept per store version (it reads every round's checkpoint manifest)."""
+    """Policy version -> the estimator of the round that trained on it (the manifest's ``estimator``;
+    for rounds written before that column, its checkpoint's settings); kept per store version (it reads
+    every round's checkpoint manifest)."""
 
     def read() -> dict[int, str]:
         out = {}
-        for r in reader.rows("SELECT round, policy_version, checkpoint_path FROM rounds"):
+        for r in reader.rows("SELECT round, policy_version, checkpoint_path, estimator FROM rounds"):
             settings = manifest_of(reader, r["round"], r["checkpoint_path"]).get("settings") or {}
-            out[int(r["policy_version"] or 0)] = str(settings.get("estimator", "grpo"))
+            out[int(r["policy_version"] or 0)] = str(r["estimator"] or settings.get("estimator", "grpo"))
         return out
 
     return reader.memo("estimators", read)
 
 
-def with_advantages(rows: Sequence[dict[str, Any]], estimator_of: dict[int, str]) -> None:
+BATCH_SQL = """
+SELECT rollout_id, task_id, version, reward_used, complete, agents FROM ui_rollouts WHERE version = $version
+"""
+"""A version's whole batch: what a group-free estimator normalises over (each agent's part of it)."""
+
+
+def version_batch(reader: StoreReader) -> Any:
+    """``version -> its rollouts`` for ``with_advantages``, each version read once per store version."""
+    return lambda v: reader.memo(f"batch:{v}", lambda: reader.rows(BATCH_SQL, {"version": v}))
+
+
+def _usable(rows: Sequence[dict[str, Any]]) -> list[RolloutReward]:
+    return [RolloutReward(r["rollout_id"], r["task_id"] or r["rollout_id"], float(r["reward_used"]),
+                          (r.get("agents") or [""])[0] or "")
+            for r in rows if r["complete"] and r["reward_used"] is not None]
+
+
+def with_advantages(rows: Sequence[dict[str, Any]], estimator_of: dict[int, str],
+                    batch_of: Any = None) -> None:
     """Set ``advantage`` (None: the estimator dropped it) on each rollout row, per (task, version) group,
-    with ``trainer.advantages.rollout_advantages``: zero-variance and single-rollout groups get none."""
+    with ``trainer.advantages.rollout_advantages``: zero-variance and single-rollout groups get none.
+    Under a group-free estimator the advantage comes from the version's batch (``batch_of(version)``)."""
     by_version: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_version.setdefault(r["version"], []).append(r)
     for version, group in by_version.items():
         est = estimator_of.get(version, "grpo")
-        usable = [RolloutReward(r["rollout_id"], r["task_id"] or r["rollout_id"], float(r["reward_used"]))
-                  for r in group if r["complete"] and r["reward_used"] is not None]
-        adv = rollout_advantages(usable, est).advantages
+        free = est in GROUP_FREE and batch_of is not None
+        adv = rollout_advantages(_usable(batch_of(version) if free else group), est).advantages
         for r in group:
             r["advantage"], r["estimator"] = adv.get(r["rollout_id"]), est
 
 
 def group_data(reader: StoreReader, task_id: str) -> dict[str, Any]:
     rows = reader.rows(GROUP_SQL, {"task": task_id})
-    with_advantages(rows, estimators(reader))
+    with_advantages(rows, estimators(reader), version_batch(reader))
     versions: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         last = msg.load(r["last_response"], None)
@@ -241,7 +263,7 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
     rows = layout(spans, {c["span_id"]: c["transition_id"] for c in calls if c["span_id"]})
     total_ms = max((r.start_ms + r.duration_ms for r in rows), default=0.0)
     group = reader.rows(GROUP_SQL, {"task": rollout["task_id"]}) if rollout["task_id"] else []
-    with_advantages(group, estimators(reader))
+    with_advantages(group, estimators(reader), version_batch(reader))
     mine = next((g for g in group if g["rollout_id"] == rollout_id), {})
     advantage = mine.get("advantage")
     decode = load_decoder(reader.memo(f"tokenizer:{tokenizer}", lambda: tokenizer_dir(reader, tokenizer)))
@@ -263,6 +285,7 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
         "advantage": advantage,
         "estimator": mine.get("estimator", "grpo"),
         "group_size": sum(1 for g in group if g["version"] == mine.get("version")),
+        "group_free": mine.get("estimator") in GROUP_FREE,
         "credit": credit_note(str(settings.get("credit")) if settings.get("credit") else None),
         "decoded": decode is not None,
     }

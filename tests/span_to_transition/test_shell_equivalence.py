@@ -40,7 +40,7 @@ def reference(spans: list[Span], config: ConvertConfig) -> list[tuple]:
     for rid in sorted(by_rollout):
         rows += convert_rollout(RolloutInput(rid, by_rollout[rid]), config).transitions
     return sorted((t.transition_id, t.step, t.agent_name, t.trainable, t.token_source, t.prompt_token_ids,
-                   t.prompt_messages, t.response_message, t.reward) for t in rows)
+                   t.prompt_messages, t.response_message, t.reward, t.task_id) for t in rows)
 
 
 def shell_rows(spans: list[Span], config: ConvertConfig) -> list[tuple]:
@@ -49,7 +49,7 @@ def shell_rows(spans: list[Span], config: ConvertConfig) -> list[tuple]:
     keep = operator.methodcaller("slice")  # the sink: the chunk's table itself (picklable for forkserver)
     for tt, _ in convert_parallel(table, [], {}, config, len({s.rollout_id for s in spans}), keep):
         out += [(d["transition_id"], d["step"], d["agent_name"], d["trainable"], d["token_source"],
-                 d["prompt_token_ids"], d["prompt_messages"], d["response_message"], d["reward"])
+                 d["prompt_token_ids"], d["prompt_messages"], d["response_message"], d["reward"], d["task_id"])
                 for d in tt.drop_columns(["started_at", "ended_at"]).to_pylist()]
     return sorted(out)
 

@@ -7,10 +7,14 @@ import math
 import pytest
 
 from trainer.advantages import (
+    ESTIMATORS,
+    EstimatorChoice,
     RolloutReward,
+    choose_estimator,
     grpo,
     per_rollout_token_weights,
     reinforce_baseline,
+    reinforce_plus_plus,
     rloo,
     rollout_advantages,
 )
@@ -69,3 +73,65 @@ def test_per_rollout_weights_make_each_rollout_count_equally():
     # total weight per rollout is 1/2 each, whatever its length
     assert 3 * w[0] + 1 * w[1] == pytest.approx(0.5)
     assert 2 * w[2] == pytest.approx(0.5)
+
+
+def test_reinforce_plus_plus_whitens_over_the_batch_with_population_std():
+    # rewards 1, 0, 0, 1: mean 0.5, population variance 0.25 -> +-1
+    assert reinforce_plus_plus([1.0, 0.0, 0.0, 1.0]) == pytest.approx([1.0, -1.0, -1.0, 1.0])
+    # token weights 3, 1: mean 0.75, var 3/4*1/16 + 1/4*9/16 = 0.1875
+    s = math.sqrt(0.1875)
+    assert reinforce_plus_plus([1.0, 0.0], [3, 1]) == pytest.approx([0.25 / s, -0.75 / s])
+
+
+def test_group_free_keeps_singleton_tasks_and_batches_per_agent():
+    rollouts = [
+        RolloutReward("a", "t1", 1.0, "planner"), RolloutReward("b", "t2", 0.0, "planner"),
+        RolloutReward("c", "t3", 1.0, "coder"), RolloutReward("d", "t4", 1.0, "coder"),  # all equal: dropped
+        RolloutReward("e", "t5", 3.0, "lonely"),  # a batch of one: dropped
+    ]
+    res = rollout_advantages(rollouts, "reinforce_plus_plus")
+    assert res.advantages == pytest.approx({"a": 1.0, "b": -1.0})  # each agent whitened on its own
+    assert (res.n_groups, res.n_groups_dropped_zero_variance, res.n_rollouts_dropped) == (3, 2, 3)
+    assert res.grouped_by == "agent"
+    assert rollout_advantages(rollouts, "grpo").grouped_by == "task"
+
+
+def test_group_free_drops_and_counts_a_zero_variance_batch():
+    rollouts = [RolloutReward(f"r{i}", f"t{i}", 0.5) for i in range(5)]
+    res = rollout_advantages(rollouts, "reinforce_plus_plus")
+    assert res.advantages == {}
+    assert (res.n_groups, res.n_groups_dropped_zero_variance, res.n_rollouts_dropped) == (1, 1, 5)
+
+
+def test_auto_picks_the_group_estimator_only_where_tasks_repeat():
+    def batch(sizes):
+        return [RolloutReward(f"t{t}-{i}", f"t{t}", float(i)) for t, n in enumerate(sizes) for i in range(n)]
+
+    assert choose_estimator(batch([4, 4, 4])).estimator == "grpo"
+    assert choose_estimator(batch([1] * 16)).estimator == "reinforce_plus_plus"
+    # half the rollouts share a task: at the threshold, the group estimator
+    assert choose_estimator(batch([2, 1, 1])).estimator == "grpo"
+    low = choose_estimator(batch([2, 1, 1, 1]))
+    assert low.estimator == "reinforce_plus_plus"
+    assert low.reason == "auto: 2 of 5 rollouts share their task with another (40% < 50%), 4 tasks"
+    assert choose_estimator([]).estimator == "grpo"
+    assert choose_estimator(batch([1] * 3), "rloo") == EstimatorChoice("rloo", "set by --estimator")
+    with pytest.raises(ValueError, match="auto, grpo, rloo"):
+        choose_estimator([], "ppo")
+
+
+def test_train_flag_choices_come_from_the_registry():
+    import dataclasses
+
+    from trainer.config import TrainSettings
+
+    field = next(f for f in dataclasses.fields(TrainSettings) if f.name == "estimator")
+    assert field.default == "auto"
+    assert list(field.metadata["choices"]) == ["auto", *ESTIMATORS]
+    import argparse
+
+    from tracerl.options import add_options
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, TrainSettings)
+    assert "reinforce_plus_plus" in parser.format_help()  # the help renders (no stray % in it)

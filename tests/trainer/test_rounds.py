@@ -289,3 +289,46 @@ def test_tracerl_train_command_smoke(tmp_path, tiny_model_dir, write_rows, make_
     report = subprocess.run([str(exe), "report", "--store", str(store), "--no-plot"], capture_output=True, text=True,
                             timeout=60)
     assert report.returncode == 0 and "trained" in report.stdout
+
+
+def test_a_round_of_all_distinct_tasks_trains_with_the_group_free_estimator(tmp_path, write_rows, make_rollouts,
+                                                                             train_settings):
+    """A service's traffic: twelve requests, twelve tasks, varied rewards. grpo finds only singleton groups
+    and writes nothing; the default (auto) picks REINFORCE++, trains, and the manifest says why."""
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0, n_tasks=12, per_task=1))
+    logs: list[str] = []
+    out = run_once(train_settings(store, estimator="grpo"), log=logs.append)
+    assert out.status == "waiting" and "zero-reward-variance" in logs[-1] and "nothing written" in logs[-1]
+    out = run_once(train_settings(store), log=logs.append)
+    assert out.status == "trained" and out.round == 0
+    row = read_rounds(StoreLayout.at(store))[0]
+    assert row["estimator"] == "reinforce_plus_plus" and row["n_rollouts"] == 12
+    assert row["estimator_reason"].startswith("auto: 0 of 12 rollouts share their task")
+    assert "estimator=reinforce_plus_plus" in logs[-1]
+
+
+def test_rounds_written_before_the_estimator_columns_still_read(tmp_path, write_rows, make_rollouts, train_settings):
+    """A manifest file of the old schema (no estimator columns) sits beside a new one: both read, the old
+    one with nulls, and the report shows it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from schemas.tables import ROUNDS_SCHEMA
+    from trainer.report import format_table, round_rows
+
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    run_once(train_settings(store), log=lambda m: None)
+    layout = StoreLayout.at(store)
+    new = read_rounds(layout)[0]
+    old_schema = pa.schema([f for f in ROUNDS_SCHEMA if f.name not in ("estimator", "estimator_reason")])
+    old = {k: v for k, v in new.items() if k in old_schema.names} | {"round": 7}
+    part = store / "rounds" / "date=2026-01-01"
+    part.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([old], schema=old_schema), part / "round-000007.parquet")
+    rounds = read_rounds(layout)
+    assert rounds[7]["estimator"] is None and rounds[0]["estimator"] == "grpo"
+    assert rounds[0]["estimator_reason"].startswith("auto: 12 of 12 rollouts share their task")
+    table = format_table(round_rows(str(store)))
+    assert "round 0: estimator grpo: auto: 12 of 12" in table and table.count("\n") == 3

@@ -142,3 +142,20 @@ def test_messages_read_strings_parts_tool_calls_and_tool_results():
     assert m[2].tool_call_id == "c1" and m[2].text == "<b>42</b>"  # raw: the template escapes
     assert messages("not json")[0].text == "not json" and messages(None) == []
     assert tool_names('[{"type": "function", "function": {"name": "lookup"}}]') == ["lookup"]
+
+
+def test_a_group_free_rounds_advantage_comes_from_the_versions_whole_batch():
+    """A task page holds one rollout of a task that never repeated: under grpo it has no advantage
+    (a group of one); under REINFORCE++ it gets the advantage the trainer gave it, from the batch."""
+    from trainer.advantages import RolloutReward, rollout_advantages
+    from ui.pages import with_advantages
+
+    batch = [{"rollout_id": f"r{i}", "task_id": f"t{i}", "version": 1, "reward_used": float(i % 2),
+              "complete": True, "agents": ["sql"]} for i in range(6)]
+    page = [dict(batch[3])]
+    with_advantages(page, {1: "grpo"}, lambda v: batch)
+    assert page[0]["advantage"] is None and page[0]["estimator"] == "grpo"
+    with_advantages(page, {1: "reinforce_plus_plus"}, lambda v: batch)
+    trainer = rollout_advantages([RolloutReward(r["rollout_id"], r["task_id"], r["reward_used"], "sql")
+                                  for r in batch], "reinforce_plus_plus").advantages
+    assert page[0]["advantage"] == pytest.approx(trainer["r3"]) == pytest.approx(1.0)

@@ -1,7 +1,7 @@
 """Turn complete rollouts in the store into MDP transitions (one row per LLM call).
 
-A rollout (one trace, or every span sharing ``tracerl.rollout_id``) is converted once it is
-complete: its root span ended and no span arrived for --quiet-s seconds, or a span carried
+A rollout (one trace, every span sharing ``tracerl.rollout_id``, or with --rollout-key every
+trace of one conversation) is converted once it is complete: its root span ended and no span arrived for --quiet-s seconds, or a span carried
 ``tracerl.rollout.end = true``. Calls are read in any GenAI dialect (OTel semconv, semconv log
 events, OpenLLMetry, OpenInference), attributed to their nearest agent, credited with the
 rollout's reward, and joined to the gateway's exact token ids when those exist. Re-running is
