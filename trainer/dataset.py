@@ -88,6 +88,8 @@ class DatasetStats:
     n_stale_no_logprobs: int = 0  # stale calls without the engine's logprobs, dropped (or trained as on-policy)
     n_rollouts_too_stale: int = 0  # unused rollouts older than the staleness window: never trained on
     staleness: dict[int, int] = field(default_factory=dict)  # samples by (trained version - call version)
+    n_rollouts_feedback_waiting: int = 0  # --feedback-window still open: not trained yet, a later round takes them
+    n_rollouts_unrewarded_at_close: int = 0  # no feedback when the window closed: left out
 
 
 @dataclass
