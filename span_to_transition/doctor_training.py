@@ -103,7 +103,11 @@ def training_findings(t: TrainingFacts) -> list[Finding]:
         out.append(_waiting(t, rnd))
     elif not rnd.candidates:
         out.append(_nothing_new(t, rnd))
-    elif estimator not in GROUP_FREE and all(c == 1 for c in _task_sizes(rnd.candidates)):
+    elif (
+        len(rnd.candidates) > 1
+        and estimator not in GROUP_FREE
+        and all(c == 1 for c in _task_sizes(rnd.candidates))
+    ):
         out.append(_singletons(rnd, estimator, why))
     else:
         out.append(_no_variance(rnd, estimator, why))
@@ -204,9 +208,10 @@ def _nothing_new(t: TrainingFacts, rnd: Round) -> Finding:
             else "; every rollout was used by an earlier round"
         )
         fix = (
-            f"send traffic to policy@{rnd.version} (the served model name the gateway records; publish with "
-            "tracerl train --server URL), or train older rollouts with --max-staleness K; rollouts recorded "
-            "without a version count as --unversioned-as (0)"
+            f"send traffic to policy@{rnd.version}: this store's rounds number the versions (the base model is "
+            "policy@0, round k publishes policy@k+1 with tracerl train --server URL) and a call's version is read "
+            "from its served model name; older versions train with --max-staleness K; calls recorded without a "
+            "version count as --unversioned-as (0)"
         )
     return Finding("nothing for the next round to train", saw, "tracerl train waits and writes nothing", fix)
 
