@@ -188,12 +188,13 @@ def gather(
     now_ns: int | None = None,
     wal_backlog_bytes: int = 0,
     *,
-    estimator: str = "grpo",
+    estimator: str = "auto",
     feedback_window_s: float = 0.0,
 ) -> StoreFacts:
     """The facts ``diagnose`` reads, from ``store`` (never written to); ``quiet_s`` / ``max_wait_s``:
     the completion settings to judge pending rollouts by (default: convert's); ``estimator`` and
-    ``feedback_window_s``: the trainer's, to judge the next round by."""
+    ``feedback_window_s``: the trainer's, to judge the next round by (``tracerl doctor`` passes the
+    trainer's default estimator; ``auto`` is DESIGN.md's)."""
     layout = parse_store(store)
     ledger = Ledger.load(layout)
     settings = ledger.settings

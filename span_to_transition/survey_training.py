@@ -43,7 +43,7 @@ class TrainingFacts:
     excluded_by_version: dict[int, int] = field(default_factory=dict)  # excluded for want of a reward
     unjoined: int = 0  # feedback rows matching no rollout, as the last convert pass counted them
     unjoined_samples: list[str] = field(default_factory=list)
-    estimator: str = "grpo"  # the trainer's --estimator to judge by
+    estimator: str = "auto"  # the trainer's --estimator to judge by
     feedback_window_s: float = 0.0
     now_ns: int = 0
 
