@@ -4,6 +4,7 @@ rollout. Pure functions for the join rules; real Parquet stores through ``conver
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -198,4 +199,93 @@ def test_feedback_for_no_known_rollout_is_counted_then_joined_when_its_spans_arr
         "e" * 32: 1.0,
         "f" * 32: 1.0,
         "7" * 32: 0.0,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Through a real collector: OTLP/HTTP spans from the OTel SDK, feedback over POST /v1/rewards
+
+
+def _service_spans(n: int) -> tuple[bytes, list[str], list[str]]:
+    """``n`` requests of a service (a server span and one semconv chat call each, real SDK spans) as an
+    OTLP/HTTP protobuf body, with each request's trace id and the response id its app got back."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    tracer = tp.get_tracer("service")
+    traces, responses = [], []
+    for i in range(n):
+        with tracer.start_as_current_span("POST /ask") as root:
+            with tracer.start_as_current_span("chat policy@0") as call:
+                call.set_attributes(
+                    {
+                        "gen_ai.operation.name": "chat",
+                        "gen_ai.request.model": "policy@0",
+                        "gen_ai.response.id": f"chatcmpl-{i}",
+                        "gen_ai.input.messages": json.dumps(
+                            [{"role": "user", "parts": [{"type": "text", "content": f"question {i}?"}]}]
+                        ),
+                        "gen_ai.output.messages": json.dumps(
+                            [
+                                {
+                                    "role": "assistant",
+                                    "finish_reason": "stop",
+                                    "parts": [{"type": "text", "content": "SELECT 1"}],
+                                }
+                            ]
+                        ),
+                    }
+                )
+            traces.append(format(root.get_span_context().trace_id, "032x"))
+            responses.append(f"chatcmpl-{i}")
+    tp.shutdown()
+    return encode_spans(mem.get_finished_spans()).SerializeToString(), traces, responses
+
+
+def test_feedback_posted_to_a_real_collector_joins_by_response_and_trace_id(store: Path) -> None:
+    import httpx
+
+    from collector_exporter.testing import running_collector
+
+    body, traces, responses = _service_spans(4)
+    with running_collector(store) as c:
+        r = httpx.post(
+            c.http_endpoint + "/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"}
+        )
+        assert r.status_code == 200, r.text
+        feedback = [
+            {"response_id": responses[0], "thumbs": "up"},
+            {"trace_id": traces[1], "value": False, "reward_id": "user-1"},
+            {"response_id": responses[3], "value": 0.25},
+            {"response_id": "chatcmpl-never-served", "thumbs": "down"},
+        ]
+        assert httpx.post(c.http_endpoint + "/v1/rewards", json=feedback).status_code == 200
+        c.flush()
+        stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+        assert (stats.rollouts_converted, stats.rollouts_excluded_no_reward, stats.rewards_unjoined) == (
+            3,
+            1,
+            1,
+        )
+        # the user of request 1 changes their mind: the same reward_id, a later value replaces the first
+        assert (
+            httpx.post(
+                c.http_endpoint + "/v1/rewards",
+                json={"trace_id": traces[1], "value": True, "reward_id": "user-1"},
+            ).status_code
+            == 200
+        )
+        c.flush()
+    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert again.rollouts_reconverted == 1
+    got = {t["trace_id"]: t["rollout_reward"] for t in transitions(store)}
+    assert got == {traces[0]: 1.0, traces[1]: 1.0, traces[3]: 0.25}
+    assert collect_status(str(store))["rewards_unjoined"] == {
+        "count": 1,
+        "samples": ["response_id=chatcmpl-never-served"],
     }
