@@ -162,6 +162,10 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     response_tokens = sum(len(r["response_token_ids"]) for r in waiting + done1)
     assert m1["is_tokens"] == response_tokens and m1["n_response_tokens"] == response_tokens
     assert 0 < m1["is_weight_min"] <= m1["is_weight_mean"] <= m1["is_weight_max"]
+    # policy@1's last rollouts still wait: the next run trains nothing and says why
+    out = run_once(s, log=lines.append)
+    assert out.status == "waiting" and out.round == 2
+    assert f"{len({r['rollout_id'] for r in fresh})} wait on their feedback window" in out.message
 
 
 def test_a_bad_feedback_window_is_refused_with_the_forms_it_takes(tmp_path: Path, train_settings) -> None:
