@@ -4,7 +4,8 @@ Idempotent by construction: the files a segment produces are named after it
 (``part-<writer>-<segment>.parquet`` in the date partition of the record's receive time), so a
 crash between writing them and deleting the segment only means the same files are written
 again on replay. Exporter retries (an ack lost on the wire) are dropped by a dedupe window
-keyed on (trace_id, span_id) for spans, ``log_id`` for logs and ``reward_id`` for rewards.
+keyed on (trace_id, span_id) for spans, ``log_id`` for logs and ``reward_id`` plus content for rewards
+(a correction keeps its ``reward_id`` and changes the value: ``rewards.dedupe_keys``).
 
 Nothing acknowledged is lost or blocks the pipeline:
 - the window learns a segment's keys only after its Parquet files are durably in place, so a
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 
 from collector_exporter.quarantine import Quarantined, quarantine_dir, write_quarantine
 from collector_exporter.records import DedupeWindow, StagedKeys, convert_record
+from collector_exporter.rewards import DEDUPE_COLUMNS, dedupe_keys
 from collector_exporter.wal import (
     WalError,
     WriteAheadLog,
@@ -142,13 +144,22 @@ class Compactor:
         retry of a span stored just before the crash), skipping files that a pending segment
         is about to rewrite: their rows must be rewritten, not deduped against themselves."""
         pending = self._pending_names()
-        for table, column in (("spans", ("trace_id", "span_id")), ("logs", ("log_id",)), ("rewards", ("reward_id",))):
+        for table, column in (
+            ("spans", ("trace_id", "span_id")),
+            ("logs", ("log_id",)),
+            ("rewards", DEDUPE_COLUMNS),
+        ):
             window = self._windows[table]
             selector = pafs.FileSelector(self.out.table(table), recursive=True, allow_not_found=True)
             files = sorted(
-                (i for i in self.out.fs.get_file_info(selector)
-                 if i.is_file and i.base_name.startswith("part-") and i.base_name.endswith(".parquet")
-                 and i.base_name not in pending),
+                (
+                    i
+                    for i in self.out.fs.get_file_info(selector)
+                    if i.is_file
+                    and i.base_name.startswith("part-")
+                    and i.base_name.endswith(".parquet")
+                    and i.base_name not in pending
+                ),
                 key=lambda i: i.mtime,
                 reverse=True,
             )
@@ -162,6 +173,8 @@ class Compactor:
                         (bytes.fromhex(a), bytes.fromhex(b))
                         for a, b in zip(t.column(0).to_pylist(), t.column(1).to_pylist())
                     ]
+                elif table == "rewards":
+                    keys = dedupe_keys(t)
                 else:
                     keys = t.column(0).to_pylist()
                 window.update(keys)
@@ -190,8 +203,12 @@ class Compactor:
         rows = {}
         for (name, date), parts in sorted(tables.items()):
             table = pa.concat_tables(parts)
-            write_table_atomic(table, self.out.path(name, f"date={date}", f"part-{writer}-{seg_id}.parquet"), name,
-                               fs=self.out.fs)
+            write_table_atomic(
+                table,
+                self.out.path(name, f"date={date}", f"part-{writer}-{seg_id}.parquet"),
+                name,
+                fs=self.out.fs,
+            )
             rows[name] = rows.get(name, 0) + table.num_rows
         if quarantined:
             write_quarantine(self.out, writer, seg_id, quarantined)
@@ -268,8 +285,12 @@ class Compactor:
         else:
             st.failures += 1
             st.last_error = f"{type(error).__name__}: {error}"
-            log.error("compaction failed (%s); the WAL segment is kept, retrying in %.1fs", st.last_error, retry_in_s,
-                      exc_info=not isinstance(error, OSError))
+            log.error(
+                "compaction failed (%s); the WAL segment is kept, retrying in %.1fs",
+                st.last_error,
+                retry_in_s,
+                exc_info=not isinstance(error, OSError),
+            )
         if own is None:
             return
         path = own / COMPACTION_ERROR
@@ -277,8 +298,16 @@ class Compactor:
             if error is None:
                 path.unlink(missing_ok=True)
             else:
-                path.write_text(json.dumps({"error": st.last_error, "failures": st.failures, "at": time.time(),
-                                            "retry_in_s": retry_in_s}))
+                path.write_text(
+                    json.dumps(
+                        {
+                            "error": st.last_error,
+                            "failures": st.failures,
+                            "at": time.time(),
+                            "retry_in_s": retry_in_s,
+                        }
+                    )
+                )
 
     def wake(self) -> None:
         self._wake.set()
@@ -314,12 +343,16 @@ def drain(wal: WriteAheadLog, compactor: Compactor, wal_dir: Path) -> list[str]:
     try:
         compactor.run_once(own=wal_dir)
     except Exception as e:
-        problems.append(f"final compaction failed ({type(e).__name__}: {e}); the WAL in {wal_dir} is kept "
-                        "and compacted on the next start")
+        problems.append(
+            f"final compaction failed ({type(e).__name__}: {e}); the WAL in {wal_dir} is kept "
+            "and compacted on the next start"
+        )
     if not any(wal_dir.glob("seg-*")):
         shutil.rmtree(wal_dir, ignore_errors=True)
     elif not problems:
-        problems.append(f"{wal_dir} still holds segments after the final compaction; the next start compacts them")
+        problems.append(
+            f"{wal_dir} still holds segments after the final compaction; the next start compacts them"
+        )
     for p in problems:
         log.error("stop: %s", p)
     return problems

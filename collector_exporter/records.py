@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
 from collector_exporter.quarantine import Quarantined
-from collector_exporter.rewards import rewards_to_table
+from collector_exporter.rewards import dedupe_keys, rewards_to_table
 from collector_exporter.storable import log_problem, span_problem
 from collector_exporter.wal import Kind, Record
 
@@ -96,14 +96,20 @@ class StagedKeys:
         self.keys, self.order = set(), []
 
 
-def _filter_new(table: pa.Table, column: str, seen: StagedKeys) -> pa.Table:
-    keys = table.column(column).to_pylist()
+def _filter_new(table: pa.Table, column: str, seen: StagedKeys, keys: list | None = None) -> pa.Table:
+    """The rows whose key (``column``, or ``keys`` given per row) neither the window nor this segment has seen."""
+    keys = table.column(column).to_pylist() if keys is None else keys
     keep = []
     for i, k in enumerate(keys):
         if k not in seen:
             seen.add(k)
             keep.append(i)
     return table if len(keep) == len(keys) else table.take(pa.array(keep, type=pa.int64()))
+
+
+def _reward_rows_new(table: pa.Table, seen: StagedKeys) -> pa.Table:
+    """A retried POST is dropped; a correction (same ``reward_id``, other value) is kept (``rewards.dedupe_keys``)."""
+    return _filter_new(table, "reward_id", seen, dedupe_keys(table))
 
 
 _SPAN_PATH = ("resource_spans", "scope_spans", "spans")
@@ -166,7 +172,7 @@ _SIGNALS = {
         iter,
         lambda rows: ((row, [row]) for row in rows),
         lambda row: None,
-        lambda rows, ts, seen: _filter_new(rewards_to_table(rows, ts), "reward_id", seen),
+        lambda rows, ts, seen: _reward_rows_new(rewards_to_table(rows, ts), seen),
         lambda rows: json.dumps(rows).encode(),
     ),
 }

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from span_to_transition.dialects.attributes_only import CALL_OPERATIONS
 from span_to_transition.dialects.registry import classify, parse_call
+from span_to_transition.doctor_finding import Finding, plural
+from span_to_transition.doctor_training import coverage_text, training_findings
 from span_to_transition.records import Span
 from span_to_transition.rewards import in_band_rewards
 from span_to_transition.survey import REWARD_SPELLINGS, Pending, SpanGroup, StoreFacts
@@ -118,7 +119,7 @@ GATEWAY_FIX = (
     f"http://127.0.0.1:4317) and {POINT_AT_GATEWAY}"
 )
 SKIPPED_INSTRUMENTORS = (
-    "python -c \"from importlib.metadata import entry_points; from opentelemetry.instrumentation.dependencies "
+    'python -c "from importlib.metadata import entry_points; from opentelemetry.instrumentation.dependencies '
     "import get_dist_dependency_conflicts as c; [print(e.name, c(e.dist) or 'ok') for e in "
     "entry_points(group='opentelemetry_instrumentor')]\""
 )
@@ -148,17 +149,6 @@ def instrumentation(scope: str | None) -> tuple[str, str]:
     return (f"scope {scope!r}" if scope else "an unnamed instrumentation scope"), ANY_CAPTURE
 
 
-@dataclass(frozen=True)
-class Finding:
-    problem: str
-    saw: str
-    means: str
-    fix: str
-
-    def text(self) -> str:
-        return f"problem: {self.problem}\n  saw:   {self.saw}\n  means: {self.means}\n  fix:   {self.fix}"
-
-
 # ---------------------------------------------------------------------------------------------
 # The diagnosis (pure)
 
@@ -180,8 +170,7 @@ def _scopes_text(scopes: Mapping[str, int], limit: int = 8) -> str:
     return ", ".join(f"{s or '(no scope)'} ({n})" for s, n in top) or "none"
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
+_plural = plural
 
 
 def diagnose(f: StoreFacts) -> list[Finding]:
@@ -267,6 +256,8 @@ def diagnose(f: StoreFacts) -> list[Finding]:
         out += _token_findings(f, n_calls)
     if f.pending:
         out.append(_pending_finding(f))
+    if f.training is not None:
+        out += training_findings(f.training)
     return out
 
 
@@ -323,7 +314,8 @@ def _reward_findings(f: StoreFacts) -> list[Finding]:
             Finding(
                 "rollouts excluded for want of a reward",
                 f"{_plural(len(f.excluded), 'rollout')} converted with no reward (e.g. {', '.join(f.excluded[:3])}); "
-                f"rewards seen elsewhere: {seen}",
+                f"rewards seen elsewhere: {seen}"
+                + (f"; feedback coverage: {coverage_text(f.training)}" if f.training is not None else ""),
                 "these rollouts' calls are not in transitions/ until a reward arrives for them",
                 'POST {"rollout_id": ..., "value": ...} to /v1/rewards (they are converted on the next pass), or '
                 "emit tracerl.reward in every run; or convert --missing-reward fill --fill-reward 0",
@@ -407,7 +399,8 @@ def report(findings: list[Finding], store: str) -> str:
     """What ``tracerl doctor`` prints."""
     if not findings:
         return (
-            f"{store}: healthy (spans with LLM calls, content, rewards and exact token ids; nothing pending)"
+            f"{store}: healthy (spans with LLM calls, content, rewards and exact token ids; nothing pending; "
+            "the next round has rollouts with a learning signal)"
         )
     head = f"{store}: {_plural(len(findings), 'problem')}"
     return "\n\n".join([head, *(x.text() for x in findings)])

@@ -3,7 +3,8 @@
 Not a Parquet file, so table globs never read it. It records which rollouts are converted (with
 the received-at watermark of their last span) or excluded, the span files that are fully
 converted, late spans, the trace -> rollout pairs learnt so far, the rewards files already
-applied, and the settings the converted rows were made with. Written by the store's atomic writer
+applied, the settings the converted rows were made with, the rollout each feedback row keyed only
+by a response id joined, and the feedback rows that match no rollout (counted for doctor and status). Written by the store's atomic writer
 (store/atomic.py), so a crash leaves the old state or the new one; on local disk or in a bucket alike.
 """
 
@@ -30,6 +31,10 @@ class Ledger:
     traces: dict[str, str] = field(default_factory=dict)  # trace -> explicit rollout id (tracerl.rollout_id)
     reward_files: set[str] = field(default_factory=set)  # rewards files (relative) already applied
     settings: dict[str, object] = field(default_factory=dict)  # the row settings of the converted rows
+    responses: dict[str, str] = field(default_factory=dict)  # response id of a feedback row -> its rollout
+    unjoined: dict[str, object] = field(
+        default_factory=dict
+    )  # {count, samples}: feedback matching no rollout
 
     @staticmethod
     def path(store: Where) -> str:
@@ -49,6 +54,8 @@ class Ledger:
             d.get("traces", {}),
             set(d.get("reward_files", [])),
             d.get("settings", {}),
+            d.get("responses", {}),
+            d.get("unjoined", {}),
         )
 
     def save(self, store: Where) -> None:
@@ -60,6 +67,8 @@ class Ledger:
             "traces": self.traces,
             "reward_files": sorted(self.reward_files),
             "settings": self.settings,
+            "responses": self.responses,
+            "unjoined": self.unjoined,
         }
         loc = locate(store)
         write_atomic(self.path(loc), json.dumps(data, separators=(",", ":")).encode(), loc.fs)

@@ -30,6 +30,8 @@ class ConvertStats:
     late_spans: int = 0  # spans that arrived after their rollout was converted (this pass)
     late_spans_total: int = 0
     rollouts_reconverted: int = 0  # converted again: a reward arrived after their conversion, or --rebuild
+    rewards_unjoined: int = 0  # feedback rows (latest per reward_id) whose keys match no rollout seen
+    unjoined_samples: list[str] = field(default_factory=list)  # their keys, a few
     files_removed: int = 0  # superseded transitions files deleted by --rebuild
     settings_changed: str | None = None  # these settings differ from those of the rows already converted
     pending_waits: dict[str, int] = field(default_factory=dict)  # waiting_quiet / waiting_root -> rollouts
@@ -67,6 +69,11 @@ class ConvertStats:
             lines.append(
                 f"converted again (a reward arrived after their conversion, or --rebuild): "
                 f"{self.rollouts_reconverted} rollouts; their earlier rows are superseded"
+            )
+        if self.rewards_unjoined:
+            lines.append(
+                f"feedback matching no rollout (kept in rewards/, joined if its rollout arrives): "
+                f"{self.rewards_unjoined}, e.g. {', '.join(self.unjoined_samples[:3])}; see tracerl doctor"
             )
         if self.settings_changed:
             lines.append(f"note: {self.settings_changed}")

@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -33,8 +32,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from schemas.tables import LOGS_SCHEMA, REWARDS_SCHEMA, SPANS_SCHEMA, TRANSITIONS_SCHEMA
-from span_to_transition.columnar import _ns, logs_from_table, rewards_from_table, spans_from_table
+from span_to_transition.columnar import _ns, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig, RolloutOutput
+from span_to_transition.feedback import FeedbackRows, count_unjoined, join_feedback, reward_rows
 from span_to_transition.identity import assign_rollouts, link_rollouts
 from span_to_transition.ledger import Ledger, row_settings, settings_note
 from span_to_transition.records import Reward
@@ -93,13 +93,15 @@ def _convert_store_locked(
     stats = ConvertStats()
     old_transition_files = table_files(layout, "transitions")
     ledger, converted, conversion = _open_ledger(layout, old_transition_files, config, rebuild, stats)
-    rewards = _read_rewards(layout, ledger, converted, rebuild)
-
     span_files = table_files(layout, "spans")
     rel = {f: _relative(layout, "spans", f) for f in span_files}
+    rewards = _read_rewards(layout, ledger, converted, rebuild, span_files, rel)
     todo = _files_to_read(layout, span_files, rel, ledger, rewards)
     stats.span_files_read = len(todo)
     if not todo:
+        stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(
+            rewards, set(converted) | set(ledger.excluded), ledger
+        )
         if rewards.any_new:
             ledger.reward_files = set(rewards.files)
             confirm()
@@ -130,6 +132,8 @@ def _convert_store_locked(
     lap = stats.lap("convert", lap)  # converting and writing the transitions
     watermark = {r: statuses[r].last_received_ns for r in ready}
     _record(outputs, watermark, files_of, rewards.reconvert, ledger, stats)
+    known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
+    stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
     # a span file is done when none of its rollouts is still pending
     done_states = set(ledger.converted) | set(ledger.excluded)
@@ -171,7 +175,7 @@ def _open_ledger(
     conversion = int(pc.max(existing.column("conversion")).as_py() or 0) + 1
     settings = row_settings(config)
     if rebuild:  # every rollout again, from every span file; the trace -> rollout pairs stay known
-        ledger = Ledger(traces=ledger.traces)
+        ledger = Ledger(traces=ledger.traces, responses=ledger.responses)
     stats.settings_changed = settings_note(ledger.settings, settings)
     if not ledger.settings:  # a new store, a rebuild, or a ledger from before settings were recorded
         ledger.settings = settings
@@ -182,42 +186,35 @@ def _open_ledger(
     return ledger, converted, conversion
 
 
-@dataclass
-class _Rewards:
-    """The rewards table as this pass sees it, and what it changes."""
-
-    rows: list[tuple[str | None, str | None, Reward]]  # (rollout_id, trace_id, reward) per row
-    files: list[str]  # every rewards file, relative to rewards/
-    any_new: bool  # a rewards file the ledger has not applied yet
-    retry: dict[str, list[str]] = field(
-        default_factory=dict
-    )  # excluded rollout now rewarded -> its span files
-    reconvert: set[str] = field(default_factory=set)  # converted rollouts with a reward row newer than that
-
-
-def _read_rewards(layout: StoreLocation, ledger: Ledger, converted: dict[str, int], rebuild: bool) -> _Rewards:
+def _read_rewards(
+    layout: StoreLocation,
+    ledger: Ledger,
+    converted: dict[str, int],
+    rebuild: bool,
+    span_files: list[str],
+    rel: dict[str, str],
+) -> FeedbackRows:
+    """The rewards rows that count, joined to their rollouts (``feedback.join_feedback``)."""
     reward_files = table_files(layout, "rewards")
     reward_rel = [_relative(layout, "rewards", f) for f in reward_files]
     new_reward_file = [r not in ledger.reward_files for r in reward_rel]
     reward_table = _read_numbered(layout, reward_files, REWARDS_SCHEMA)
-    out = _Rewards(rewards_from_table(reward_table), reward_rel, any(new_reward_file))
-    rewarded = {x for r_id, t_id, _ in out.rows for x in (r_id, t_id) if x}
-    # excluded rollouts whose reward has since arrived are read again from their files
-    out.retry = {r: files for r, files in ledger.excluded.items() if r in rewarded}
-    # converted rollouts with a reward row that arrived after their conversion are converted again
-    if out.any_new and not rebuild:
-        is_new = pc.is_in(
-            reward_table.column("_file"), value_set=pa.array(np.flatnonzero(new_reward_file), pa.int32())
-        )
-        for (r_id, t_id, _), new in zip(out.rows, is_new.to_pylist()):
-            rid = r_id or ledger.traces.get(t_id or "") or t_id
-            if new and rid in converted:
-                out.reconvert.add(rid)
+    rows = reward_rows(reward_table, (i for i, new in enumerate(new_reward_file) if new))
+
+    def scan(all_files: bool) -> list[pa.Table]:
+        files = span_files if all_files else [f for f in span_files if rel[f] not in ledger.files_done]
+        return [
+            pq.read_table(f, columns=["trace_id", "rollout_id", "attributes"], filesystem=layout.fs)
+            for f in files
+        ]
+
+    out = join_feedback(rows, ledger, converted, rebuild, scan)
+    out.files, out.any_new = reward_rel, any(new_reward_file)
     return out
 
 
 def _files_to_read(
-    layout: StoreLocation, span_files: list[str], rel: dict[str, str], ledger: Ledger, rewards: _Rewards
+    layout: StoreLocation, span_files: list[str], rel: dict[str, str], ledger: Ledger, rewards: FeedbackRows
 ) -> list[str]:
     """Span files not yet fully converted, and the done ones holding a rollout to retry or reconvert."""
     extra: set[str] = set()
@@ -251,7 +248,7 @@ def _triage(
     statuses: dict[str, RolloutStatus],
     converted: dict[str, int],
     ledger: Ledger,
-    rewards: _Rewards,
+    rewards: FeedbackRows,
     config: ConvertConfig,
     now_ns: int,
     stats: ConvertStats,

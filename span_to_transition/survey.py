@@ -25,6 +25,7 @@ from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span
 from span_to_transition.store import rollout_statuses, table_files
+from span_to_transition.survey_training import TrainingFacts, gather_training
 from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
 from store.location import StoreLocation, parse_store
@@ -81,6 +82,7 @@ class StoreFacts:
     quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
     max_wait_s: float = ConvertConfig.max_wait_s
     missing_reward: str = "exclude"
+    training: TrainingFacts | None = None  # the next round (None: no spans to speak of)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,8 +160,9 @@ def _wraps_call(con: duckdb.DuckDBPyConnection, sample: Span) -> bool:
     recorded twice (LlamaIndex's outer ``achat`` keeps the response, the inner one the messages); the converter
     keeps the inner record, so the outer one is no content problem."""
     spans = spans_from_table(
-        con.sql(f"SELECT {', '.join(SPAN_COLUMNS)} FROM spans WHERE trace_id = ?", params=[sample.trace_id])
-        .to_arrow_table(),
+        con.sql(
+            f"SELECT {', '.join(SPAN_COLUMNS)} FROM spans WHERE trace_id = ?", params=[sample.trace_id]
+        ).to_arrow_table(),
         all_attributes=True,
     )
     children: dict[str | None, list[Span]] = {}
@@ -184,9 +187,14 @@ def gather(
     max_wait_s: float = ConvertConfig.max_wait_s,
     now_ns: int | None = None,
     wal_backlog_bytes: int = 0,
+    *,
+    estimator: str = "auto",
+    feedback_window_s: float = 0.0,
 ) -> StoreFacts:
     """The facts ``diagnose`` reads, from ``store`` (never written to); ``quiet_s`` / ``max_wait_s``:
-    the completion settings to judge pending rollouts by (default: convert's)."""
+    the completion settings to judge pending rollouts by (default: convert's); ``estimator`` and
+    ``feedback_window_s``: the trainer's, to judge the next round by (``tracerl doctor`` passes the
+    trainer's default estimator; ``auto`` is DESIGN.md's)."""
     layout = parse_store(store)
     ledger = Ledger.load(layout)
     settings = ledger.settings
@@ -211,6 +219,14 @@ def gather(
             con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
         )
         f.transitions = sum(f.token_sources.values())
+        f.training = gather_training(
+            con,
+            layout,
+            ledger,
+            estimator=estimator,
+            feedback_window_s=feedback_window_s,
+            now_ns=time.time_ns() if now_ns is None else now_ns,
+        )
     finally:
         con.close()
     f.excluded = sorted(ledger.excluded)

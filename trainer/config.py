@@ -42,6 +42,12 @@ class TrainSettings:
                                 "on versions k-K..k-1 (rollouts keep running while it trains), each call "
                                 "corrected by its importance weight; older unused ones are dropped and counted. "
                                 "0: strictly on-policy", metavar="K")
+    feedback_window: str = opt("0", "late and sparse feedback: train a rollout only once this long has passed since "
+                                    "its last call ended (600, 10m, 2h, 1d), so feedback that comes later still "
+                                    "counts; rollouts still waiting are not trained yet, those without feedback at "
+                                    "the close are left out; both are counted. Use with --max-staleness >= 1 so "
+                                    "rollouts still waiting when a round publishes are trained by the next one. "
+                                    "0: train at once", metavar="DURATION")
     stale_without_logprobs: str = opt("drop", "a stale call recorded without the engine's logprobs (retokenized) "
                                               "has no importance weight: drop it (counted) or train on it as if "
                                               "on-policy", choices=["drop", "train"])

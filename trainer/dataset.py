@@ -96,6 +96,8 @@ class DatasetStats:
     staleness: dict[int, int] = field(default_factory=dict)  # samples by (trained version - call version)
     estimator: str = ""  # the estimator used (``--estimator auto`` resolved) and why
     estimator_reason: str = ""
+    n_rollouts_feedback_waiting: int = 0  # --feedback-window still open: not trained yet, a later round takes them
+    n_rollouts_unrewarded_at_close: int = 0  # no feedback when the window closed: left out
 
 
 @dataclass

@@ -66,6 +66,7 @@ from trainer.checkpoint import (
 from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainSettings
 from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions
+from trainer.feedback_window import WindowSplit, feedback_split, parse_duration
 from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
 
@@ -178,6 +179,9 @@ def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetric
                   f"truncated={stats.n_truncated_prompt}p/{stats.n_truncated_response}r",
                   f"zero_var_groups={stats.n_groups_zero_variance}/{stats.n_groups}",
                   f"incomplete={stats.n_rollouts_incomplete}"]
+        if stats.n_rollouts_feedback_waiting or stats.n_rollouts_unrewarded_at_close:
+            parts += [f"feedback_waiting={stats.n_rollouts_feedback_waiting}",
+                      f"unrewarded_at_close={stats.n_rollouts_unrewarded_at_close}"]
         if any(stats.staleness.get(d) for d in stats.staleness if d > 0) or stats.n_rollouts_too_stale:
             parts += ["staleness=" + ",".join(f"{d}:{n}" for d, n in sorted(stats.staleness.items())),
                       f"too_stale={stats.n_rollouts_too_stale}", f"stale_no_logprobs={stats.n_stale_no_logprobs}"]
@@ -207,6 +211,10 @@ def run_once(
     demo's asynchronous rounds: one beside the agents, all once they are done)."""
     if settings.nproc < 1:
         raise TrainError(f"--nproc must be >= 1, got {settings.nproc}")
+    try:
+        parse_duration(settings.feedback_window)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
     if not settings.model:
         raise TrainError("no base model: pass --model DIR (make a tiny one with 'tracerl init-model DIR')")
     base_model = Path(settings.model).expanduser().resolve()
@@ -280,11 +288,16 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base_model)
-    exclude = used_rollouts(loc, k) if selection is None else set()
+    used = used_rollouts(loc, k) if selection is None else set()
+    window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
+              if selection is None else WindowSplit())
+    exclude = used | set(window.waiting) | window.unrewarded
     samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
                                    trained_version=k)
+    stats.n_rollouts_feedback_waiting = len(window.waiting)
+    stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
     if lo > 0 and selection is None:
-        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, exclude)
+        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
     timings["dataset"] = time.perf_counter() - t
     if selection is not None:
         trained_ids = set(selection["transition_ids"])
@@ -296,10 +309,11 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
             why = (f"{usable} complete rewarded rollouts of policy@{k} (need --min-rollouts {settings.min_rollouts})"
                    if not due else f"all {usable} rollouts of policy@{k} are in zero-reward-variance groups "
                                    f"(estimator {stats.estimator}; {stats.estimator_reason})")
-            msg = f"round {k}: waiting: {why}; nothing written"
+            msg = f"round {k}: waiting: {why}" + (f"; {window.note()}" if window.note() else "") + "; nothing written"
             log(msg)
             return RoundOutcome("waiting", k, message=msg)
-        rollout_ids = sorted({s.rollout_id for s in samples} | _usable_rollouts(rows, exclude))
+        # consumed: the trained, those whose group had no signal, and those closed without feedback
+        rollout_ids = sorted({s.rollout_id for s in samples} | _usable_rollouts(rows, exclude) | window.unrewarded)
         selection = {"round": k, "versions": [lo, k], "rollout_ids": rollout_ids,
                      "transition_ids": sorted(s.transition_id for s in samples), "created_at": _now().isoformat()}
         held.confirm()

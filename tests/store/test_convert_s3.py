@@ -88,9 +88,11 @@ def test_collect_then_convert_on_a_bucket_yields_one_transition_per_call_once(s3
     assert second["transitions_written"] == 0 and second["span_files_read"] == 0
     assert loc.files("transitions") == files
 
-    # doctor reads the bucket too: spans, calls, content and rewards are fine; the agent had no gateway
+    # doctor reads the bucket too: spans, calls, content and rewards are fine; the agent had no gateway, and
+    # its calls were served as policy@3 while this store's first round trains policy@0
     doctor = tracerl("doctor", "--store", s3_store, "--json", check=False)
-    assert doctor.returncode == 1 and [f["problem"] for f in json.loads(doctor.stdout)] == ["no token ids"]
+    assert doctor.returncode == 1 and [f["problem"] for f in json.loads(doctor.stdout)] == [
+        "no token ids", "nothing for the next round to train"]
 
 
 def test_convert_names_a_bucket_prefix_without_spans(s3_store):

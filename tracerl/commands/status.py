@@ -33,6 +33,7 @@ def collect_status(store: str, wal: str = "") -> dict:
     from collector_exporter.quarantine import quarantine_counts
     from collector_exporter.wal import iter_wal_dirs
     from schemas.tables import TABLES
+    from span_to_transition.ledger import Ledger
     from store.lease import lease_states
     from store.views import connect_readonly
 
@@ -67,6 +68,8 @@ def collect_status(store: str, wal: str = "") -> dict:
         "last_span_received_at": str(last_received) if last_received is not None else None,
         "last_span_end_time_ns": last_end,
         "leases": lease_states(loc) if _has_boto3() else {},  # {} for a local store
+        # feedback rows whose keys match no rollout, as the converter's last pass counted them
+        "rewards_unjoined": Ledger.load(loc).unjoined or {"count": 0, "samples": []},
     }
 
 
@@ -102,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
               + ", ".join(f"{n:,} {t}" for t, n in sorted(q.items())))
     else:
         print("quarantine 0 records")
+    u = s["rewards_unjoined"]
+    if u["count"]:
+        print(
+            f"rewards {u['count']:,} feedback row(s) match no rollout (kept in rewards/; e.g. "
+            f"{', '.join(u['samples'][:3])}): run tracerl doctor for what to check"
+        )
     print(f"last span received at {s['last_span_received_at'] or '-'}")
     for who, lease in s["leases"].items():
         left = lease["expires_in_s"]
