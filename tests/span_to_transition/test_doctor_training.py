@@ -64,7 +64,7 @@ def test_distinct_requests_under_a_group_estimator_never_train_and_the_doctor_sa
     converted(store, [s for i in range(6) for s in request(i, float(i % 2))])
     got = problems(store, estimator="grpo")
     f = got["every task seen once under a group estimator"]
-    assert "6 rollouts of policy@0 in 6 tasks" in f.saw and "grpo (--estimator grpo)" in f.saw
+    assert "6 rollouts of policy@0 in 6 tasks" in f.saw and "grpo (set by --estimator)" in f.saw
     assert "--estimator auto" in f.fix and "--task-key" in f.fix
     assert problems(store, estimator="auto") == {}  # REINFORCE++ learns from the batch: healthy
     assert problems(store, estimator="reinforce_plus_plus") == {}
