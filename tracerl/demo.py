@@ -28,12 +28,12 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loop.watch import round_status, store_answers, store_rewards, wait_for_round
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.options import UsageError, opt
 from tracerl.signals import interrupt_on_signals, shielded
@@ -119,53 +119,6 @@ class DemoConfig:
 
     def resolved_store(self) -> Path:
         return Path(self.store).expanduser() if self.store else Path(self.workdir).expanduser() / "store"
-
-
-# ------------------------------------------------------------------------------------ the store
-def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
-    """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
-    from store.views import connect_readonly
-
-    con = connect_readonly(str(store))
-    try:
-        con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
-        roots, traces = con.execute("""
-            SELECT count(DISTINCT s.rollout_id) FILTER (WHERE s.parent_span_id IS NULL OR s.parent_span_id = ''),
-                   count(DISTINCT s.trace_id)
-            FROM spans s JOIN ids USING (rollout_id)""").fetchone()
-        calls, gateway = con.execute("""
-            WITH t AS (SELECT DISTINCT trace_id FROM spans JOIN ids USING (rollout_id))
-            SELECT count(*) FILTER (WHERE coalesce(s.attributes['tracerl.gateway'], '') <> 'true'
-                                      AND coalesce(s.attributes['gen_ai.system'],
-                                                   s.attributes['gen_ai.provider.name']) IS NOT NULL),
-                   count(*) FILTER (WHERE s.attributes['tracerl.gateway'] = 'true')
-            FROM spans s JOIN t USING (trace_id)""").fetchone()
-        rewards = con.execute("SELECT count(DISTINCT r.rollout_id) FROM rewards r JOIN ids USING (rollout_id)"
-                              ).fetchone()[0]
-        converted = con.execute("SELECT count(DISTINCT t.rollout_id) FROM transitions t JOIN ids USING (rollout_id)"
-                                ).fetchone()[0]
-    finally:
-        con.close()
-    return {"roots": roots, "traces": traces, "calls": calls, "gateway_spans": gateway, "rewards": rewards,
-            "converted": converted}
-
-
-def wait_for_round(store: Path, rollout_ids: list[str], rewarded: int, timeout_s: float,
-                   alive: Callable[[], None]) -> dict[str, int]:
-    """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive()
-        st = round_status(store, rollout_ids)
-        if (st["roots"] >= len(rollout_ids) and st["rewards"] >= rewarded and st["calls"] > 0
-                and st["gateway_spans"] >= st["calls"]):
-            return st
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the round's spans did not all reach the store within {timeout_s:.0f}s "
-                               f"(--wait-s): {len(rollout_ids)} rollouts, {st['roots']} root spans, {rewarded} "
-                               f"rewards posted / {st['rewards']} stored, {st['calls']} LLM calls / "
-                               f"{st['gateway_spans']} gateway spans; see the collector and gateway logs")
-        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------ the table
@@ -369,7 +322,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
           logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
-    from rollout.ahead import BatchesAhead
+    from loop.ahead import BatchesAhead
     from rollout.driver import Driver, run_rollouts
     from rollout.records import summarize
     from rollout.rewards import load_reward_fn
@@ -620,32 +573,6 @@ def http_ok_quiet(url: str) -> bool:
         return http_ok(url)
     except Exception:
         return False
-
-
-def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
-    """The reward the collector stored for each of these rollouts (the last value per rollout)."""
-    from store.views import connect_readonly
-
-    con = connect_readonly(str(store))
-    try:
-        return dict(con.execute("""SELECT rollout_id, arg_max(value, "at") FROM rewards
-                                   WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id""",
-                                [rollout_ids]).fetchall())
-    finally:
-        con.close()
-
-
-def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
-    """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
-    from store.views import connect_readonly
-
-    con = connect_readonly(str(store))
-    try:
-        return dict(con.execute("""SELECT rollout_id, any_value(attributes[?]) FROM spans
-                                   WHERE attributes[?] IS NOT NULL AND rollout_id IN (SELECT unnest(?::VARCHAR[]))
-                                   GROUP BY rollout_id""", [attribute, attribute, rollout_ids]).fetchall())
-    finally:
-        con.close()
 
 
 def tracerl_command() -> str:
