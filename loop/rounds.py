@@ -231,7 +231,9 @@ def record_round(plan: LoopPlan, stages: Stages, k: int, outcome: Outcome) -> di
 
     A bare wait, not a poll: the gateway's ``GET /v1/models`` is passed through to the server (which
     lists the new version as soon as the publish returns), so no answer shows when the gateway's own
-    cached list expired; ``settle_s`` is set from that cache's lifetime."""
+    cached list expired; ``settle_s`` is set from that cache's lifetime. The next batch was released
+    before this wait (``one_round``), so it runs meanwhile; what starts after the loop returns (an
+    evaluation of the last policy) is what the wait covers."""
     time.sleep(plan.settle_s)
     return check_published(k, outcome, stages.round_row(k), plan.report_hint)
 

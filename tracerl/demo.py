@@ -329,8 +329,11 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
 
 
 GATEWAY_MODELS_TTL_S = 0.5  # the demo's gateway trusts the server's model list this long (--models-ttl-s)
-# after a publish the demo waits this long before recording the round: > GATEWAY_MODELS_TTL_S, so the
-# gateway's next look at the server's model list (a LoRA publish's new name) is a fresh one
+# after a publish the loop waits this long before recording the round: > GATEWAY_MODELS_TTL_S, so a
+# call made after it is routed by a fresh model list (a LoRA publish's new name). The next batch was
+# released when the round trained (BatchesAhead), so this covers the evaluation after the last round,
+# not the next batch's first calls; both demo presets publish full weights, whose calls the gateway
+# labels from the server's /weight_info, not from this list.
 PUBLISH_SETTLE_S = GATEWAY_MODELS_TTL_S + 0.1
 
 
