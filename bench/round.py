@@ -309,9 +309,9 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
     import torch
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
+    from loop.watch import wait_for_round
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
-    from tracerl.demo import wait_for_round
     from trainer.config import TrainSettings
     from trainer.publish import server_publisher
     from trainer.rounds import run_once

@@ -28,16 +28,21 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from loop.rounds import Batch, LoopPlan, NoSignal, RoundDone, Stages, Training, run_rounds
+from loop.watch import round_status, store_answers, store_rewards, wait_for_round
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.options import UsageError, opt
 from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
+
+if TYPE_CHECKING:  # imported where used: training pulls in torch
+    from span_to_transition.convert import ConvertConfig
+    from trainer.config import TrainSettings
+    from trainer.rounds import Publisher, RoundOutcome
 
 
 @dataclass
@@ -119,53 +124,6 @@ class DemoConfig:
 
     def resolved_store(self) -> Path:
         return Path(self.store).expanduser() if self.store else Path(self.workdir).expanduser() / "store"
-
-
-# ------------------------------------------------------------------------------------ the store
-def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
-    """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
-    from store.views import connect_readonly
-
-    con = connect_readonly(str(store))
-    try:
-        con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
-        roots, traces = con.execute("""
-            SELECT count(DISTINCT s.rollout_id) FILTER (WHERE s.parent_span_id IS NULL OR s.parent_span_id = ''),
-                   count(DISTINCT s.trace_id)
-            FROM spans s JOIN ids USING (rollout_id)""").fetchone()
-        calls, gateway = con.execute("""
-            WITH t AS (SELECT DISTINCT trace_id FROM spans JOIN ids USING (rollout_id))
-            SELECT count(*) FILTER (WHERE coalesce(s.attributes['tracerl.gateway'], '') <> 'true'
-                                      AND coalesce(s.attributes['gen_ai.system'],
-                                                   s.attributes['gen_ai.provider.name']) IS NOT NULL),
-                   count(*) FILTER (WHERE s.attributes['tracerl.gateway'] = 'true')
-            FROM spans s JOIN t USING (trace_id)""").fetchone()
-        rewards = con.execute("SELECT count(DISTINCT r.rollout_id) FROM rewards r JOIN ids USING (rollout_id)"
-                              ).fetchone()[0]
-        converted = con.execute("SELECT count(DISTINCT t.rollout_id) FROM transitions t JOIN ids USING (rollout_id)"
-                                ).fetchone()[0]
-    finally:
-        con.close()
-    return {"roots": roots, "traces": traces, "calls": calls, "gateway_spans": gateway, "rewards": rewards,
-            "converted": converted}
-
-
-def wait_for_round(store: Path, rollout_ids: list[str], rewarded: int, timeout_s: float,
-                   alive: Callable[[], None]) -> dict[str, int]:
-    """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive()
-        st = round_status(store, rollout_ids)
-        if (st["roots"] >= len(rollout_ids) and st["rewards"] >= rewarded and st["calls"] > 0
-                and st["gateway_spans"] >= st["calls"]):
-            return st
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the round's spans did not all reach the store within {timeout_s:.0f}s "
-                               f"(--wait-s): {len(rollout_ids)} rollouts, {st['roots']} root spans, {rewarded} "
-                               f"rewards posted / {st['rewards']} stored, {st['calls']} LLM calls / "
-                               f"{st['gateway_spans']} gateway spans; see the collector and gateway logs")
-        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------ the table
@@ -258,6 +216,9 @@ def validate(cfg: DemoConfig, task: DemoTask) -> None:
                          "(the trainer starts from it); or leave both out for the embedded model")
     if cfg.concurrency < 0:
         raise UsageError(f"--concurrency must be >= 0, got {cfg.concurrency}")
+    if cfg.max_staleness < 0:
+        raise UsageError(f"--max-staleness must be >= 0 (0: agents wait while the trainer trains), got "
+                         f"{cfg.max_staleness}")
 
 
 MARKER = ".tracerl-demo"
@@ -367,18 +328,63 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     return run
 
 
+GATEWAY_MODELS_TTL_S = 0.5  # the demo's gateway trusts the server's model list this long (--models-ttl-s)
+# after a publish the loop waits this long before recording the round: > GATEWAY_MODELS_TTL_S, so a
+# call made after it is routed by a fresh model list (a LoRA publish's new name). The next batch was
+# released when the round trained (BatchesAhead), so this covers the evaluation after the last round,
+# not the next batch's first calls; both demo presets publish full weights, whose calls the gateway
+# labels from the server's /weight_info, not from this list.
+PUBLISH_SETTLE_S = GATEWAY_MODELS_TTL_S + 0.1
+
+
 def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
           logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
-    from rollout.ahead import BatchesAhead
-    from rollout.driver import Driver, run_rollouts
-    from rollout.records import summarize
-    from rollout.rewards import load_reward_fn
-    from rollout.tasks import parse_tasks
-
-    serve_port, gateway_port, grpc_port, http_port = ports
-    tracerl_bin = str(BIN / "tracerl")
+    """Start the processes, run the rounds (``loop.rounds.run_rounds``), then evaluate and plot."""
     # the real demo's agents mostly wait on the model: a whole round at once is one batch of the server
     concurrency = cfg.concurrency or (cfg.rollouts_per_round if task.name == "sql" else 2 * (os.cpu_count() or 1))
+    server_url = _start_processes(cfg, children, model=model, store=store, logs=logs, ports=ports,
+                                  concurrency=concurrency)
+    for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
+        if batch:
+            (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
+    real = task.name == "sql"
+    # training alone has the machine (the engine idles between rounds); beside agents it shares it
+    plan = LoopPlan(rounds=cfg.rounds, lead=cfg.max_staleness,
+                    alone_threads=cfg.train_threads if cfg.train_threads is not None
+                    else (os.cpu_count() or 1) if real else cfg.threads,
+                    shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
+                    settle_s=PUBLISH_SETTLE_S, report_hint=f"tracerl report --store {store}")
+    parts = _DemoStages.build(cfg, run, children, task=task, store=store, logs=logs, model=model,
+                              server_url=server_url, ports=ports, concurrency=concurrency, plan=plan)
+    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
+          f"samples), {concurrency} agents at a time; model {model}\n", flush=True)
+    evaluate = bool(task.heldout) and cfg.final_eval
+    print(TABLE_HEADER, flush=True)
+    result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: _print_round(run, d, lead=plan.lead),
+                        on_no_signal=_print_no_signal)
+    run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
+    k = result.version
+    if evaluate:
+        print(flush=True)
+        parts.score_heldout(k, parts.heldout_rollouts(k))
+    elif cfg.final_eval and not task.heldout:
+        parts.final_eval(k)
+    print(flush=True)
+    try:
+        from trainer.report import plot, round_rows
+
+        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png",
+                        heldout=[(k, h.success, h.n) for k, h in run.heldout])
+    except Exception as e:  # a missing matplotlib must not hide a finished run
+        _say(f"no plot ({type(e).__name__}: {e})")
+
+
+def _start_processes(cfg: DemoConfig, children: Children, *, model: Path, store: Path, logs: Path,
+                     ports: tuple[int | None, int, int, int], concurrency: int) -> str:
+    """``tracerl collect``, ``tracerl serve`` (unless --server) and ``tracerl gateway``, healthy; the
+    server's URL."""
+    serve_port, gateway_port, grpc_port, http_port = ports
+    tracerl_bin = str(BIN / "tracerl")
     t = time.perf_counter()
     collector = children.start(Child("collect", [
         tracerl_bin, "collect", "--store", str(store), "--grpc", f"127.0.0.1:{grpc_port}",
@@ -400,7 +406,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     otlp = f"http://127.0.0.1:{grpc_port}"
     gateway = children.start(Child("gateway", [
         tracerl_bin, "gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gateway_port}", "--otlp", otlp,
-        "--models-ttl-s", "0.5"], logs / "gateway.log"))
+        "--models-ttl-s", str(GATEWAY_MODELS_TTL_S)], logs / "gateway.log"))
     collector.wait_healthy(lambda: tcp_open(http_port) and tcp_open(grpc_port), 60)
     if not cfg.server:
         server.wait_healthy(lambda: http_ok(f"{server_url}/health"), 600)
@@ -411,191 +417,161 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     _say(f"up in {time.perf_counter() - t:.1f}s: collector {otlp} (rewards http://127.0.0.1:{http_port}), "
          f"{'server' if cfg.server else 'tracerl serve --engine ' + cfg.engine} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
          f"logs in {logs}")
+    return server_url
 
-    from span_to_transition.convert import ConvertConfig
-    from span_to_transition.store import convert_store
-    from store.layout import StoreLayout
-    from trainer.config import TrainSettings
-    from trainer.publish import server_publisher
-    from trainer.rounds import read_rounds, run_once
 
-    real = task.name == "sql"
-    # training alone has the machine (the engine idles between rounds); beside the evaluation it shares it
-    alone_threads = cfg.train_threads if cfg.train_threads is not None else (os.cpu_count() or 1) if real \
-        else cfg.threads
-    shared_threads = cfg.threads if cfg.train_threads is None else cfg.train_threads
+@dataclass
+class _DemoStages:
+    """The stages of ``loop.rounds`` as the demo runs them: the rollout driver against its processes,
+    ``convert_store`` over its store, ``run_once`` with its settings and publisher."""
 
-    for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
-        if batch:
-            (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
-    n = task.group
-    reward_fn = load_reward_fn(task.reward)
-    command = [str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)]
-    base_env = agent_env(cfg)
-    convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
-    settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
-                             epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
-                             lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
-                             # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
-                             max_prompt_tokens=512 if real else 256, max_response_tokens=64,
-                             pack_tokens=640 if real else 512, progress=False, threads=alone_threads,
-                             estimator=cfg.estimator,
-                             # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
-                             # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
-                             bf16=bool(cfg.model) or real)
-    publisher = server_publisher(server_url)
-    layout = StoreLayout.at(store)
+    cfg: DemoConfig
+    run: DemoRun
+    children: Children
+    task: DemoTask
+    store: Path
+    logs: Path
+    driver: dict[str, Any]  # the rollout driver's settings every batch shares
+    convert_cfg: ConvertConfig
+    settings: TrainSettings
+    publisher: Publisher
+    abort: threading.Event = field(default_factory=threading.Event)  # kills running agents (rollouts run in threads)
 
-    abort = threading.Event()  # rollouts run in threads: an interrupted demo kills their agents through it
+    @classmethod
+    def build(cls, cfg: DemoConfig, run: DemoRun, children: Children, *, task: DemoTask, store: Path, logs: Path,
+              model: Path, server_url: str, ports: tuple[int | None, int, int, int], concurrency: int,
+              plan: LoopPlan) -> _DemoStages:
+        from rollout.rewards import load_reward_fn
+        from span_to_transition.convert import ConvertConfig
+        from trainer.config import TrainSettings
+        from trainer.publish import server_publisher
 
-    def alive() -> None:
-        children.check_alive()
+        _, gateway_port, grpc_port, http_port = ports
+        real = task.name == "sql"
+        driver = dict(command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
+                      concurrency=concurrency, collector=f"http://127.0.0.1:{http_port}",
+                      otlp=f"http://127.0.0.1:{grpc_port}", gateway=f"http://127.0.0.1:{gateway_port}/v1",
+                      reward_fn=load_reward_fn(task.reward), timeout_s=cfg.timeout_s, retries=0, store=str(store),
+                      base_env=agent_env(cfg))
+        settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
+                                 epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
+                                 lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
+                                 # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
+                                 max_prompt_tokens=512 if real else 256, max_response_tokens=64,
+                                 pack_tokens=640 if real else 512, progress=False, threads=plan.alone_threads,
+                                 estimator=cfg.estimator, max_staleness=plan.lead,
+                                 # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
+                                 # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
+                                 bf16=bool(cfg.model) or real)
+        return cls(cfg, run, children, task, store, logs, driver, ConvertConfig(quiet_s=0.0, workers=1), settings,
+                   server_publisher(server_url))
 
-    def do_rollouts(label: str, batch: list[dict], n: int = n) -> tuple[list[Any], dict[str, int], float]:
+    def stages(self, evaluate: bool) -> Stages:
+        """``loop.rounds.Stages``; with policy@0's held-out evaluation beside round 0 when ``evaluate``."""
+        # batch b asks the b-th tasks of the training split; with --max-staleness K the next K batches run
+        # while a round trains (their rollouts start on the serving policy, whatever its version then)
+        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b)),
+                      convert=self.convert, train=self.train, round_row=self.round_row,
+                      alive=self.children.check_alive, abort=self.abort,
+                      heldout=self.heldout_rollouts if evaluate else None, score_heldout=self.score_heldout)
+
+    def rollouts(self, label: str, batch: list[dict], n: int | None = None) -> Batch:
+        """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored."""
+        from rollout.driver import Driver, run_rollouts
+        from rollout.records import summarize
+        from rollout.tasks import parse_tasks
+
         t0 = time.perf_counter()
         tasks = parse_tasks([json.dumps(t) for t in batch], source=f"the demo's {label} tasks")
-        driver = Driver(command=command, tasks=tasks, n=n, concurrency=concurrency,
-                        progress=None if label.startswith("held-out") else False,
-                        collector=f"http://127.0.0.1:{http_port}", otlp=otlp,
-                        gateway=f"http://127.0.0.1:{gateway_port}/v1", reward_fn=reward_fn,
-                        timeout_s=cfg.timeout_s, retries=0, store=str(store), base_env=base_env)
+        driver = Driver(tasks=tasks, n=self.task.group if n is None else n,
+                        progress=None if label.startswith("held-out") else False, **self.driver)
         with open(os.devnull, "w") as quiet:
-            records, _ = run_rollouts(driver, out=quiet, abort=abort)
-        alive()
+            records, _ = run_rollouts(driver, out=quiet, abort=self.abort)
+        self.children.check_alive()
         s = summarize(records)
         if s.ok == 0:
             tail = next((r.stderr_tail for r in records if r.stderr_tail), "")
             raise RuntimeError(f"{label}: all {s.total} agent runs failed; the last lines of one:\n{tail}")
         if s.unposted_rewards:
             raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
-                               f"see {logs / 'collect.log'}")
+                               f"see {self.logs / 'collect.log'}")
         ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
-        st = wait_for_round(store, ids, sum(bool(r.reward_posted) for r in records), cfg.wait_s, alive)
-        return records, st, time.perf_counter() - t0
+        wait_for_round(self.store, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
+                       self.children.check_alive)
+        return Batch(records, time.perf_counter() - t0)
 
-    def held_out_rollouts(k: int) -> tuple[list[Any], float]:
+    def convert(self, rollout_ids: list[str]) -> tuple[int, str]:
+        from span_to_transition.store import convert_store
+
+        stats = convert_store(str(self.store), self.convert_cfg)
+        return round_status(self.store, rollout_ids)["converted"], stats.summary()
+
+    def train(self, training: Training) -> RoundOutcome:
+        """One ``tracerl train --once`` (``loop.rounds.Training`` says its threads and whether it publishes)."""
+        from trainer.rounds import run_once
+
+        return run_once(dataclasses.replace(self.settings, threads=training.threads),
+                        publisher=self.publisher if training.publish else None, log=lambda _msg: None,
+                        threads_now=training.threads_now)
+
+    def round_row(self, k: int) -> dict[str, Any] | None:
+        from store.layout import StoreLayout
+        from trainer.rounds import read_rounds
+
+        return read_rounds(StoreLayout.at(self.store)).get(k)
+
+    def heldout_rollouts(self, k: int) -> Batch:
         """policy@k on the held-out questions (seeded samples, not trained on), until stored."""
-        records, _, t_roll = do_rollouts(f"held-out evaluation of policy@{k}", task.heldout, n=1)
-        return records, t_roll
+        return self.rollouts(f"held-out evaluation of policy@{k}", self.task.heldout, n=1)
 
-    def held_out_score(k: int, records: list[Any], t_roll: float) -> HeldOut:
+    def score_heldout(self, k: int, batch: Batch) -> HeldOut:
         """Scored from the store's rewards, and converted: queryable like the rounds' rollouts (the
         trainer's --tasks regex keeps them out of training)."""
-        convert_store(str(store), convert_cfg)
-        stored = store_rewards(store, [r.rollout_id for r in records])
+        from span_to_transition.store import convert_store
+
+        records, run = batch.records, self.run
+        convert_store(str(self.store), self.convert_cfg)
+        stored = store_rewards(self.store, [r.rollout_id for r in records])
         h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
         run.heldout.append((k, h))
-        answers = store_answers(store, [r.rollout_id for r in records])
+        answers = store_answers(self.store, [r.rollout_id for r in records])
         run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
         print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
-              f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {t_roll:.0f}s)",
+              f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {batch.seconds:.0f}s)",
               flush=True)
         return h
 
-    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {n} samples), "
-          f"{concurrency} agents at a time; model {model}\n", flush=True)
-    evaluate = bool(task.heldout) and cfg.final_eval
-    # policy@0's held-out evaluation runs while round 0 trains (the engine would idle then); policy@1
-    # is published only once it is done, so every one of its calls is served by policy@0
-    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out") if evaluate else None
-    pending = None
-    print(TABLE_HEADER, flush=True)
-    k = 0  # the trainer's round: trains on policy@k, publishes policy@k+1
-    no_signal = 0  # consecutive batches in which every task's rollouts scored alike
-    lead = cfg.max_staleness
-    settings = dataclasses.replace(settings, max_staleness=lead)
-    wanted = [cfg.rounds]  # training batches the loop needs: one more for each batch without signal
-    # batch b asks the b-th tasks of the training split; with --max-staleness K the next K batches run
-    # while a round trains (their rollouts start on the serving policy, whatever its version then)
-    ahead = BatchesAhead(lambda b: do_rollouts(f"round batch {b}", task.round_tasks(b)), lead,
-                         wanted=lambda b: b < wanted[0])
-    b = 0
-    try:
-        while k < cfg.rounds:
-            t0 = time.perf_counter()
-            records, _, t_roll = ahead.get(b)
-            b += 1
-            t1 = time.perf_counter()
-            stats = convert_store(str(store), convert_cfg)
-            converted = round_status(store, [r.rollout_id for r in records])["converted"]
-            rewarded = sum(r.reward is not None for r in records)
-            if converted < rewarded:
-                raise RuntimeError(f"round {k}: only {converted} of {rewarded} rewarded rollouts were converted "
-                                   f"({stats.summary()})")
-            t2 = time.perf_counter()
-            if background is not None and not run.heldout and pending is None:
-                pending = background.submit(held_out_rollouts, 0)
-            tt = time.monotonic()
-            if pending is not None:  # train now, publish once the evaluation's calls are all answered
-                beside = dataclasses.replace(settings, threads=shared_threads)
-                outcome = run_once(beside, publisher=None, log=lambda _msg: None)
-                held_out_score(0, *pending.result())
-                pending = None
-                if outcome.status == "trained":
-                    outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
-            elif not lead:  # training alone: the machine's cores
-                outcome = run_once(settings, publisher=publisher, log=lambda _msg: None)
-            else:  # beside the next batch's agents: --threads, the machine's cores once they are done
-                outcome = run_once(dataclasses.replace(settings, threads=shared_threads), publisher=publisher,
-                                   log=lambda _msg: None,
-                                   threads_now=lambda: shared_threads if ahead.running else alone_threads)
-            run.train_spans.append((tt, time.monotonic()))
-            ahead.release()
-            alive()
-            t3 = time.perf_counter()
-            if outcome.status == "waiting":  # no reward spread in any group: nothing to learn from this batch
-                no_signal += 1
-                s = summarize(records)
-                print(f"    -   policy@{k}: {s.total} rollouts, mean reward {s.mean_reward or 0:.3f}, all alike "
-                      f"within each task: no training signal; "
-                      f"{'stopping' if no_signal >= 3 else 'sampling policy@' + str(k) + ' again'}", flush=True)
-                if no_signal >= 3:
-                    break
-                wanted[0] += 1
-                ahead.changed()
-                continue
-            no_signal = 0
-            time.sleep(0.6)  # > the gateway's --models-ttl-s: the next call sees the new policy
-            row = read_rounds(layout).get(k)
-            if outcome.status != "published" or row is None or row["status"] != "published":
-                raise RuntimeError(f"round {k}: training did not publish policy@{k + 1} ({outcome.status}: "
-                                   f"{outcome.message}); see the rounds manifest: tracerl report --store {store}")
-            run.samples += row["n_transitions"] or 0
-            res = RoundResult(round=k, policy=f"policy@{row['policy_version']}", rollouts=row["n_rollouts"],
-                              mean_reward=row["mean_reward"], loss=row["loss"], kl=row["kl"],
-                              seconds=time.perf_counter() - t0, status=row["status"])
-            run.rounds.append(res)
-            print(format_row(res) + f"   (rollouts {t_roll:.1f}s{' ahead' if lead else ''}, convert "
-                  f"{t2 - t1:.1f}s, train {t3 - t2:.1f}s)", flush=True)
-            k += 1
-    finally:
-        abort.set()  # a batch still running (only when stopped early) is killed, not left behind
-        ahead.close(timeout_s=30)
-        abort.clear()
-        run.rollout_spans = list(ahead.spans)
-    if pending is not None:  # every round 0 batch lacked signal: the evaluation still counts
-        held_out_score(0, *pending.result())
-    if background is not None:
-        background.shutdown()
-    if evaluate:
-        print(flush=True)
-        held_out_score(k, *held_out_rollouts(k))
-    elif cfg.final_eval and not task.heldout:
-        records, _, t_roll = do_rollouts("evaluation", task.train)
-        ids = [r.rollout_id for r in records]
-        stored = store_rewards(store, ids)
-        run.final_reward = sum(stored.values()) / len(stored) if stored else None
-        convert_store(str(store), convert_cfg)  # queryable like the rounds' rollouts (never trained on)
-        print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
-              f"{run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {t_roll:>7.1f}", flush=True)
-    print(flush=True)
-    try:
-        from trainer.report import plot, round_rows
+    def final_eval(self, k: int) -> None:
+        """One more batch of the training tasks on the final policy: measured, never trained on."""
+        from span_to_transition.store import convert_store
 
-        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png",
-                        heldout=[(k, h.success, h.n) for k, h in run.heldout])
-    except Exception as e:  # a missing matplotlib must not hide a finished run
-        _say(f"no plot ({type(e).__name__}: {e})")
+        batch = self.rollouts("evaluation", self.task.train)
+        ids = [r.rollout_id for r in batch.records]
+        stored = store_rewards(self.store, ids)
+        self.run.final_reward = sum(stored.values()) / len(stored) if stored else None
+        convert_store(str(self.store), self.convert_cfg)  # queryable like the rounds' rollouts (never trained on)
+        print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
+              f"{self.run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {batch.seconds:>7.1f}", flush=True)
+
+
+def _print_round(run: DemoRun, done: RoundDone, lead: int) -> None:
+    """A row of the table: the manifest's numbers for the round, and where its wall time went."""
+    row = done.row
+    res = RoundResult(round=done.round, policy=f"policy@{row['policy_version']}", rollouts=row["n_rollouts"],
+                      mean_reward=row["mean_reward"], loss=row["loss"], kl=row["kl"], seconds=done.seconds,
+                      status=row["status"])
+    run.rounds.append(res)
+    print(format_row(res) + f"   (rollouts {done.rollout_s:.1f}s{' ahead' if lead else ''}, convert "
+          f"{done.convert_s:.1f}s, train {done.train_s:.1f}s)", flush=True)
+
+
+def _print_no_signal(ns: NoSignal) -> None:
+    from rollout.records import summarize
+
+    s, k = summarize(ns.records), ns.version
+    print(f"    -   policy@{k}: {s.total} rollouts, mean reward {s.mean_reward or 0:.3f}, all alike "
+          f"within each task: no training signal; {'stopping' if ns.stopping else f'sampling policy@{k} again'}",
+          flush=True)
 
 
 def _quiet_transformers() -> None:
@@ -620,32 +596,6 @@ def http_ok_quiet(url: str) -> bool:
         return http_ok(url)
     except Exception:
         return False
-
-
-def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
-    """The reward the collector stored for each of these rollouts (the last value per rollout)."""
-    from store.views import connect_readonly
-
-    con = connect_readonly(str(store))
-    try:
-        return dict(con.execute("""SELECT rollout_id, arg_max(value, "at") FROM rewards
-                                   WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id""",
-                                [rollout_ids]).fetchall())
-    finally:
-        con.close()
-
-
-def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
-    """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
-    from store.views import connect_readonly
-
-    con = connect_readonly(str(store))
-    try:
-        return dict(con.execute("""SELECT rollout_id, any_value(attributes[?]) FROM spans
-                                   WHERE attributes[?] IS NOT NULL AND rollout_id IN (SELECT unnest(?::VARCHAR[]))
-                                   GROUP BY rollout_id""", [attribute, attribute, rollout_ids]).fetchall())
-    finally:
-        con.close()
 
 
 def tracerl_command() -> str:

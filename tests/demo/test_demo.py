@@ -23,7 +23,9 @@ from tracerl_testing import BIN, tracerl
 
 from store.layout import StoreLayout
 from store.views import connect_readonly
-from tracerl.demo import TABLE_HEADER, RoundResult, format_row, parse_table
+from tracerl.demo import TABLE_HEADER, DemoConfig, RoundResult, format_row, parse_table, validate
+from tracerl.demo_tasks import letter_task
+from tracerl.options import UsageError
 from trainer.rounds import read_rounds
 
 
@@ -94,6 +96,12 @@ def test_a_store_with_data_is_refused_and_the_fix_named(tmp_path):
 def test_bad_rollouts_per_round_is_a_usage_error(tmp_path):
     proc = tracerl("demo", "--tiny", "--workdir", str(tmp_path), "--rollouts-per-round", "6", check=False)
     assert proc.returncode == 2 and "multiple of the 4 tasks" in proc.stderr
+
+
+def test_a_negative_max_staleness_is_a_usage_error_before_anything_starts():
+    cfg = DemoConfig(tiny=True, max_staleness=-1).resolved()
+    with pytest.raises(UsageError, match="--max-staleness must be >= 0"):
+        validate(cfg, letter_task(cfg.letters, cfg.rollouts_per_round))
 
 
 def test_table_rows_round_trip_through_the_parser():

@@ -22,9 +22,9 @@ from real_model import real_model_dir
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
+from loop.watch import wait_for_round
 from store.layout import StoreLayout
 from store.views import connect_readonly
-from tracerl.demo import wait_for_round
 from trainer.rounds import read_rounds
 
 from .vllm_rig import running_vllm

@@ -33,11 +33,11 @@ import torch
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
+from loop.watch import wait_for_round
 from serving.models.tiny_model import build_tiny_model
 from serving.vllm.publish import PublishError, VLLMPublisher, publish_policy
 from store.layout import StoreLayout
 from store.views import connect_readonly
-from tracerl.demo import wait_for_round
 from trainer.checkpoint import checkpoint_dir
 from trainer.merge import merged_dir
 from trainer.rounds import read_rounds

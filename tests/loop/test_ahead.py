@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from rollout.ahead import BatchesAhead
+from loop.ahead import BatchesAhead
 
 
 class Recorder:

@@ -1,0 +1,116 @@
+"""What the store holds of a round right now: the loop's view of its stages' output, by SQL.
+
+The rollout driver returns once its agents exited, but their spans travel on (agent -> collector WAL
+-> Parquet) and the gateway's spans on their own path; a round is complete only when the store
+shows all of them. These queries read the store's views; they never parse a span.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+POLL_S = 0.1  # between two looks at the store while a round's spans arrive
+
+
+def round_status(store: Path, rollout_ids: list[str]) -> dict[str, int]:
+    """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
+    from store.views import connect_readonly
+
+    con = connect_readonly(str(store))
+    try:
+        con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
+        roots, traces = con.execute("""
+            SELECT count(DISTINCT s.rollout_id) FILTER (WHERE s.parent_span_id IS NULL OR s.parent_span_id = ''),
+                   count(DISTINCT s.trace_id)
+            FROM spans s JOIN ids USING (rollout_id)""").fetchone()
+        calls, gateway = con.execute("""
+            WITH t AS (SELECT DISTINCT trace_id FROM spans JOIN ids USING (rollout_id))
+            SELECT count(*) FILTER (WHERE coalesce(s.attributes['tracerl.gateway'], '') <> 'true'
+                                      AND coalesce(s.attributes['gen_ai.system'],
+                                                   s.attributes['gen_ai.provider.name']) IS NOT NULL),
+                   count(*) FILTER (WHERE s.attributes['tracerl.gateway'] = 'true')
+            FROM spans s JOIN t USING (trace_id)""").fetchone()
+        rewards = con.execute(
+            "SELECT count(DISTINCT r.rollout_id) FROM rewards r JOIN ids USING (rollout_id)"
+        ).fetchone()[0]
+        converted = con.execute(
+            "SELECT count(DISTINCT t.rollout_id) FROM transitions t JOIN ids USING (rollout_id)"
+        ).fetchone()[0]
+    finally:
+        con.close()
+    return {
+        "roots": roots,
+        "traces": traces,
+        "calls": calls,
+        "gateway_spans": gateway,
+        "rewards": rewards,
+        "converted": converted,
+    }
+
+
+def round_complete(status: dict[str, int], rollouts: int, rewarded: int) -> bool:
+    """Every rollout's root span and reward are stored, and a gateway span for each of its LLM calls."""
+    return (
+        status["roots"] >= rollouts
+        and status["rewards"] >= rewarded
+        and status["calls"] > 0
+        and status["gateway_spans"] >= status["calls"]
+    )
+
+
+def wait_for_round(
+    store: Path, rollout_ids: list[str], rewarded: int, timeout_s: float, alive: Callable[[], None]
+) -> dict[str, int]:
+    """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable.
+
+    ``alive()`` is called before each look: it raises when a process the round needs has died, so a
+    dead collector is reported as such instead of as a timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive()
+        st = round_status(store, rollout_ids)
+        if round_complete(st, len(rollout_ids), rewarded):
+            return st
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the round's spans did not all reach the store within {timeout_s:.0f}s "
+                f"(--wait-s): {len(rollout_ids)} rollouts, {st['roots']} root spans, {rewarded} "
+                f"rewards posted / {st['rewards']} stored, {st['calls']} LLM calls / "
+                f"{st['gateway_spans']} gateway spans; see the collector and gateway logs"
+            )
+        time.sleep(POLL_S)
+
+
+def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
+    """The reward the collector stored for each of these rollouts (the last value per rollout)."""
+    from store.views import connect_readonly
+
+    con = connect_readonly(str(store))
+    try:
+        rows = con.execute(
+            """SELECT rollout_id, arg_max(value, "at") FROM rewards
+               WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id""",
+            [rollout_ids],
+        ).fetchall()
+    finally:
+        con.close()
+    return dict(rows)
+
+
+def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
+    """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
+    from store.views import connect_readonly
+
+    con = connect_readonly(str(store))
+    try:
+        rows = con.execute(
+            """SELECT rollout_id, any_value(attributes[?]) FROM spans
+               WHERE attributes[?] IS NOT NULL AND rollout_id IN (SELECT unnest(?::VARCHAR[]))
+               GROUP BY rollout_id""",
+            [attribute, attribute, rollout_ids],
+        ).fetchall()
+    finally:
+        con.close()
+    return dict(rows)
