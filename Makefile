@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-dev.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install vllm test lint demo demo-tiny clean
+.PHONY: install vllm test test-fast lint demo demo-tiny clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,12 @@ install: $(STAMP) vllm
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# The fast lane: tests that start no process and build no model (about a minute on 2 cores); a test in it
+# that does either fails and says to mark it slow (tests/conftest.py). `make test` runs everything.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	TRACERL_FAST_LANE=1 $(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -11,7 +11,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from tracerl_testing import BIN, free_port, tracerl
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 FIXTURES = Path(__file__).parents[1] / "span_to_transition"
 

@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from tracerl_testing import BIN
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 
 @pytest.mark.parametrize("query", [
     "COPY (SELECT 42 AS x) TO '.tmp/x.csv'",

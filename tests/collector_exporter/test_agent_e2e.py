@@ -14,6 +14,8 @@ from collector_exporter.testing import running_collector
 from store.layout import locate
 from store.views import connect_readonly
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 AGENT = Path(__file__).with_name("agent_app.py")
 
 

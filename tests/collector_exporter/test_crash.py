@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from tracerl_testing import BIN, free_port
@@ -15,6 +16,8 @@ from tracerl_testing import BIN, free_port
 from store.views import connect_readonly
 
 from .helpers import make_spans, span_key
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 
 def start_collector(store, port: int) -> subprocess.Popen:

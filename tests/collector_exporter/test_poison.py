@@ -350,6 +350,7 @@ def _collect(store, port: int) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("poison", ["span", "reward"])
 def test_sigterm_exits_0_after_poison_and_a_restart_leaves_no_backlog(store, poison):
     port = free_port()

@@ -17,7 +17,7 @@ from store.views import connect_readonly
 
 from .helpers import trace_request
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a certificate")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a certificate")]
 
 
 @pytest.fixture

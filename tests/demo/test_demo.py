@@ -75,6 +75,7 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     assert out.rstrip().endswith(f"tracerl ui --store {store}      # then open http://127.0.0.1:8700/")
 
 
+@pytest.mark.slow
 def test_a_port_in_use_names_the_flag_to_change(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,6 +87,7 @@ def test_a_port_in_use_names_the_flag_to_change(tmp_path):
     assert not (tmp_path / "logs").exists()  # nothing was started
 
 
+@pytest.mark.slow
 def test_a_store_with_data_is_refused_and_the_fix_named(tmp_path):
     store = tmp_path / "mine"
     (store / "spans").mkdir(parents=True)
@@ -93,6 +95,7 @@ def test_a_store_with_data_is_refused_and_the_fix_named(tmp_path):
     assert proc.returncode == 2 and "already holds data" in proc.stderr and "--store" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bad_rollouts_per_round_is_a_usage_error(tmp_path):
     proc = tracerl("demo", "--tiny", "--workdir", str(tmp_path), "--rollouts-per-round", "6", check=False)
     assert proc.returncode == 2 and "multiple of the 4 tasks" in proc.stderr

@@ -55,6 +55,7 @@ def test_no_reply_that_ignores_the_task_beats_one_over_the_number_of_letters():
         assert mean <= 1 / len(letters) + 1e-9, reply
 
 
+@pytest.mark.slow
 def test_tasks_are_one_per_letter_with_distinct_ids():
     assert make_tasks.make_tasks("ae") == [{"id": "letter-a", "letter": "a", "letters": "ae"},
                                            {"id": "letter-e", "letter": "e", "letters": "ae"}]

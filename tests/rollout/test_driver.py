@@ -14,6 +14,8 @@ from collector_exporter.testing import running_collector
 from rollout.agent_env import parse_resource_attributes
 from store.views import connect_readonly
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 HERE = Path(__file__).parent
 AGENT = [str(BIN / "python"), str(HERE / "fake_agent.py")]
 REWARDS = str(HERE / "reward_fns.py")

@@ -39,6 +39,7 @@ def one_span(spans, n: int = 1):
     return got[n - 1]
 
 
+@pytest.mark.slow
 def test_chat_through_the_gateway_records_exact_ids_and_returns_only_what_was_asked(
         spans, embedded, tokenizer, reference_model):
     with gateway(spans, embedded.url) as gw:
@@ -62,6 +63,7 @@ def test_chat_through_the_gateway_records_exact_ids_and_returns_only_what_was_as
     assert "tracerl.policy_version" not in a and span.status.status_code != StatusCode.ERROR
 
 
+@pytest.mark.slow
 def test_fields_the_client_asked_for_are_kept(spans, embedded):
     with gateway(spans, embedded.url) as gw:
         r = client_for(gw).chat.completions.create(model="policy", messages=MSGS, max_tokens=4, logprobs=True,
@@ -70,6 +72,7 @@ def test_fields_the_client_asked_for_are_kept(spans, embedded):
     assert list(one_span(spans).attributes["tracerl.response_token_ids"]) == r.choices[0].model_extra["token_ids"]
 
 
+@pytest.mark.slow
 def test_streaming_client_gets_a_clean_stream_and_the_span_gets_the_ids(spans, embedded, tokenizer):
     with gateway(spans, embedded.url) as gw:
         c = client_for(gw)
@@ -88,6 +91,7 @@ def test_streaming_client_gets_a_clean_stream_and_the_span_gets_the_ids(spans, e
     assert tokenizer.decode(list(s_stream.attributes["tracerl.response_token_ids"]), skip_special_tokens=True) == text
 
 
+@pytest.mark.slow
 def test_completions_and_n_choices(spans, embedded, tokenizer):
     with gateway(spans, embedded.url) as gw:
         r = client_for(gw).completions.create(model="policy", prompt="Hello", max_tokens=5, n=2, temperature=1.0,
@@ -100,6 +104,7 @@ def test_completions_and_n_choices(spans, embedded, tokenizer):
     assert len(a["tracerl.choices.1.response_logprobs"]) == 5 and r.choices[0].logprobs is None
 
 
+@pytest.mark.slow
 def test_streamed_completions_and_concurrent_clients(spans, embedded, tokenizer):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -145,6 +150,7 @@ def test_span_is_a_child_of_the_incoming_traceparent_and_propagates_it_upstream(
     assert seen[0]["traceparent"].split("-")[1:3] == [trace_id, format(span.context.span_id, "016x")]
 
 
+@pytest.mark.slow
 def test_unreachable_upstream_is_a_clear_502_and_the_gateway_stays_up(spans, embedded):
     dead = Server(("127.0.0.1", 0), type("H", (), {}))  # bind a port, then free it: nothing listens
     dead_url = dead.url
@@ -212,6 +218,7 @@ def test_slow_upstream_times_out_as_504(spans):
     assert one_span(spans).attributes["error.type"] == "ReadTimeout"
 
 
+@pytest.mark.slow
 def test_upstream_errors_pass_through_with_status_and_message(spans, embedded):
     up = scripted_upstream(lambda h, body: h.send_json(500, {"error": {"message": "CUDA out of memory",
                                                                        "type": "InternalServerError", "code": 500}}))
@@ -271,6 +278,7 @@ def test_client_auth_passes_through_and_the_gateway_token_protects_it(spans):
     assert models["data"][0]["id"] == "scripted"
 
 
+@pytest.mark.slow
 def test_oversized_bodies_are_refused(spans, embedded):
     with gateway(spans, embedded.url, max_body_bytes=1024) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions",
@@ -312,6 +320,7 @@ def random_lora(tiny_model_dir, out, seed: int):
     return out
 
 
+@pytest.mark.slow
 def test_agents_asking_for_policy_get_the_newest_published_version(spans, tiny_model_dir, tmp_path):
     from serving.embedded.server import EmbeddedServer
     from serving.vllm.publish import publish_policy
@@ -350,6 +359,7 @@ def test_upstream_answering_garbage_is_a_502(spans):
     assert one_span(spans).attributes["error.type"] == "invalid_response"
 
 
+@pytest.mark.slow
 def test_full_weight_reloads_are_tagged_with_the_published_version(spans, tiny_model_dir):
     from serving.embedded.server import EmbeddedServer
     from serving.vllm.publish import publish_policy

@@ -77,6 +77,7 @@ def test_hundreds_of_concurrent_streams_complete_on_a_few_threads(spans, bench, 
     assert max(threads) < 40, f"a thread per connection would be 300+, got {max(threads)}"
 
 
+@pytest.mark.slow
 def test_a_client_leaving_mid_stream_ends_the_upstream_call_and_marks_the_span(spans, embedded):
     gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[embedded.url]), spans.provider).start_background()
     try:
@@ -124,6 +125,7 @@ def test_the_gateway_token_is_checked_before_the_body_is_read(spans, streaming_u
         gw.stop()
 
 
+@pytest.mark.slow
 def test_the_sweep_runs_every_level_without_errors(bench, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gateway.py"])
     args = bench.argparse.Namespace(tokens=3, token_ms=5.0, seconds=0.3, gateway_root="", workers=1)
@@ -140,6 +142,7 @@ def listening_sockets(port: int) -> int:
     return sum(1 for r in rows if r[1] == f"0100007F:{port:04X}" and r[3] == "0A")
 
 
+@pytest.mark.slow
 def test_workers_serve_one_port_and_each_exports_its_spans(streaming_upstream, store):
     """``tracerl gateway --workers 2``: two processes listen on the port (SO_REUSEPORT), calls on
     fresh connections are spread over both, each records its calls' spans, and both exit on SIGTERM."""

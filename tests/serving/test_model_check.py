@@ -55,6 +55,7 @@ def test_check_model_dir_reads_config_json(tmp_path):
     assert check_model_dir(tmp_path / "m", python) is None  # vLLM names a broken config itself
 
 
+@pytest.mark.slow
 def test_serve_refuses_the_tiny_model_on_cpu_vllm_before_starting_it(tiny_model_dir: Path, capsys):
     """The newcomer's crash: `tracerl init-model DIR` then `tracerl serve --model DIR`. Now a usage error that
     names the fix, raised before VLLMProcess is built, so no vLLM was started."""

@@ -21,6 +21,7 @@ def smollm2() -> Path:
     return real_model_dir()
 
 
+@pytest.mark.slow
 def test_converted_logits_equal_the_gguf_dequantized_reference(smollm2: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

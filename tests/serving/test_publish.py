@@ -14,6 +14,8 @@ from serving.vllm.publish import PublishError, VLLMPublisher
 
 from .helpers import WEATHER_TOOL, chat_prompt_ids, recompute_logprobs
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 # ---------------------------------------------------------------------------------------------
 # Against the real embedded server: the next call is served by the new weights
 # ---------------------------------------------------------------------------------------------

@@ -41,12 +41,14 @@ def chat_body(**fields) -> dict:
         {"chat_template_kwargs": {"chat_template": "{{ 'ab ' * 3000000 }}"}},
     ],
 )
+@pytest.mark.slow
 def test_a_request_chat_template_is_refused_without_the_trust_flag(embedded, fields):
     # the refusal's own message says the template was never rendered (rendering it would take seconds)
     r = httpx.post(embedded.url + "/v1/chat/completions", json=chat_body(**fields), timeout=60)
     assert r.status_code == 400 and r.json()["error"]["message"] == UNTRUSTED_TEMPLATE
 
 
+@pytest.mark.slow
 def test_template_kwargs_reach_the_template_only_when_it_reads_them(embedded, tokenizer):
     r = httpx.post(
         embedded.url + "/v1/chat/completions",
@@ -60,6 +62,7 @@ def test_template_kwargs_reach_the_template_only_when_it_reads_them(embedded, to
     assert r.status_code == 400 and "unexpected chat template kwargs" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_with_the_trust_flag_a_request_template_renders_the_prompt(tiny_model_dir, tokenizer):
     server = EmbeddedServer.start(str(tiny_model_dir), options=ServeOptions(trust_request_chat_template=True))
     try:
@@ -96,6 +99,7 @@ BAD_FIELDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_FIELDS))
 def test_a_bad_sampling_field_is_a_400_naming_it(embedded, case):
     field, param = BAD_FIELDS[case]
@@ -106,6 +110,7 @@ def test_a_bad_sampling_field_is_a_400_naming_it(embedded, case):
     assert r.json()["error"]["param"] == param, r.json()
 
 
+@pytest.mark.slow
 def test_a_lone_surrogate_in_a_message_is_a_400(embedded):
     r = post_raw(
         embedded.url,
@@ -126,6 +131,7 @@ def test_lone_surrogate_path_names_where_it_is():
     assert lone_surrogate_path({"a": "\U0001f600"}) is None
 
 
+@pytest.mark.slow
 def test_one_bad_request_never_fails_the_others_batched_with_it(tiny_model_dir):
     server = EmbeddedServer.start(str(tiny_model_dir), options=ServeOptions(max_num_seqs=8))
     try:
@@ -150,6 +156,7 @@ def test_one_bad_request_never_fails_the_others_batched_with_it(tiny_model_dir):
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_job_that_fails_inside_a_batch_fails_alone(tiny_model_dir, tokenizer):
     """The second line of defence: what slips past validation still fails only its own request."""
     from serving.embedded.engine import GenerationJob, ModelEngine
@@ -187,6 +194,7 @@ def test_host_allow_list_names_the_bound_address_and_the_extra_names():
     assert "--allowed-hosts" in cross_site_refusal("application/json", "evil.example:8000", allowed)
 
 
+@pytest.mark.slow
 def test_state_changing_endpoints_refuse_cross_site_requests_and_take_the_api_key(tiny_model_dir):
     server = EmbeddedServer.start(
         str(tiny_model_dir), options=ServeOptions(api_key="k", allowed_hosts=("gpu-box",))
@@ -228,6 +236,7 @@ def test_state_changing_endpoints_refuse_cross_site_requests_and_take_the_api_ke
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_body_nested_past_the_parser_is_a_400(embedded):
     r = post_raw(embedded.url, "[" * 100_000 + "]" * 100_000)
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]

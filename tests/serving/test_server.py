@@ -16,6 +16,8 @@ from serving.embedded.server import EmbeddedServer, ServeOptions
 
 from .helpers import WEATHER_TOOL, chat_prompt_ids, recompute_logprobs
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather in Paris?"}]
 
 

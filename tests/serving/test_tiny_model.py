@@ -6,11 +6,14 @@ import filecmp
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from serving.models.tiny_model import build_tiny_model
 from tracerl.cli import main
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather",

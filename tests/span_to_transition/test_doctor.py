@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from tracerl_testing import tracerl
 
 from schemas.tables import SPANS_SCHEMA
@@ -68,6 +69,7 @@ def healthy_rollout(trace_id: str, reward: float = 1.0) -> list[Span]:
     return t.spans
 
 
+@pytest.mark.slow
 def test_a_healthy_store_exits_0(store: Path) -> None:
     """Healthy means the next round would train: two runs of one task with different rewards."""
     put(store, "spans", spans_table(healthy_rollout("a" * 32, 1.0) + healthy_rollout("b" * 32, 0.0)), "a")
@@ -256,6 +258,7 @@ def test_pending_rollouts_name_the_wait_they_are_on(store: Path) -> None:
     assert "--quiet-s" not in f.saw and "1 rollout wait --max-wait-s" in f.saw
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_json(store: Path, tmp_path: Path) -> None:
     put(store, "spans", fixture_tables("openai-v2-events")[0], "a")
     before = {p: p.stat().st_mtime_ns for p in store.rglob("*")}
@@ -314,6 +317,7 @@ def test_only_gateway_spans_mean_the_agent_exported_nothing(store: Path) -> None
     assert "get_dist_dependency_conflicts" in got["no spans from the agent"].fix
 
 
+@pytest.mark.slow
 def test_the_skipped_instrumentor_command_runs_and_names_each_instrumentor(tmp_path: Path) -> None:
     """The command the doctor prints, run as printed in an environment with opentelemetry-instrumentation."""
     import os

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tracerl_testing import tracerl
 
 from span_to_transition.convert import ConvertConfig
@@ -144,6 +145,7 @@ def test_rollouts_used_by_earlier_rounds_leave_nothing_new(store: Path) -> None:
     assert "every rollout was used by an earlier round" in f.saw
 
 
+@pytest.mark.slow
 def test_cli_takes_the_trainers_estimator_and_window(store: Path) -> None:
     converted(store, [s for i in range(4) for s in request(i, float(i % 2))])
     grpo = tracerl("doctor", "--store", str(store), "--estimator", "grpo", check=False)

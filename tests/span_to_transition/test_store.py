@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from tracerl_testing import tracerl
 
 from schemas.tables import REWARDS_SCHEMA
@@ -141,6 +142,7 @@ def test_excluded_rollout_is_converted_once_its_side_channel_reward_arrives(stor
     assert (row["reward"], row["reward_source"]) == (0.25, "side_channel")
 
 
+@pytest.mark.slow
 def test_cli_convert_and_usage_errors(store: Path) -> None:
     put(store, "spans", spans_table(rollout("c" * 32, 100 * S)), "a")
     bad = tracerl("convert", "--store", str(store), "--agents", "writer(", check=False)
@@ -267,6 +269,7 @@ def test_rebuild_applies_changed_settings_to_converted_rows(store: Path) -> None
     assert convert_store(store, narrowed, now_ns=LATER).settings_changed is None  # the rows match again
 
 
+@pytest.mark.slow
 def test_cli_rebuild(store: Path) -> None:
     put(store, "spans", spans_table(rollout("d" * 32, 100 * S)), "a")
     tracerl("convert", "--store", str(store), "--quiet-s", "0")

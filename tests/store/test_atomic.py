@@ -32,6 +32,7 @@ def test_a_failed_local_write_keeps_the_old_bytes(tmp_path):
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["state.json"]
 
 
+@pytest.mark.slow
 def test_an_object_write_is_one_put_and_a_failed_one_leaves_the_old_object(s3_store):
     """Against moto's S3 server (a stand-in for S3) through pyarrow's real S3 client."""
     loc = parse_store(s3_store)
@@ -46,6 +47,7 @@ def test_an_object_write_is_one_put_and_a_failed_one_leaves_the_old_object(s3_st
         assert f.read() == b"new"
 
 
+@pytest.mark.slow
 def test_parquet_carries_the_same_metadata_on_disk_and_in_a_bucket(tmp_path, s3_store):
     rows = pa.Table.from_pylist([{"reward_id": "w1", "rollout_id": "r1", "name": "score", "value": 1.0}],
                                 schema=TABLES["rewards"])

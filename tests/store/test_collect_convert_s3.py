@@ -21,9 +21,12 @@ from pathlib import Path
 
 import httpx
 import pyarrow.dataset as ds
+import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from store.location import StoreLocation, parse_store
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 AGENTS = Path(__file__).parents[1] / "span_to_transition"
 

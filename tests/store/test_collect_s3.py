@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 from tracerl_testing import free_port, start_tracerl, stop_tracerl, tracerl, traces_request
 
 from store.location import parse_store
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 
 def test_two_collectors_with_local_wals_fill_one_bucket_without_collisions(s3_store, tmp_path):

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import boto3
 import httpx
+import pytest
 from s3_server import make_bucket
 from tracerl_testing import free_port, start_tracerl, stop_tracerl, tracerl, traces_request
 
 from collector_exporter.compactor import COMPACTION_ERROR
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 
 def _wait(check, what: str, timeout: float = 60.0) -> None:

@@ -18,9 +18,12 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from store.location import parse_store
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 AGENTS = Path(__file__).parents[1] / "span_to_transition"
 

@@ -21,6 +21,8 @@ import pytest
 from store.lease import LeaseLost, ObjectLease, hold
 from store.location import parse_store
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 REPO = Path(__file__).parents[2]
 
 

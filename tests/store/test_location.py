@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow.fs as pafs
+import pytest
 
 from store.layout import StoreLayout
 from store.location import parse_store
@@ -16,6 +17,7 @@ def test_a_local_path_is_the_directory_store_layout_names(tmp_path, monkeypatch)
     assert not loc.exists()
 
 
+@pytest.mark.slow
 def test_an_s3_uri_uses_the_standard_aws_variables(s3_store):
     """The endpoint and keys come only from AWS_ENDPOINT_URL etc. (set by the fixture), as for a user."""
     loc = parse_store(s3_store + "/")

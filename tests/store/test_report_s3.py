@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 from tracerl_testing import tracerl
 
 from schemas.tables import ROUNDS_SCHEMA
 from store.layout import locate
 from store.parquet import write_table_atomic
 from trainer.rounds import read_rounds
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 
 def test_report_reads_the_rounds_of_a_bucket_store(s3_store, tmp_path):

@@ -32,6 +32,8 @@ from store.parquet import write_table_atomic
 from trainer.checkpoint import MANIFEST, read_manifest
 from trainer.rounds import read_rounds, write_round
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 TRAINER_CACHE = "/nonexistent/trainer-host/cache/policy-000001"
 """Where a trainer on another host keeps its checkpoint (``rounds.checkpoint_path``): not on this host,
 so the viewer must read the manifest the trainer mirrors into the store."""

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 from tracerl_testing import tracerl
 
 from schemas.tables import SPANS_SCHEMA
 from store.atomic import write_atomic
 from store.location import parse_store
 from store.parquet import write_table_atomic
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 
 def _spans(trace: str, n: int) -> pa.Table:

@@ -12,11 +12,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from store.layout import StoreLayout
 from store.views import connect_readonly
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import DatasetConfig, build_samples, load_transitions
 from trainer.rounds import read_rounds, run_once, selection_path
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 
 from schemas.tables import SPANS_SCHEMA
 from store.layout import StoreLayout
 from store.parquet import read_table, write_table_atomic
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.rounds import read_rounds, run_once
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 T0 = 1_700_000_000_000_000_000
 

@@ -39,6 +39,7 @@ def test_a_tasks_regex_keeps_held_out_tasks_out_of_training(tmp_path, make_row, 
     assert len(load_transitions(con, (0, 0))) == 3
 
 
+@pytest.mark.slow
 def test_incomplete_rollouts_are_skipped_and_rollout_reward_is_copied_to_every_call(
         tmp_path, make_row, write_rows, tokenizer):
     rows = [
@@ -60,6 +61,7 @@ def test_incomplete_rollouts_are_skipped_and_rollout_reward_is_copied_to_every_c
     assert per_rollout == pytest.approx({"r1": 0.5, "r2": 0.5})
 
 
+@pytest.mark.slow
 def test_missing_token_ids_are_retokenized_with_the_chat_template_and_counted(
         tmp_path, make_row, write_rows, tokenizer):
     rows = [make_row("a", reward=1.0, prompt="what is 2+2?", response="4"),
@@ -75,6 +77,7 @@ def test_missing_token_ids_are_retokenized_with_the_chat_template_and_counted(
     assert tokenizer.decode(a.response_ids) == "4<|im_end|>"
 
 
+@pytest.mark.slow
 def test_truncation_keeps_the_end_of_the_prompt_and_the_start_of_the_response(
         tmp_path, make_row, write_rows, tokenizer):
     rows = [make_row("a", reward=1.0, prompt_ids=list(range(10, 30)), response_ids=list(range(50, 60)),
@@ -90,6 +93,7 @@ def test_truncation_keeps_the_end_of_the_prompt_and_the_start_of_the_response(
     assert stats.n_truncated_prompt == 1 and stats.n_truncated_response == 1
 
 
+@pytest.mark.slow
 def test_zero_variance_groups_are_dropped_and_counted(tmp_path, make_row, write_rows, tokenizer):
     rows = [make_row(f"r{i}", task_id="same", reward=1.0, prompt_ids=_ids(3), response_ids=_ids(3))
             for i in range(3)]
@@ -99,6 +103,7 @@ def test_zero_variance_groups_are_dropped_and_counted(tmp_path, make_row, write_
     assert samples == [] and stats.n_groups_zero_variance == 1 and stats.n_rollouts_zero_variance == 3
 
 
+@pytest.mark.slow
 def test_retokenized_rows_render_tools_with_the_chat_template(tmp_path, make_row, write_rows, tokenizer):
     import json
 
@@ -131,6 +136,7 @@ def test_calls_without_a_version_count_as_the_base_model(tmp_path, make_row, wri
     assert load_transitions(con, (1, 1)).column("rollout_id").to_pylist() == ["v1"]
 
 
+@pytest.mark.slow
 def test_rows_with_nanosecond_timestamps_build_samples(tmp_path, make_row, write_rows, tokenizer):
     # real transitions carry span times in ns, most not a whole microsecond (datetime cannot hold them)
     t0 = 1_795_269_159_352_905_647

@@ -107,6 +107,7 @@ def _ended(rows: list[dict], ns: int, source: str = "side_channel") -> list[dict
     return rows
 
 
+@pytest.mark.slow
 def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_with_importance_weights(
     tmp_path: Path, write_rows, make_rollouts, train_settings, monkeypatch
 ) -> None:
@@ -168,6 +169,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     assert f"{len({r['rollout_id'] for r in fresh})} wait on their feedback window" in out.message
 
 
+@pytest.mark.slow
 def test_a_bad_feedback_window_is_refused_with_the_forms_it_takes(tmp_path: Path, train_settings) -> None:
     (tmp_path / "store").mkdir()
     with pytest.raises(TrainError, match=r"10m, 2h, 1d"):

@@ -12,12 +12,15 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 
 from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir
 from trainer.config import TrainSettings
 from trainer.rounds import read_rounds, run_once
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 N_TASKS = 4
 GROUP = 8  # rollouts per task per round

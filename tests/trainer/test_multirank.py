@@ -58,6 +58,7 @@ def test_batch_state_round_trip_rebuilds_the_packing_mask():
         assert all(getattr(back, k).equal(v) for k, v in state.items() if isinstance(v, torch.Tensor))
 
 
+@pytest.mark.slow
 def test_two_ranks_train_the_same_round_as_one_process(tmp_path, write_rows, make_rollouts, train_settings,
                                                        capsys):
     rows = make_rollouts(0)
@@ -109,6 +110,7 @@ def test_two_ranks_train_the_same_round_as_one_process(tmp_path, write_rows, mak
         assert f"/{local[1]} [" not in err
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_a_train_error_naming_its_error(tmp_path, write_rows, make_rollouts, train_settings,
                                                           capsys):
     store = tmp_path / "store"
@@ -141,6 +143,7 @@ def _processes_mentioning(text: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_child_started_with_die_with_parent_ends_when_its_parent_is_killed(tmp_path):
     """The mechanism that stops torchrun (and torchrun's ranks) when ``tracerl train`` is killed -9."""
@@ -169,6 +172,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc to find leftover ranks")
 def test_kill_during_a_multirank_round_stops_the_ranks_and_the_rerun_resumes(
         tmp_path, tiny_model_dir, write_rows, make_rollouts, train_settings):
@@ -209,6 +213,7 @@ def test_kill_during_a_multirank_round_stops_the_ranks_and_the_rerun_resumes(
     assert not list(layout.checkpoints.glob(".policy-*"))  # the killed run's work dir is cleaned up
 
 
+@pytest.mark.slow
 def test_nproc_below_one_is_refused(tmp_path, train_settings):
     with pytest.raises(TrainError, match="--nproc must be >= 1"):
         run_once(train_settings(tmp_path / "store", nproc=0), log=lambda m: None)

@@ -27,7 +27,7 @@ if _missing and os.environ.get("CI"):
     raise ImportError(
         f"CI needs the openrlhf extra, missing {_missing}: pip install 'tracerl[openrlhf]' (see Makefile)"
     )
-pytestmark = pytest.mark.skipif(bool(_missing), reason=f"openrlhf extra not installed ({_missing})")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(_missing), reason=f"openrlhf extra not installed ({_missing})")]
 
 # several micro-batches per step, two optimizer steps (the second off-policy: PPO-KL and clipping are
 # live), KL to the base model, clipping at max_grad_norm 1; fp32 (the openrlhf backend on CPU trains fp32,

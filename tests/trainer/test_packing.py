@@ -18,6 +18,8 @@ from trainer.packing import (
     share_prefixes,
 )
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 
 def _samples(lengths, tokenizer):
     g = torch.Generator().manual_seed(0)

@@ -14,6 +14,8 @@ from trainer.checkpoint import checkpoint_dir
 from trainer.publish import server_publisher
 from trainer.rounds import PublishRequest, read_rounds, run_once
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 
 @pytest.fixture
 def server(tiny_model_dir):

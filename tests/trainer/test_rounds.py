@@ -18,6 +18,8 @@ from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.rounds import PublishRequest, read_rounds, run_once, selection_path, train_lock, write_round
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -26,6 +28,7 @@ def snapshot(store: Path) -> dict[str, float]:
             if p.is_file() and not p.name.startswith(".")}
 
 
+@pytest.mark.slow
 def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, write_rows, make_rollouts,
                                                       train_settings):
     store = tmp_path / "store"
@@ -88,6 +91,7 @@ def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, w
     assert published[-1].name == "policy@3"
 
 
+@pytest.mark.slow
 def test_kill_during_a_round_then_rerun_resumes_and_finishes(tmp_path, tiny_model_dir, write_rows,
                                                               make_rollouts, train_settings):
     store = tmp_path / "store"
@@ -121,6 +125,7 @@ def test_kill_during_a_round_then_rerun_resumes_and_finishes(tmp_path, tiny_mode
     assert not list(layout.checkpoints.glob(".policy-*"))  # no temp dirs left behind
 
 
+@pytest.mark.slow
 def test_checkpoint_renamed_before_the_kill_is_adopted_not_retrained(tmp_path, write_rows, make_rollouts,
                                                                       train_settings):
     store = tmp_path / "store"
@@ -139,6 +144,7 @@ def test_checkpoint_renamed_before_the_kill_is_adopted_not_retrained(tmp_path, w
     assert read_rounds(layout)[0]["loss"] == pytest.approx(row["loss"])
 
 
+@pytest.mark.slow
 def test_a_trained_but_unpublished_round_is_published_by_the_next_run(tmp_path, write_rows, make_rollouts,
                                                                        train_settings):
     store = tmp_path / "store"
@@ -158,6 +164,7 @@ def test_a_trained_but_unpublished_round_is_published_by_the_next_run(tmp_path, 
     assert read_rounds(layout)[0]["published_at"] is not None
 
 
+@pytest.mark.slow
 def test_a_held_lock_makes_once_a_no_op(tmp_path, write_rows, make_rollouts, train_settings):
     store = tmp_path / "store"
     write_rows(store, make_rollouts(0))
@@ -167,6 +174,7 @@ def test_a_held_lock_makes_once_a_no_op(tmp_path, write_rows, make_rollouts, tra
     assert out.status == "locked" and read_rounds(StoreLayout.at(store)) == {}
 
 
+@pytest.mark.slow
 def test_lora_rounds_write_adapters_and_chain(tmp_path, write_rows, make_rollouts, train_settings):
     store = tmp_path / "store"
     write_rows(store, make_rollouts(0) + make_rollouts(1))
@@ -191,6 +199,7 @@ def test_lora_rounds_write_adapters_and_chain(tmp_path, write_rows, make_rollout
     assert a1[key].abs().sum() > 0 and not a1[key].equal(a2[key])
 
 
+@pytest.mark.slow
 def test_cli_train_once_and_report(tmp_path, tiny_model_dir, write_rows, capsys, make_rollouts):
     from tracerl.cli import main
 
@@ -214,6 +223,7 @@ def test_cli_train_once_and_report(tmp_path, tiny_model_dir, write_rows, capsys,
     assert "raise it or lower those" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_watch_trains_each_version_as_its_transitions_arrive(tmp_path, write_rows, make_rollouts,
                                                               train_settings):
     from trainer.rounds import watch
@@ -236,6 +246,7 @@ def test_watch_trains_each_version_as_its_transitions_arrive(tmp_path, write_row
     assert [(r["round"], r["status"]) for r in rounds.values()] == [(0, "published"), (1, "published")]
 
 
+@pytest.mark.slow
 def test_staleness_lets_a_round_use_unused_older_rollouts_once(tmp_path, write_rows, make_rollouts,
                                                                 train_settings):
     store = tmp_path / "store"
@@ -258,6 +269,7 @@ def test_staleness_lets_a_round_use_unused_older_rollouts_once(tmp_path, write_r
     assert not sel0 & sel1
 
 
+@pytest.mark.slow
 def test_every_trains_below_min_rollouts_once_the_interval_has_passed(tmp_path, write_rows, make_rollouts,
                                                                        train_settings):
     store = tmp_path / "store"
@@ -274,6 +286,7 @@ def test_every_trains_below_min_rollouts_once_the_interval_has_passed(tmp_path, 
     assert out.row["kl"] > 0.0  # full fine-tune: KL to a frozen copy of the base, which round 0 moved away from
 
 
+@pytest.mark.slow
 def test_tracerl_train_command_smoke(tmp_path, tiny_model_dir, write_rows, make_rollouts):
     """cleanrl-style: the installed ``tracerl`` entry point trains two optimizer steps on CPU."""
     store = tmp_path / "store"

@@ -18,6 +18,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_training_on_cpu_uses_one_thread_unless_told(tiny_model_dir, restore_threads):
     torch.set_num_threads(2)
     TorchBackend.load(
@@ -36,6 +37,7 @@ def test_no_bf16_trains_in_fp32_on_any_cpu():
     assert autocast_dtype(torch.device("cuda"), bf16=True) is torch.bfloat16
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no AVX512-BF16/AMX: it trains in fp32")
 def test_a_bf16_cpu_runs_the_forward_pass_in_bf16(tiny_model_dir):
     backend = TorchBackend.load(

@@ -13,6 +13,7 @@ import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pytest
 from safetensors.torch import load_file
 from tracerl_testing import tracerl
 
@@ -22,6 +23,8 @@ from store.lease import ObjectLease
 from store.parquet import write_table_atomic
 from trainer.checkpoint import MANIFEST, read_manifest
 from trainer.rounds import PublishRequest, read_rounds, read_selection, run_once
+
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
 
 def put_rows(store: str, rows: list[dict]) -> None:

@@ -22,6 +22,8 @@ from ui_testing import XSS_PROMPT, XSS_ROLLOUT, XSS_TASK, ensure_hostile_rollout
 from store.views import connect_readonly
 from ui.app import COOKIE, UiConfig, make_app
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 
 @pytest.fixture(scope="module")
 def store(real_store: Path) -> Path:

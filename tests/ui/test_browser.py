@@ -26,6 +26,8 @@ from ui_testing import XSS_PROMPT, XSS_REPLY, XSS_TASK, add_rollout, ensure_host
 from ui.app import UiConfig, serve
 from ui.colors import ADVANTAGE_SCALE, LOGPROB_SCALE, advantage_bucket, logprob_bucket
 
+pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
+
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
