@@ -1,0 +1,203 @@
+"""``tracerl judge`` on a real store (Parquet, DuckDB views, the converter) with a scripted judge on
+127.0.0.1: rows written, trained through the converter, idempotent; fallbacks, retries, failures, outage.
+The real judge (vLLM serving SmolLM2) is tests/judge/test_real_judge.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tracerl_testing import free_port, tracerl
+
+from judge.config import JudgeSettings, UsageError
+from judge.prompts import default_rubric, rubric_hash
+from judge.rows import reward_id
+from judge.stage import load_state, run_once
+from span_to_transition.convert import ConvertConfig
+from span_to_transition.store import convert_store
+from store.lease import JUDGE_LOCK, hold
+from store.location import parse_store
+from store.views import connect_readonly
+
+from .helpers import DRAFTS
+from .store_rig import LATER, answer, good_judge, grade, make_store, scripted_judge, user_prompt
+
+
+def settings(store: Path, url: str, **kw) -> JudgeSettings:
+    return JudgeSettings(store=str(store), judge_url=url, judge_model="judge-model", group_wait_s=0, **kw)
+
+
+def rewards(store: Path) -> list[dict]:
+    con = connect_readonly(str(store))
+    rows = (
+        con.sql('SELECT * EXCLUDE (date, "at") FROM rewards ORDER BY rollout_id').to_arrow_table().to_pylist()
+    )
+    con.close()
+    return rows
+
+
+def test_a_group_pass_writes_judge_rows_that_the_converter_trains_and_a_second_pass_judges_nothing(tmp_path):
+    drafts = make_store(tmp_path)
+    with scripted_judge(good_judge) as (url, seen):
+        stats = run_once(settings(tmp_path, url))
+        assert (stats.requests, stats.groups_scored, stats.rows_written, stats.calls) == (2, 2, 6, 2)
+        assert len(seen) == 2  # one call per task group, each with its 3 trajectories
+        assert all(
+            len(
+                json.loads(json.dumps(b["response_format"]))["json_schema"]["schema"]["properties"]["scores"][
+                    "required"
+                ]
+            )
+            == 3
+            for b in seen
+        )
+        again = run_once(settings(tmp_path, url))
+        assert (again.candidates, again.requests, again.rows_written, len(seen)) == (0, 0, 0, 2)
+
+    rows = rewards(tmp_path)
+    h = rubric_hash(default_rubric(), "group", "judge-model")
+    assert (
+        len(rows) == 6 and {r["source"] for r in rows} == {"judge"} and {r["name"] for r in rows} == {"judge"}
+    )
+    for r in rows:
+        right = drafts[r["rollout_id"]] == DRAFTS[0]
+        assert r["value"] == (1.0 if right else 0.1)
+        assert r["explanation"] == ("counts Madrid" if right else "wrong query")
+        assert (r["judge_model"], r["rubric_hash"]) == ("judge-model", h)
+        assert r["reward_id"] == reward_id(r["rollout_id"], "judge", h)
+    assert sum(r["judge_prompt_tokens"] for r in rows) == 200  # each call's 100 tokens split over its group
+    assert sum(r["judge_completion_tokens"] for r in rows) == 40
+
+    # the converter converts the judged rollouts again, with the judge's reward
+    before = (
+        connect_readonly(str(tmp_path))
+        .execute("SELECT count(*) FROM transitions WHERE reward IS NULL")
+        .fetchone()
+    )
+    assert before == (12,)
+    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
+    assert stats.rollouts_reconverted == 6
+    con = connect_readonly(str(tmp_path))
+    got = con.execute(
+        "SELECT rollout_id, any_value(rollout_reward), any_value(reward_source), count(*) "
+        "FROM transitions GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert [(r, v, s, n) for r, v, s, n in got] == [
+        (r, 1.0 if drafts[r] == DRAFTS[0] else 0.1, "judge", 2) for r in sorted(drafts)
+    ]
+
+
+def test_pointwise_asks_once_per_rollout_with_the_whole_trajectory(tmp_path):
+    make_store(tmp_path, tasks=1, per_task=3)
+    with scripted_judge(good_judge) as (url, seen):
+        stats = run_once(settings(tmp_path, url, mode="pointwise"))
+    assert (stats.requests, stats.rows_written, len(seen)) == (3, 3, 3)
+    assert all(
+        "<shared>" not in user_prompt(b) and "[system] You write SQLite" in user_prompt(b) for b in seen
+    )
+    assert {r["rubric_hash"] for r in rewards(tmp_path)} == {
+        rubric_hash(default_rubric(), "pointwise", "judge-model")
+    }
+
+
+def test_an_endpoint_that_refuses_response_format_is_asked_in_plain_text(tmp_path):
+    make_store(tmp_path, tasks=1)
+
+    def no_schema(body, n):
+        if "response_format" in body:
+            return 400, {"error": {"message": "response_format json_schema is not supported"}}
+        return 200, answer("Here you go:\n```json\n" + json.dumps(grade(user_prompt(body))) + "\n```")
+
+    with scripted_judge(no_schema) as (url, seen):
+        stats = run_once(settings(tmp_path, url))
+    assert (stats.structured_fallbacks, stats.rows_written, len(seen)) == (1, 3, 2)
+    assert "refused response_format" in stats.summary()
+
+
+def test_a_bad_answer_is_retried_once_quoting_the_error_then_the_group_fails_and_is_not_paid_again(tmp_path):
+    make_store(tmp_path, tasks=1)
+    with scripted_judge(
+        lambda body, n: (200, answer('{"scores": {"1": {"explanation": "ok", "score": 0.9}}}'))
+    ) as (url, seen):
+        stats = run_once(settings(tmp_path, url))
+        assert (stats.calls, stats.rows_written, stats.failures) == (2, 0, {"missing_ids": 1})
+        retry = seen[1]["messages"]
+        assert (
+            retry[-2]["role"] == "assistant"
+            and "no score for trajectories ['2', '3']" in retry[-1]["content"]
+        )
+        state = load_state(parse_store(str(tmp_path)), "judge")
+        assert state["failures"] == {"missing_ids": 1} and len(next(iter(state["failed"].values()))) == 3
+
+        later = run_once(settings(tmp_path, url))  # the failed group is not asked again
+        assert (later.candidates, later.skipped_failed, later.requests, len(seen)) == (3, 3, 0, 2)
+        assert run_once(settings(tmp_path, url, retry_failed=True)).requests == 1
+    assert rewards(tmp_path) == []
+
+    with scripted_judge(good_judge) as (url, _):  # a fixed judge, asked with --retry-failed, scores them
+        assert run_once(settings(tmp_path, url, retry_failed=True)).rows_written == 3
+
+
+def test_a_judge_outage_writes_nothing_and_leaves_the_rollouts_waiting(tmp_path):
+    make_store(tmp_path)
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    stats = run_once(settings(tmp_path, closed))
+    assert (stats.rows_written, stats.unavailable, stats.rollouts_waiting_for_judge) == (
+        0,
+        {"unreachable": 2},
+        6,
+    )
+    assert "wait for the next pass" in stats.summary()
+    assert rewards(tmp_path) == [] and load_state(parse_store(str(tmp_path)), "judge")["failed"] == {}
+
+    with scripted_judge(lambda body, n: (503, {"error": {"message": "overloaded"}})) as (url, _):
+        busy = run_once(settings(tmp_path, url))
+    assert (busy.unavailable, busy.rows_written) == ({"http_503": 2}, 0)
+
+    with scripted_judge(good_judge) as (url, _):  # back up: every waiting rollout is judged
+        assert run_once(settings(tmp_path, url)).rows_written == 6
+
+    proc = tracerl(
+        "judge",
+        "--once",
+        "--store",
+        str(tmp_path),
+        "--judge-url",
+        closed,
+        "--judge-model",
+        "m",
+        "--mode",
+        "pointwise",
+        "--name",
+        "other",
+        check=False,
+    )
+    assert proc.returncode == 1 and "unreachable" in proc.stdout and "wait for the next pass" in proc.stdout
+
+
+def test_a_task_still_growing_waits_and_a_held_lock_skips_the_pass(tmp_path):
+    make_store(tmp_path, tasks=1)
+    with scripted_judge(good_judge) as (url, seen):
+        s = settings(tmp_path, url)
+        s.group_wait_s = 10**12  # the rollouts "ended" at their fixture time, far less than this ago
+        waiting = run_once(s)
+        assert (waiting.waiting, waiting.requests) == (3, 0)
+        with hold(parse_store(str(tmp_path)), JUDGE_LOCK):
+            assert run_once(settings(tmp_path, url)).locked
+        assert seen == []
+
+
+def test_settings_errors_name_the_fix(tmp_path):
+    with pytest.raises(UsageError, match="--judge-model is required"):
+        JudgeSettings(store=str(tmp_path)).validate()
+    with pytest.raises(UsageError, match="http:// or https://"):
+        JudgeSettings(store=str(tmp_path), judge_model="m", judge_url="localhost:8000").validate()
+    with pytest.raises(UsageError, match="no such file"):
+        JudgeSettings(store=str(tmp_path), judge_model="m", rubric=str(tmp_path / "nope.md")).validate()
+    proc = tracerl("judge", "--store", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "--judge-model is required" in proc.stderr
+    help_text = tracerl("judge", "--help").stdout
+    assert (
+        "--missing-reward keep" in help_text and "RULER" in help_text and "--judge-concurrency" in help_text
+    )
