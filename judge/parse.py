@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-MAX_EXPLANATION = 400
+MAX_EXPLANATION = 240
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
 
 
