@@ -201,3 +201,13 @@ def test_settings_errors_name_the_fix(tmp_path):
     assert (
         "--missing-reward keep" in help_text and "RULER" in help_text and "--judge-concurrency" in help_text
     )
+
+
+def test_doctor_names_the_failed_judge_groups_and_the_fix(tmp_path):
+    make_store(tmp_path, tasks=1)
+    with scripted_judge(lambda body, n: (200, answer("Trajectory 1 is the best."))) as (url, _):
+        assert run_once(settings(tmp_path, url)).failures == {"no_json": 1}
+    proc = tracerl("doctor", "--store", str(tmp_path), "--quiet-s", "0", check=False)
+    assert proc.returncode == 1
+    assert "judge answers that could not be used" in proc.stdout and "no_json 1" in proc.stdout
+    assert "3 rollouts are not asked about again" in proc.stdout and "--retry-failed" in proc.stdout

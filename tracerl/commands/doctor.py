@@ -5,7 +5,8 @@ problem, what it saw, what it means and the exact fix: no spans, no LLM spans (a
 instrumentation scopes it did see), content capture off (the setting for that instrumentation),
 calls without prompt messages, LLM calls in a dialect the converter does not read (with a sample
 span's attribute keys), no rewards (and which reward spellings exist), no token ids (gateway not
-in the path, traceparent not propagated), and rollouts still pending (on --quiet-s or --max-wait-s).
+in the path, traceparent not propagated), rollouts still pending (on --quiet-s or --max-wait-s), and
+judge groups whose answers could not be used (`tracerl judge`).
 Exit status: 0 healthy, 1 problems found, 2 bad usage.
 """
 
@@ -45,7 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from span_to_transition.doctor import as_json, diagnose, report
+    from judge.doctor import judge_findings, judge_states
+    from span_to_transition.doctor import Finding, as_json, diagnose, report
     from span_to_transition.survey import gather
     from tracerl.commands.status import collect_status
 
@@ -67,5 +69,6 @@ def run(args: argparse.Namespace) -> int:
         wal_backlog_bytes=collect_status(cfg.store)["wal"]["backlog_bytes"],
     )
     findings = diagnose(facts)
+    findings += [Finding(*f) for f in judge_findings(judge_states(loc))]
     print(as_json(findings) if cfg.json else report(findings, loc.root if loc.is_local else loc.uri))
     return 1 if findings else 0
