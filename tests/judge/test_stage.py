@@ -211,3 +211,65 @@ def test_doctor_names_the_failed_judge_groups_and_the_fix(tmp_path):
     assert proc.returncode == 1
     assert "judge answers that could not be used" in proc.stdout and "no_json 1" in proc.stdout
     assert "3 rollouts are not asked about again" in proc.stdout and "--retry-failed" in proc.stdout
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_requests_in_flight_never_exceed_the_concurrency(tmp_path, concurrency):
+    import threading
+    import time
+
+    make_store(tmp_path, tasks=3, per_task=2)
+    lock, now, peak = threading.Lock(), [0], [0]
+
+    def slow(body, n):
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.3)
+        with lock:
+            now[0] -= 1
+        return good_judge(body, n)
+
+    with scripted_judge(slow) as (url, seen):
+        stats = run_once(settings(tmp_path, url, judge_concurrency=concurrency))
+    assert (stats.requests, stats.rows_written, len(seen)) == (3, 6, 3)
+    assert peak[0] == concurrency  # 3 groups: one at a time, or all three at once
+
+
+def test_watch_judges_as_rollouts_arrive_and_stops_on_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from tracerl_testing import BIN
+
+    make_store(tmp_path, tasks=1)
+    with scripted_judge(good_judge) as (url, seen):
+        proc = subprocess.Popen(
+            [
+                str(BIN / "tracerl"),
+                "judge",
+                "--watch",
+                "--every-s",
+                "0.2",
+                "--group-wait-s",
+                "0",
+                "--store",
+                str(tmp_path),
+                "--judge-url",
+                url,
+                "--judge-model",
+                "m",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("rewards/*/judge-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # a few more passes: nothing new to judge
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert len(seen) == 1 and len(rewards(tmp_path)) == 3
