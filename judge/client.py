@@ -64,7 +64,7 @@ class JudgeClient:
     base_url: str
     model: str
     api_key: str | None = None
-    max_tokens_per_trajectory: int = 160
+    max_tokens_per_trajectory: int = 200
     structured: bool = True  # cleared when the endpoint refuses response_format
     fallbacks: int = 0  # times it refused it
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)

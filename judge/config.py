@@ -64,7 +64,11 @@ class JudgeSettings:
     max_group: int = opt(
         16, "group mode: at most this many rollouts per judge call (a larger task is judged in chunks)"
     )
-    max_tokens: int = opt(160, "answer tokens the judge may use per trajectory (plus 64 for the JSON frame)")
+    max_tokens: int = opt(
+        200,
+        "answer tokens the judge may use per trajectory (plus 64 for the JSON frame); the schema caps an "
+        "explanation at 160 characters, so 200 lets guided decoding close the JSON even at a token per character",
+    )
     retry_failed: bool = opt(
         False,
         "judge again the groups whose answer could not be parsed before (by "

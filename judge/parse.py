@@ -23,7 +23,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-MAX_EXPLANATION = 240
+MAX_EXPLANATION = 160
+"""Characters of explanation the schema admits; the answer budget (JudgeSettings.max_tokens) covers it even at a
+token per character, so guided decoding can always close the JSON."""
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S | re.I)
 
 
