@@ -230,6 +230,13 @@ def tokenizer_dir(reader: StoreReader, override: str | None) -> str | None:
     return rows[0]["base_model"] if rows else None
 
 
+JUDGED_SQL = """
+SELECT name, value, judge_model, rubric_hash, explanation FROM rewards
+WHERE source = 'judge' AND rollout_id = $id ORDER BY "at", name
+"""
+"""The judge's rows for one rollout (``tracerl judge``): shown beside its reward, with the judge's reason."""
+
+
 def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = None) -> dict[str, Any] | None:
     head = reader.rows("SELECT * EXCLUDE (last_response) FROM ui_rollouts WHERE rollout_id = $id", {"id": rollout_id})
     if not head:
@@ -265,6 +272,7 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
         "group_size": sum(1 for g in group if g["version"] == mine.get("version")),
         "credit": credit_note(str(settings.get("credit")) if settings.get("credit") else None),
         "decoded": decode is not None,
+        "judged": reader.rows(JUDGED_SQL, {"id": rollout_id}),
     }
 
 
