@@ -15,7 +15,7 @@ from scripted_server import Handler, Server
 
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
-from store.layout import StoreLayout
+from store.layout import locate
 from store.parquet import write_table_atomic
 
 from .helpers import DRAFTS, QUESTION, rewriter_prompt, writer_prompt
@@ -49,7 +49,7 @@ def sql_spans(trace_id: str, task: str, draft: str) -> list:
     return t.spans
 
 
-def make_store(root: Path, tasks: int = 2, per_task: int = 3) -> dict[str, str]:
+def make_store(root: Path | str, tasks: int = 2, per_task: int = 3) -> dict[str, str]:
     """``tasks`` x ``per_task`` rollouts, converted with null rewards; returns rollout id -> its draft."""
     drafts = {}
     spans = []
@@ -58,10 +58,11 @@ def make_store(root: Path, tasks: int = 2, per_task: int = 3) -> dict[str, str]:
             tid = f"{k:02x}{i:02x}" + "a" * 28
             drafts[tid] = DRAFTS[(k * per_task + i) % len(DRAFTS)]
             spans += sql_spans(tid, f"task-{k}", drafts[tid])
+    loc = locate(root)  # a directory, or s3://bucket/prefix
+    if loc.is_local:
+        Path(loc.path("spans", "date=2026-11-27")).mkdir(parents=True, exist_ok=True)
     write_table_atomic(
-        factory.spans_table(spans),
-        StoreLayout.at(root).partition("spans", "2026-11-27") / "a.parquet",
-        "spans",
+        factory.spans_table(spans), loc.path("spans", "date=2026-11-27", "a.parquet"), "spans", fs=loc.fs
     )
     stats = convert_store(root, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
     assert stats.rollouts_converted == tasks * per_task, stats.summary()

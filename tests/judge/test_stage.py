@@ -273,3 +273,13 @@ def test_watch_judges_as_rollouts_arrive_and_stops_on_sigterm(tmp_path):
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert len(seen) == 1 and len(rewards(tmp_path)) == 3
+
+
+def test_a_bucket_store_is_judged_like_a_local_one(s3_store):
+    drafts = make_store(s3_store, tasks=1, per_task=3)
+    with scripted_judge(good_judge) as (url, seen):
+        stats = run_once(settings(s3_store, url))
+        assert (stats.rows_written, run_once(settings(s3_store, url)).requests, len(seen)) == (3, 0, 1)
+    con = connect_readonly(s3_store)
+    got = dict(con.execute("SELECT rollout_id, value FROM rewards WHERE source = 'judge'").fetchall())
+    assert got == {r: 1.0 if d == DRAFTS[0] else 0.1 for r, d in drafts.items()}
