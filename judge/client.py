@@ -1,9 +1,9 @@
 """Asking an OpenAI-compatible judge: one request per group, concurrent up to a limit, one retry.
 
 Each request asks for structured output (``response_format`` with the answer's JSON schema; vLLM
-enforces it by guided decoding). An endpoint that refuses that (HTTP 400 naming it, or any 400 to a
-request that carried it) is asked again without it, and the client remembers, so the rest of the pass
-parses plain text. An answer that cannot be parsed gets one retry that quotes the parse error; a second
+enforces it by guided decoding). A request refused with HTTP 400 is sent again without it; when that
+one is answered, the endpoint refused ``response_format`` and the client remembers, so the rest of the
+pass asks in plain text (a request refused both ways, e.g. too long for the context, changes nothing). An answer that cannot be parsed gets one retry that quotes the parse error; a second
 bad answer fails the group (no reward). An endpoint that cannot be reached, times out, or answers 429 /
 5xx / 401 / 403 / 404 is *unavailable*: the group's rollouts wait for the next pass, nothing is written.
 
@@ -95,12 +95,13 @@ class JudgeClient:
             body["response_format"] = response_format(ids)
         resp = await self._post(body)
         if resp.status_code == 400 and structured:
-            async with self._lock:
-                if self.structured:
-                    self.structured = False
-                    self.fallbacks += 1
             body.pop("response_format")
             resp = await self._post(body)
+            if resp.status_code == 200:  # it was response_format the endpoint refused: plain text from now on
+                async with self._lock:
+                    if self.structured:
+                        self.structured = False
+                        self.fallbacks += 1
         if resp.status_code in WAIT_STATUSES or resp.status_code >= 500:
             raise Unavailable(
                 f"http_{resp.status_code}", f"the judge answered HTTP {resp.status_code}: {resp.text[:300]}"

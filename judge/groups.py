@@ -3,7 +3,8 @@
 Group mode judges a task's unjudged rollouts in one call once the newest of them ended
 ``group_wait_s`` ago, so siblings still being converted are not judged apart from it; a task with more
 than ``max_group`` rollouts is cut into near-equal chunks (17 with a limit of 16: 9 and 8), each ranked on
-its own. Pointwise mode judges every rollout alone, at once. Rollouts whose earlier group failed are
+its own; a task with a single rollout is scored pointwise (there is nothing to rank it against).
+Pointwise mode judges every rollout alone, at once. Rollouts whose earlier group failed are
 skipped (they were paid for once) unless the caller asks to retry them.
 """
 
@@ -60,6 +61,9 @@ def plan(
         group = sorted(by_task[task], key=lambda r: r.rollout_id)
         if now_ns - max(r.ended_ns for r in group) < wait_ns:
             out.waiting += len(group)
+            continue
+        if len(group) == 1:  # nothing to rank it against: scored on its own against the rubric
+            out.requests.append(pointwise_request(group[0], rubric))
             continue
         parts = chunks(group, max_group)
         for i, part in enumerate(parts):

@@ -283,3 +283,23 @@ def test_a_bucket_store_is_judged_like_a_local_one(s3_store):
     con = connect_readonly(s3_store)
     got = dict(con.execute("SELECT rollout_id, value FROM rewards WHERE source = 'judge'").fetchall())
     assert got == {r: 1.0 if d == DRAFTS[0] else 0.1 for r, d in drafts.items()}
+
+
+def test_a_request_refused_both_ways_fails_its_group_without_giving_up_structured_output(tmp_path):
+    make_store(tmp_path, tasks=1)
+    with scripted_judge(
+        lambda body, n: (400, {"error": {"message": "maximum context length is 2048 tokens"}})
+    ) as (
+        url,
+        seen,
+    ):
+        stats = run_once(settings(tmp_path, url))
+    assert (stats.failures, stats.structured_fallbacks, stats.rows_written, len(seen)) == (
+        {"rejected": 1},
+        0,
+        0,
+        2,
+    )
+    assert "response_format" in seen[0] and "response_format" not in seen[1]
+    [failed] = load_state(parse_store(str(tmp_path)), "judge")["failed"].values()
+    assert all("maximum context length" in why for why in failed.values()) and len(failed) == 3
