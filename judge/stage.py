@@ -39,7 +39,7 @@ from judge.rows import reward_rows
 from judge.trajectories import rollouts_from_rows
 from schemas.tables import REWARDS_SCHEMA
 from store.atomic import write_atomic
-from store.layout import Where, locate
+from store.layout import locate
 from store.lease import JUDGE_LOCK, hold
 from store.location import StoreLocation
 from store.parquet import write_table_atomic
@@ -243,21 +243,29 @@ def _pass(
             o, name=settings.name, model=settings.judge_model or "", rubric_hash=rhash, at_ns=at_ns
         )
     ]
-    for o in outcomes:
-        if o.status == "failed":
-            for rid in o.request.rollout_ids:
-                failed[rid] = f"{o.kind}: {o.reason}"[:300]
-        elif o.status == "ok":
-            for rid in o.request.rollout_ids:
-                failed.pop(rid, None)
-    for kind, n in stats.failures.items():
-        state["failures"][kind] = state["failures"].get(kind, 0) + n
+    changed = _record_failures(state, failed, outcomes, stats)
     confirm()
     if rows:
         stats.file = _rewards_file(loc, rows, settings.name, at_ns)
         stats.rows_written = len(rows)
-    if stats.failures or any(o.status == "ok" for o in outcomes):
+    if changed:
         _save_state(loc, settings.name, state)
+
+
+def _record_failures(
+    state: dict[str, Any], failed: dict[str, str], outcomes: list[Outcome], stats: JudgeStats
+) -> bool:
+    """Failed groups' rollouts into the record (with the reason), scored ones out of it, the counts added;
+    whether the record changed. Unavailable groups are not recorded: they are asked again next pass."""
+    for o in outcomes:
+        for rid in o.request.rollout_ids:
+            if o.status == "failed":
+                failed[rid] = f"{o.kind}: {o.reason}"[:300]
+            elif o.status == "ok":
+                failed.pop(rid, None)
+    for kind, n in stats.failures.items():
+        state["failures"][kind] = state["failures"].get(kind, 0) + n
+    return bool(stats.failures) or any(o.status == "ok" for o in outcomes)
 
 
 async def _ask(
@@ -288,12 +296,3 @@ def watch(settings: JudgeSettings, stop: threading.Event) -> None:
 
 def stats_dict(stats: JudgeStats) -> dict[str, Any]:
     return asdict(stats)
-
-
-def summary_of(store: Where, name: str = "judge") -> dict[str, Any]:
-    """The judge's cumulative failure counts and the rollouts it will not ask about again, for doctor/status."""
-    state = load_state(locate(store), name)
-    return {
-        "failures": state.get("failures", {}),
-        "failed_rollouts": {h: len(v) for h, v in state.get("failed", {}).items()},
-    }
