@@ -120,3 +120,14 @@ def test_the_response_format_pins_every_id_and_the_score_range() -> None:
     assert scores["properties"]["2"]["properties"]["score"] == {"type": "number", "minimum": 0, "maximum": 1}
     assert scores["properties"]["2"]["required"] == ["explanation", "score"]  # the reason before the score
     assert parse_answer(json.dumps(GOOD), IDS).ok  # what the schema admits, the parser accepts
+
+
+# Recorded from vLLM (CPU) serving SmolLM2-135M-Instruct with the schema's guided decoding and a budget of
+# 224 answer tokens (finish_reason "length"; the first 300 characters): a degenerate explanation ran the
+# budget out before the JSON could close. The cap is now 160 characters under 200 tokens per trajectory.
+SMOLLM2_CUT_OFF = '{"scores":{"1":{"explanation": "1.0.0.0.1.1' + ".1" * 128
+
+
+def test_a_recorded_answer_cut_off_by_the_token_budget_is_a_failure_not_a_score() -> None:
+    got = parse_answer(SMOLLM2_CUT_OFF, ["1"])
+    assert (got.ok, got.kind) == (False, "no_json") and "cut off" in got.error

@@ -197,6 +197,8 @@ def test_settings_errors_name_the_fix(tmp_path):
         JudgeSettings(store=str(tmp_path), judge_model="m", rubric=str(tmp_path / "nope.md")).validate()
     proc = tracerl("judge", "--store", str(tmp_path), check=False)
     assert proc.returncode == 2 and "--judge-model is required" in proc.stderr
+    proc = tracerl("judge", "--store", str(tmp_path), "--judge-model", "m", check=False)
+    assert proc.returncode == 2 and "tracerl convert --missing-reward keep" in proc.stderr
     help_text = tracerl("judge", "--help").stdout
     assert (
         "--missing-reward keep" in help_text and "RULER" in help_text and "--judge-concurrency" in help_text

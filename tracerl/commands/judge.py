@@ -25,8 +25,9 @@ import signal
 import sys
 import threading
 
-from judge.config import JudgeSettings, add_options, from_args
+from judge.config import JudgeSettings, UsageError, add_options, from_args
 from judge.stage import run_once, stats_dict, watch
+from store.location import parse_store
 
 EPILOG = """\
 examples:
@@ -51,6 +52,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = from_args(JudgeSettings, args)
     settings.validate()
+    if not args.watch and not parse_store(settings.store).files("transitions"):
+        raise UsageError(
+            f"--store {settings.store} has no transitions to judge; convert first, keeping rollouts that have "
+            "no reward: tracerl convert --missing-reward keep (or point --store at the store you convert)"
+        )
     if args.watch:
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
