@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import tempfile
@@ -31,6 +32,7 @@ for p in (str(REPO), str(DEMO)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from judge.agreement import agreement  # noqa: E402
 from judge.prompts import JudgeRequest, default_rubric, group_request, pointwise_request  # noqa: E402
 from judge.trajectories import Call, Rollout  # noqa: E402
 
@@ -54,16 +56,18 @@ def drafts_for(gold: str, rng: random.Random) -> list[str]:
     return pool
 
 
-def demo_groups(n_tasks: int, seed: int = 0) -> list[list[Rollout]]:
-    """``n_tasks`` groups of 8 rollouts, each a writer call and a rewriter call as the demo's agent makes them."""
+def demo_groups(n_tasks: int, seed: int = 0) -> tuple[list[list[Rollout]], dict[str, float]]:
+    """``n_tasks`` groups of 8 rollouts, each a writer call and a rewriter call as the demo's agent makes
+    them, and each rollout's reward from the demo's own grader (examples/demo/sql_reward.py)."""
     from sql_agent import execute, extract_sql, rewriter_messages, writer_messages
+    from sql_reward import score
     from sql_tasks import build_db, questions
 
     rng = random.Random(seed)
     db = Path(tempfile.mkdtemp(prefix="judge-bench-")) / "shop.db"
     build_db(db)
     tasks = questions(db)["train"][:n_tasks]
-    groups = []
+    groups, grades = [], {}
     for t in tasks:
         group = []
         for j, draft in enumerate(drafts_for(t["gold_sql"], rng)):
@@ -80,8 +84,9 @@ def demo_groups(n_tasks: int, seed: int = 0) -> list[list[Rollout]]:
                 ),
             ]
             group.append(Rollout(f"{t['id']}-{j}", t["id"], calls))
+            grades[group[-1].rollout_id] = score(t, json.dumps({"sql": extract_sql(fixed) or sql}))
         groups.append(group)
-    return groups
+    return groups, grades
 
 
 def count_tokens(tokenizer, req: JudgeRequest) -> int:
@@ -115,7 +120,17 @@ async def timed(url: str, model: str, requests: list[JudgeRequest], concurrency:
         "completion_tokens": sum(o.completion_tokens for o in outcomes),
         "ok": sum(o.status == "ok" for o in outcomes),
         "requests": len(outcomes),
+        "scores": {
+            rid: o.parsed.scores[tid].score
+            for o in outcomes
+            if o.status == "ok" and o.parsed and o.parsed.scores
+            for tid, rid in zip(o.request.ids, o.request.rollout_ids)
+        },
     }
+
+
+def _fmt(x: float | None) -> str:
+    return "undefined" if x is None else f"{x:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(MODEL)
     rubric = default_rubric()
-    groups = demo_groups(args.tasks)
+    groups, grades = demo_groups(args.tasks)
     f = token_figures(groups, tokenizer, rubric)
     print(
         f"judge prompt tokens per rollout (SmolLM2 tokenizer, {f['rollouts']} rollouts in groups of 8, demo SQL task):"
@@ -153,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {name}: {t['seconds'] / n:.2f} s/rollout, {t['prompt_tokens'] / n:.0f} prompt + "
                 f"{t['completion_tokens'] / n:.0f} completion tokens/rollout (server's counts), "
                 f"{t['ok']}/{t['requests']} answers parsed"
+            )
+            scored = sorted(t["scores"])
+            a = agreement([t["scores"][r] for r in scored], [grades[r] for r in scored], threshold=1.0)
+            print(
+                f"    agreement with the demo's grader over {a.n} scored rollouts ({a.n_pass} pass = gold result): "
+                f"spearman {_fmt(a.spearman)}, AUC {_fmt(a.auc)}; judge scores {sorted(set(t['scores'].values()))}"
             )
     return 0 if f["ratio"] <= 0.5 else 1
 

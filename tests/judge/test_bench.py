@@ -23,7 +23,10 @@ def test_group_prompts_cost_at_most_half_the_tokens_of_judging_each_rollout_alon
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench
     spec.loader.exec_module(bench)
-    groups = bench.demo_groups(2)
+    groups, grades = bench.demo_groups(2)
+    assert (
+        set(grades) == {r.rollout_id for g in groups for r in g} and max(grades.values()) == 1.0
+    )  # gold drafts
     assert [len(g) for g in groups] == [8, 8] and len({r.task_id for r in groups[0]}) == 1
     f = bench.token_figures(groups, tokenizer, default_rubric())
     assert f["rollouts"] == 16 and f["alone_per_rollout"] > 400  # the demo's few-shot prompt, per rollout
