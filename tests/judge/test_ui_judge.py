@@ -44,3 +44,8 @@ def test_a_judged_rollout_page_shows_the_judges_reason(tmp_path) -> None:
     assert 'class="judge-score">0.250</span>' in page.text
     assert "&lt;b&gt;trajectory 1&lt;/b&gt; ok" in page.text and "<b>trajectory" not in page.text  # escaped
     assert "(jm)" in page.text
+    group = TestClient(make_app(UiConfig(store=str(tmp_path)))).get("/tasks/task-0")
+    assert group.status_code == 200
+    assert group.text.count('class="judge-explanation muted">judge (judge) ') == 2
+    assert "0.500: &lt;b&gt;trajectory 2&lt;/b&gt; ok" in group.text
+
