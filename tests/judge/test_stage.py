@@ -174,6 +174,21 @@ def test_a_judge_outage_writes_nothing_and_leaves_the_rollouts_waiting(tmp_path)
         check=False,
     )
     assert proc.returncode == 1 and "unreachable" in proc.stdout and "wait for the next pass" in proc.stdout
+    as_json = tracerl(
+        "judge",
+        "--store",
+        str(tmp_path),
+        "--judge-url",
+        closed,
+        "--judge-model",
+        "m",
+        "--name",
+        "x",
+        "--json",
+        check=False,
+    )
+    got = json.loads(as_json.stdout)
+    assert (as_json.returncode, got["unavailable"], got["rows_written"]) == (1, {"unreachable": 2}, 0)
 
 
 def test_a_task_still_growing_waits_and_a_held_lock_skips_the_pass(tmp_path):

@@ -48,4 +48,3 @@ def test_a_judged_rollout_page_shows_the_judges_reason(tmp_path) -> None:
     assert group.status_code == 200
     assert group.text.count('class="judge-explanation muted">judge (judge) ') == 2
     assert "0.500: &lt;b&gt;trajectory 2&lt;/b&gt; ok" in group.text
-
