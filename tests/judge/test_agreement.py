@@ -6,7 +6,6 @@ import math
 
 import pyarrow as pa
 import pytest
-from tracerl_testing import tracerl
 
 from judge.agreement import agreement, auc, average_ranks, spearman
 from judge.config import JudgeSettings
@@ -86,5 +85,4 @@ def test_report_shows_the_judge_against_the_grader_of_the_same_rollouts(tmp_path
     [r] = judge_report(str(tmp_path))
     assert (r.rollouts, r.prompt_tokens, r.agreement.n) == (8, 200, 8)
     assert r.agreement.auc == 1.0 and r.agreement.spearman == pytest.approx(1.0)  # the scripted judge knows
-    out = tracerl("report", "--store", str(tmp_path), "--no-plot").stdout
-    assert "judge (source=judge rewards" in out and "1.00" in out
+    assert "judge (source=judge rewards" in format_judge([r])
