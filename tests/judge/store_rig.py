@@ -13,6 +13,7 @@ from typing import Any
 
 from scripted_server import Handler, Server
 
+from serving.asgi import HTTPError
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import locate
@@ -102,13 +103,19 @@ def answer(content: str, prompt_tokens: int = 100, completion_tokens: int = 20) 
 @contextlib.contextmanager
 def scripted_judge(
     script: Callable[[dict[str, Any], int], tuple[int, dict[str, Any]]],
+    token: str | None = None,
 ) -> Iterator[tuple[str, list]]:
     """An OpenAI-compatible endpoint whose answer to the n-th request is ``script(body, n)``; yields
-    (base URL, the request bodies it got)."""
+    (base URL, the request bodies it got). With ``token``, a request without ``Bearer <token>`` gets 401."""
     seen: list[dict[str, Any]] = []
 
     class Judge(Handler):
         def do_POST(self) -> None:
+            try:
+                self.check_bearer(token)
+            except HTTPError as e:
+                self.send_error_json(e)
+                return
             body = self.read_json()
             seen.append(body)
             status, obj = script(body, len(seen))

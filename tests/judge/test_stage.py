@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from tracerl_testing import free_port
 
@@ -15,10 +16,13 @@ from judge.doctor import judge_findings, judge_states
 from judge.prompts import default_rubric, rubric_hash
 from judge.rows import reward_id
 from judge.stage import load_state, run_once
+from schemas.tables import REWARDS_SCHEMA
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.layout import StoreLayout
 from store.lease import JUDGE_LOCK, hold
 from store.location import parse_store
+from store.parquet import write_table_atomic
 from store.views import connect_readonly
 
 from .helpers import DRAFTS
@@ -243,3 +247,37 @@ def test_a_request_refused_both_ways_fails_its_group_without_giving_up_structure
     assert "response_format" in seen[0] and "response_format" not in seen[1]
     [failed] = load_state(parse_store(str(tmp_path)), "judge")["failed"].values()
     assert all("maximum context length" in why for why in failed.values()) and len(failed) == 3
+
+
+def test_the_api_key_comes_from_the_environment(tmp_path, monkeypatch):
+    make_store(tmp_path, tasks=1)
+    monkeypatch.delenv("TRACERL_JUDGE_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with scripted_judge(good_judge, token="sk-judge") as (url, _):
+        refused = run_once(settings(tmp_path, url))
+        assert (refused.unavailable, refused.rows_written) == ({"http_401": 1}, 0)  # waits: a config problem
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        monkeypatch.setenv("TRACERL_JUDGE_API_KEY", "sk-judge")  # the judge's own key wins
+        assert run_once(settings(tmp_path, url)).rows_written == 3
+
+
+def test_a_reward_of_the_judges_name_keyed_by_trace_id_counts_as_judged(tmp_path):
+    drafts = make_store(tmp_path, tasks=1)
+    first = sorted(drafts)[0]  # the rig's rollout id is its trace id
+    row = {
+        "reward_id": "by-trace",
+        "trace_id": first,
+        "name": "judge",
+        "value": 0.5,
+        "source": "side_channel",
+    }
+    write_table_atomic(
+        pa.Table.from_pylist([row], schema=REWARDS_SCHEMA),
+        StoreLayout.at(tmp_path).partition("rewards", "2026-11-27") / "part-x.parquet",
+        "rewards",
+    )
+    with scripted_judge(good_judge) as (url, seen):
+        stats = run_once(settings(tmp_path, url))
+    assert (stats.candidates, stats.rows_written) == (2, 2)
+    assert len(seen) == 1 and len(user_prompt(seen[0]).split("<trajectory id=")) == 3  # the other two only
+    assert {r["rollout_id"] for r in rewards(tmp_path) if r["source"] == "judge"} == set(drafts) - {first}
