@@ -52,6 +52,12 @@ class JudgeSettings:
     name: str = opt(
         "judge", "reward name of the rows written; rollouts with a reward of this name are never judged again"
     )
+    unrewarded_only: bool = opt(
+        False,
+        "judge only rollouts with no reward on any channel (their transitions' reward is null: converted with "
+        "--missing-reward keep). The converter sums a rollout's rewards, so a judge reward adds to a grader's; "
+        "this keeps graded rollouts' training rewards as they are",
+    )
     judge_concurrency: int = opt(4, "judge requests in flight at once")
     judge_timeout_s: float = opt(
         120.0, "seconds one judge request may take; a timeout leaves its rollouts waiting for the next pass"

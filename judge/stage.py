@@ -58,9 +58,12 @@ SELECT rollout_id, task_id, step, prompt_messages, response_message, tools, agen
        epoch_ns(ended_at) AS ended_at
 FROM transitions
 WHERE rollout_id NOT IN (SELECT rollout_id FROM judged)
+  AND (NOT $unrewarded_only OR rollout_id IN (
+      SELECT rollout_id FROM transitions GROUP BY 1 HAVING max(rollout_reward) IS NULL))
 ORDER BY rollout_id, step
 """
-"""Converted rollouts with no reward of the judge's name, by rollout id or by any of their traces."""
+"""Converted rollouts with no reward of the judge's name, by rollout id or by any of their traces (and, with
+``unrewarded_only``, no reward on any channel: converted with ``--missing-reward keep``, reward null)."""
 
 
 @dataclass
@@ -143,11 +146,12 @@ def _save_state(loc: StoreLocation, name: str, state: dict[str, Any]) -> None:
 # One pass
 
 
-def candidate_rows(loc: StoreLocation, name: str) -> list[dict[str, Any]]:
-    """The transition rows of every converted rollout with no reward named ``name``."""
+def candidate_rows(loc: StoreLocation, name: str, unrewarded_only: bool = False) -> list[dict[str, Any]]:
+    """The transition rows of every converted rollout with no reward named ``name`` (``CANDIDATES_SQL``)."""
     con = connect_readonly(loc)
     try:
-        return con.sql(CANDIDATES_SQL, params={"name": name}).to_arrow_table().to_pylist()
+        params = {"name": name, "unrewarded_only": unrewarded_only}
+        return con.sql(CANDIDATES_SQL, params=params).to_arrow_table().to_pylist()
     finally:
         con.close()
 
@@ -213,7 +217,7 @@ def _pass(
 ) -> None:
     state = load_state(loc, settings.name)
     failed = state["failed"].setdefault(rhash, {})
-    rollouts = rollouts_from_rows(candidate_rows(loc, settings.name))
+    rollouts = rollouts_from_rows(candidate_rows(loc, settings.name, settings.unrewarded_only))
     stats.candidates = len(rollouts)
     now_ns = time.time_ns() if now_ns is None else now_ns
     todo = plan(

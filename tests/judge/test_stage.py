@@ -281,3 +281,23 @@ def test_a_reward_of_the_judges_name_keyed_by_trace_id_counts_as_judged(tmp_path
     assert (stats.candidates, stats.rows_written) == (2, 2)
     assert len(seen) == 1 and len(user_prompt(seen[0]).split("<trajectory id=")) == 3  # the other two only
     assert {r["rollout_id"] for r in rewards(tmp_path) if r["source"] == "judge"} == set(drafts) - {first}
+
+
+def test_unrewarded_only_leaves_rollouts_a_grader_rewarded_alone(tmp_path):
+    drafts = make_store(tmp_path, tasks=1, per_task=3)
+    graded = sorted(drafts)[0]
+    row = {"reward_id": "g", "rollout_id": graded, "name": "reward", "value": 1.0, "source": "side_channel"}
+    write_table_atomic(
+        pa.Table.from_pylist([row], schema=REWARDS_SCHEMA),
+        StoreLayout.at(tmp_path).partition("rewards", "2026-11-27") / "part-g.parquet",
+        "rewards",
+    )
+    convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
+    with scripted_judge(good_judge) as (url, _):
+        only = run_once(settings(tmp_path, url, unrewarded_only=True))
+        assert (only.candidates, only.rows_written) == (2, 2)
+        assert {r["rollout_id"] for r in rewards(tmp_path) if r["source"] == "judge"} == set(drafts) - {
+            graded
+        }
+        every = run_once(settings(tmp_path, url))  # by default: every rollout without a judge reward
+        assert (every.candidates, every.rows_written) == (1, 1)
