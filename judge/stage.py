@@ -18,6 +18,7 @@ An unavailable judge writes nothing and records nothing: its rollouts are found 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -196,11 +197,13 @@ def run_once(
     assert settings.judge_model is not None  # validate() said so
     rhash = rubric_hash(rubric, settings.mode, settings.judge_model)
     stats = JudgeStats(rubric_hash=rhash)
-    try:
-        with hold(loc, JUDGE_LOCK, wait_s=0) as held:
+    with contextlib.ExitStack() as stack:
+        try:  # only taking the lock may raise TimeoutError here: another judge holds it
+            held = stack.enter_context(hold(loc, JUDGE_LOCK, wait_s=0))
+        except TimeoutError:
+            stats.locked = True
+        else:
             _pass(loc, settings, rubric, rhash, stats, now_ns, transport, held.confirm)
-    except TimeoutError:
-        stats.locked = True
     stats.seconds = time.perf_counter() - t0
     return stats
 
