@@ -99,8 +99,15 @@ REWARDS_SCHEMA = pa.schema(
         pa.field("response_id", pa.string()),  # optional target call, by gen_ai.response.id
         pa.field("name", pa.string()),
         pa.field("value", pa.float64(), nullable=False),
-        pa.field("source", pa.string()),  # side_channel|span|event|offline
+        pa.field("source", pa.string()),  # side_channel|span|event|offline|judge
         pa.field("at", TS),
+        # Who gave a judge's reward and why (``tracerl judge``); null for every other source. Appended
+        # last and nullable, so files written before them still read (as nulls) everywhere.
+        pa.field("judge_model", pa.string()),
+        pa.field("rubric_hash", pa.string()),  # rubric text + mode + judge model + prompt version
+        pa.field("explanation", pa.string()),  # the judge's reason for this score
+        pa.field("judge_prompt_tokens", pa.int64()),  # this rollout's share of the judge call's tokens
+        pa.field("judge_completion_tokens", pa.int64()),
     ]
 )
 

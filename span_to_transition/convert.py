@@ -27,7 +27,9 @@ from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens
 from span_to_transition.tree import Key, SpanTree, build_tree
 from tracerl.options import opt
 
-MISSING_REWARD = ("exclude", "fill")
+MISSING_REWARD = ("exclude", "fill", "keep")
+"""What a rollout with no reward becomes: excluded (the default), filled with --fill-reward, or kept with a
+null reward (``keep``: the trainer skips it until a reward row converts it again; what ``tracerl judge`` reads)."""
 
 # Why a rollout yields no transitions (``RolloutOutput.reason``); ``tracerl doctor`` says what to do about each.
 NO_CALLS_NONE = "no span is an LLM call in a dialect this converter reads"
@@ -48,7 +50,9 @@ class ConvertConfig:
     max_wait_s: float = opt(600.0, "a rollout whose root span never arrives is converted anyway (tree "
                                    "repaired) after this many quiet seconds")
     missing_reward: str = opt("exclude", "a rollout with no reward on any channel is excluded (and "
-                                         "reconsidered when a reward row arrives), or filled",
+                                         "reconsidered when a reward row arrives), filled, or kept with a "
+                                         "null reward (keep: the trainer skips it until a reward arrives; "
+                                         "what `tracerl judge` needs to see unrewarded rollouts)",
                               choices=list(MISSING_REWARD))
     fill_reward: float = opt(0.0, "reward given to reward-less rollouts with --missing-reward fill")
     follow_links: bool = opt(True, "a trace without tracerl.rollout_id that links to a span of another trace "
@@ -80,7 +84,7 @@ class ConvertConfig:
         if self.credit not in CREDIT:
             raise ValueError(f"--credit {self.credit!r} is unknown; choose one of {', '.join(CREDIT)}")
         if self.missing_reward not in MISSING_REWARD:
-            raise ValueError(f"--missing-reward {self.missing_reward!r} is unknown; choose exclude or fill")
+            raise ValueError(f"--missing-reward {self.missing_reward!r} is unknown; choose exclude, fill or keep")
         if self.quiet_s < 0 or self.max_wait_s < 0:
             raise ValueError("--quiet-s and --max-wait-s must be >= 0")
         if self.workers < 0:
@@ -351,14 +355,20 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if config.missing_reward == "exclude":
             out.status, out.reason = "excluded_no_reward", NO_REWARD
             return out
-        value, source, out.filled_reward = config.fill_reward, "fill", True
+        if config.missing_reward == "keep":  # written with a null reward, converted again when one arrives
+            value, source = None, None
+        else:
+            value, source, out.filled_reward = config.fill_reward, "fill", True
         deduped = []
 
     agent_of = CallAgents(tree)
     call_agents = [agent_of((c.trace_id, c.span_id)) for c in unique]
     refs = [CallRef(c.span_id, c.response_id, c.end_time_ns, a[1] if a else None) for c, a in zip(unique, call_agents)]
     scopes = _reward_scopes(tree, deduped, agent_of) if config.credit == "matched" else None
-    credit = assign(config.credit, CreditRollout(refs, value, deduped, config.gamma, scopes))
+    credit: list[float | None] = (
+        [None] * len(refs) if value is None
+        else list(assign(config.credit, CreditRollout(refs, value, deduped, config.gamma, scopes)))
+    )
     task_id = task_id_of(tree, unique, config.task_key)
     n = len(unique)
     for step, (call, credited, found) in enumerate(zip(unique, credit, call_agents)):
@@ -395,8 +405,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 response_token_ids=tokens.response_token_ids,
                 response_logprobs=tokens.response_logprobs,
                 token_source=tokens.source,
-                reward=float(credited),
-                rollout_reward=float(value),
+                reward=None if credited is None else float(credited),
+                rollout_reward=None if value is None else float(value),
                 reward_source=source,
                 is_last=step == n - 1,
                 started_at=call.start_time_ns,

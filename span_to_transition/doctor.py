@@ -302,6 +302,8 @@ def _reward_findings(f: StoreFacts) -> list[Finding]:
                 f"no reward on any channel ({seen})",
                 "every rollout is excluded as unrewarded (convert --missing-reward exclude, the default)"
                 if blocking
+                else "every rollout is kept with a null reward and trains only once a reward (e.g. tracerl judge) "
+                "arrives" if f.missing_reward == "keep"
                 else "every rollout gets the fill reward, so there is no signal to learn from",
                 "emit the reward from the agent (a span with attribute tracerl.reward=VALUE, e.g. "
                 'span.set_attribute(\'tracerl.reward\', 1.0)), or POST {"rollout_id": ..., "value": ...} to the '

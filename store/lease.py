@@ -191,7 +191,9 @@ CONVERTER_LOCK = "transitions/_state"
 """The converter's lock (``hold``'s ``name``): beside the ledger it guards."""
 TRAINER_LOCK = "checkpoints/.train"
 """The trainer's lock: beside the round selections it guards."""
-LOCKS = {"converter": CONVERTER_LOCK, "trainer": TRAINER_LOCK}
+JUDGE_LOCK = "judge/_state"
+"""The judge's lock (``tracerl judge``): beside its record of failed groups, so two judges never pay for one rollout."""
+LOCKS = {"converter": CONVERTER_LOCK, "trainer": TRAINER_LOCK, "judge": JUDGE_LOCK}
 """The store's locks by who takes them, for ``tracerl status``."""
 
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("tracerl.commands.report", "per-round reward/loss/KL table and a PNG plot of the rounds manifest"),
     "rollout": ("tracerl.commands.rollout", "run an unmodified agent per task and sample, pointed at tracerl by env vars"),
     "demo": ("tracerl.commands.demo", "the whole loop on this machine: serve, collect, rollouts, train, repeat"),
+    "judge": ("tracerl.commands.judge", "score converted rollouts with an LLM judge (RULER-style groups, or a rubric)"),
     "doctor": ("tracerl.commands.doctor", "why a store yields no or few transitions, and the fix for each problem"),
     "ui": ("tracerl.commands.ui", "read-only web viewer: rounds, rollouts, each call token by token, groups, doctor"),
 }

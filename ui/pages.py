@@ -197,13 +197,25 @@ def with_advantages(rows: Sequence[dict[str, Any]], estimator_of: dict[int, str]
             r["advantage"], r["estimator"] = adv.get(r["rollout_id"]), est
 
 
+GROUP_JUDGED_SQL = """
+SELECT rollout_id, name, value, explanation FROM rewards
+WHERE source = 'judge' AND rollout_id IN (SELECT rollout_id FROM ui_rollouts WHERE task_id = $task)
+ORDER BY rollout_id, "at", name
+"""
+"""The judge's rows for a task's rollouts (``tracerl judge``): each card shows the judge's score and reason."""
+
+
 def group_data(reader: StoreReader, task_id: str) -> dict[str, Any]:
     rows = reader.rows(GROUP_SQL, {"task": task_id})
     with_advantages(rows, estimators(reader), version_batch(reader))
+    judged: dict[str, list[dict[str, Any]]] = {}
+    for j in reader.rows(GROUP_JUDGED_SQL, {"task": task_id}):
+        judged.setdefault(j["rollout_id"], []).append(j)
     versions: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         last = msg.load(r["last_response"], None)
         r["answer"] = msg.message_view(last).text if last is not None else ""
+        r["judged"] = judged.get(r["rollout_id"], [])
         versions.setdefault(r["version"], []).append(r)
     summary = []
     for v, group in versions.items():
@@ -252,6 +264,13 @@ def tokenizer_dir(reader: StoreReader, override: str | None) -> str | None:
     return rows[0]["base_model"] if rows else None
 
 
+JUDGED_SQL = """
+SELECT name, value, judge_model, rubric_hash, explanation FROM rewards
+WHERE source = 'judge' AND rollout_id = $id ORDER BY "at", name
+"""
+"""The judge's rows for one rollout (``tracerl judge``): shown beside its reward, with the judge's reason."""
+
+
 def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = None) -> dict[str, Any] | None:
     head = reader.rows("SELECT * EXCLUDE (last_response) FROM ui_rollouts WHERE rollout_id = $id", {"id": rollout_id})
     if not head:
@@ -288,6 +307,7 @@ def rollout_data(reader: StoreReader, rollout_id: str, tokenizer: str | None = N
         "group_free": mine.get("estimator") in GROUP_FREE,
         "credit": credit_note(str(settings.get("credit")) if settings.get("credit") else None),
         "decoded": decode is not None,
+        "judged": reader.rows(JUDGED_SQL, {"id": rollout_id}),
     }
 
 

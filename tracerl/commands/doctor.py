@@ -8,7 +8,8 @@ span's attribute keys), no rewards (and which reward spellings exist), no token 
 in the path, traceparent not propagated), rollouts still pending (on --quiet-s or --max-wait-s), and
 whether the next training round would train: every task seen once under a group estimator, different
 requests grouped as one task, feedback whose keys match no rollout, feedback coverage per policy
-version, rollouts waiting on their --feedback-window, no reward variance, nothing new to train.
+version, rollouts waiting on their --feedback-window, no reward variance, nothing new to train; and
+judge groups whose answers could not be used (`tracerl judge`).
 Exit status: 0 healthy (the next round has rollouts with a learning signal), 1 problems found, 2 bad usage.
 """
 
@@ -60,7 +61,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from span_to_transition.doctor import as_json, diagnose, report
+    from judge.doctor import judge_findings, judge_states
+    from span_to_transition.doctor import Finding, as_json, diagnose, report
     from span_to_transition.survey import gather
     from tracerl.commands.status import collect_status
 
@@ -87,5 +89,6 @@ def run(args: argparse.Namespace) -> int:
         feedback_window_s=window_s,
     )
     findings = diagnose(facts)
+    findings += [Finding(*f) for f in judge_findings(judge_states(loc))]
     print(as_json(findings) if cfg.json else report(findings, loc.root if loc.is_local else loc.uri))
     return 1 if findings else 0

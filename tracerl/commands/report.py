@@ -1,7 +1,9 @@
 """Show the training rounds: a table of reward, loss, KL per round, and a PNG plot of them.
 
 Reads STORE/rounds (written by 'tracerl train'); the PNG goes to --out (default
-STORE/report.png).
+STORE/report.png). Where `tracerl judge` wrote rewards, a second table shows the judge's token cost
+per round and, for rollouts a grader also rewarded, its agreement with the grader: Spearman rank
+correlation, and AUC on pass/fail (pass: grader reward >= --pass-threshold).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class ReportConfig:
     store: str = opt(default_store(), "store directory holding rounds/", metavar="DIR")
     out: str | None = opt(None, "PNG file to write (default: STORE/report.png)", metavar="FILE")
     plot: bool = opt(True, "write the PNG (--no-plot prints the table only)")
+    judge_name: str = opt("judge", "reward name of the judge's rows (tracerl judge --name)")
+    pass_threshold: float = opt(0.5, "a grader reward at least this is a pass, for the judge's AUC")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,10 +30,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from judge.report import format_judge, judge_report
     from trainer.report import format_table, plot, round_rows
 
     cfg = from_args(ReportConfig, args)
     rows = round_rows(cfg.store)
+    judged = format_judge(judge_report(cfg.store, cfg.judge_name, cfg.pass_threshold))
+    if judged:
+        print(judged + "\n")
     if not rows:
         print(f"no rounds in {locate(cfg.store).table('rounds')} yet; run 'tracerl train --once' first")
         return 0
