@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from options import UsageError, opt
 from rollout.agent_env import TASK_VIA, agent_argv, agent_env
 from rollout.records import RolloutRecord, Tally
 from rollout.rewards import RewardFn, compute_reward, post_reward, reward_post_delays
 from rollout.tasks import Job, Task, job_stream, new_run_id, plan_jobs, rollout_id_for
-from tracerl.options import UsageError, opt
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")  # the values of OTEL_EXPORTER_OTLP_PROTOCOL
 DEFAULT_OTLP = "http://127.0.0.1:4317"

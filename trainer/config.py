@@ -1,15 +1,18 @@
 """Settings of ``tracerl train``: one dataclass, one help text per field, defaults that run on a laptop.
 
-Fields are declared with ``tracerl.options.opt`` (standard library only: the trainer imports nothing
-else of the CLI), so the CLI builds its flags from this class.
+Fields are declared with ``options.opt`` (the ground-floor settings helper, standard library only: the
+trainer imports nothing of the CLI), so the CLI builds its flags from this class. Choices come from the
+registries that define them (``trainer.choices``, ``trainer.backends.BACKENDS``), not restated here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from options import opt
 from store.layout import default_store
-from tracerl.options import opt
+from trainer.backends import BACKENDS
+from trainer.choices import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS
 
 
 @dataclass
@@ -52,13 +55,13 @@ class TrainSettings:
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")
     backend: str = opt("torch", "training backend: torch (here, or in --nproc ranks) or openrlhf (OpenRLHF "
                                 "+ DeepSpeed ZeRO-2, always in torchrun ranks; CPU ranks over gloo where "
-                                "there is no CUDA)", choices=["torch", "openrlhf"])
+                                "there is no CUDA)", choices=list(BACKENDS))
     nproc: int = opt(1, "training processes (ranks) on this machine; >1 launches torchrun (gloo on CPU, "
                         "nccl on GPU, one GPU per rank); the openrlhf backend always trains in ranks",
                      metavar="N")
     estimator: str = opt("grpo", "advantage estimator", choices=["grpo", "rloo", "reinforce_baseline"])
     aggregation: str = opt("rollout", "loss averaging: each rollout, each call or each token counts equally",
-                           choices=["rollout", "sequence", "token"])
+                           choices=list(AGGREGATIONS))
     lr: float = opt(1e-5, "AdamW learning rate")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     epochs: int = opt(1, "passes over a round's data (PPO epochs)")
@@ -69,9 +72,9 @@ class TrainSettings:
     clip_eps_high: float = opt(0.2, "PPO clip: upper bound 1 + eps_high (raise for DAPO clip-higher)")
     dual_clip: float | None = opt(None, "dual-clip bound for negative advantages (> 1); none disables")
     kl_coef: float = opt(0.0, "weight of the KL penalty to the base model; 0 disables (no reference pass)")
-    kl_estimator: str = opt("k3", "KL estimator", choices=["k1", "k2", "k3"])
+    kl_estimator: str = opt("k3", "KL estimator", choices=list(KL_ESTIMATORS))
     is_correction: str = opt("clip", "importance correction with the serving engine's logprobs",
-                             choices=["off", "clip", "mask"])
+                             choices=list(IS_CORRECTIONS))
     is_low: float = opt(0.5, "importance ratio lower bound (clip/mask)")
     is_high: float = opt(5.0, "importance ratio upper bound (clip/mask)")
     max_prompt_tokens: int = opt(1024, "keep the last N prompt tokens (counted when truncated)")

@@ -14,10 +14,10 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
+from options import UsageError, add_options, from_args, opt
 from span_to_transition.convert import ConvertConfig
 from store.layout import default_store
 from store.location import is_uri
-from tracerl.options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\

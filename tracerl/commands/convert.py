@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from options import UsageError, add_options, from_args, opt
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import default_store
 from store.location import parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from options import UsageError, add_options, from_args, opt
 from span_to_transition.convert import ConvertConfig
 from store.layout import default_store
 from store.location import parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:

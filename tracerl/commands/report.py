@@ -10,8 +10,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from options import add_options, from_args, opt
 from store.layout import default_store, locate
-from tracerl.options import add_options, from_args, opt
 
 
 @dataclass

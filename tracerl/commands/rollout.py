@@ -13,11 +13,11 @@ import argparse
 import sys
 import threading
 
+from options import UsageError, add_options, from_args
 from rollout.driver import Driver, RolloutConfig, run_rollouts
 from rollout.records import format_summary, summarize
 from rollout.rewards import load_reward_fn
 from rollout.tasks import load_tasks
-from tracerl.options import UsageError, add_options, from_args
 from tracerl.signals import drain_then_interrupt, interrupt_on_signals
 
 EPILOG = """\

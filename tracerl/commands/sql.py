@@ -13,8 +13,8 @@ import json
 import sys
 from dataclasses import dataclass
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import default_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:

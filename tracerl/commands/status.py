@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import StoreLayout, default_store
 from store.location import parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 
 @dataclass

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import default_store
 from store.location import StoreLocation, parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:
