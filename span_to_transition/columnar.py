@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.attributes import TASK_ID
 from schemas.tables import TRANSITIONS_SCHEMA
 from span_to_transition.agents import AGENT_KEYS
 from span_to_transition.dialects.registry import KEPT_KEYS, KEPT_PREFIXES, KEPT_VALUES
@@ -28,7 +29,7 @@ RELEVANT_KEYS = sorted(
     | AGENT_KEYS
     | REWARD_KEYS
     | {
-        "tracerl.task_id",
+        TASK_ID,
         "traceloop.span.kind",
         GATEWAY_FLAG,
         END_MARKER,
@@ -123,14 +124,14 @@ def spans_from_table(table: pa.Table, *, all_attributes: bool = False) -> list[S
     rel = idx.to_pylist()
     attrs = _maps_to_dicts(pc.take(table.column("attributes"), idx))
     res_all = pc.take(table.column("resource_attributes"), idx)
-    task = pc.map_lookup(res_all, "tracerl.task_id", "first").to_pylist()
+    task = pc.map_lookup(res_all, TASK_ID, "first").to_pylist()
     events = pc.take(table.column("events"), idx).to_pylist()
     a_of: dict[int, tuple[dict[str, str], dict[str, str], tuple[SpanEvent, ...]]] = {}
     for j, i in enumerate(rel):
         ev = tuple(
             SpanEvent(e["name"], e["time_ns"] or 0, dict(e["attributes"] or [])) for e in events[j] or []
         )
-        a_of[i] = (attrs[j], {"tracerl.task_id": task[j]} if task[j] else {}, ev)
+        a_of[i] = (attrs[j], {TASK_ID: task[j]} if task[j] else {}, ev)
     empty: tuple[dict[str, str], dict[str, str], tuple[SpanEvent, ...]] = ({}, {}, ())
     out = []
     tid, sid, par, nm, rid = py["trace_id"], py["span_id"], py["parent_span_id"], py["name"], py["rollout_id"]
@@ -245,7 +246,7 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     attrs_asc = _maps_to_dicts(pc.filter(table.column("attributes"), row_mask_a))
     attrs = [attrs_asc[k] for k in back.tolist()]
     task = pc.take(
-        pc.map_lookup(pc.filter(table.column("resource_attributes"), row_mask_a), "tracerl.task_id", "first"),
+        pc.map_lookup(pc.filter(table.column("resource_attributes"), row_mask_a), TASK_ID, "first"),
         pa.array(back),
     ).to_pylist()
     n_events = pc.take(pc.fill_null(pc.list_value_length(table.column("events")), 0), rel_rows)
@@ -261,7 +262,7 @@ def materialize(table: pa.Table) -> tuple[list[Span], int]:
     for i in range(len(kept_idx)):
         if is_rel[i]:
             a = attrs[j]
-            r = {"tracerl.task_id": task[j]} if task[j] else _EMPTY
+            r = {TASK_ID: task[j]} if task[j] else _EMPTY
             ev = events_of.get(j)
             evs = (
                 tuple(SpanEvent(e["name"], e["time_ns"] or 0, dict(e["attributes"] or [])) for e in ev)

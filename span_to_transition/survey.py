@@ -17,6 +17,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from schemas.attributes import GATEWAY_FLAG, REWARD
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig
@@ -31,7 +32,7 @@ from store.location import StoreLocation, parse_store
 from store.views import connect_readonly
 
 REWARD_SPELLINGS: dict[str, str] = {
-    "tracerl.reward": "a span attribute tracerl.reward",
+    REWARD: f"a span attribute {REWARD}",
     "agentlightning.reward": "Agent Lightning reward spans (agentlightning.reward, agentlightning.reward.*)",
     "agentops.task.output": "AgentOps reward payloads (agentops.task.output / agentops.entity.output "
     '{"type": "reward", ...})',
@@ -88,7 +89,7 @@ class StoreFacts:
 
 
 _REWARD_WHERE = {
-    "tracerl.reward": "map_contains(attributes, 'tracerl.reward')",
+    REWARD: f"map_contains(attributes, '{REWARD}')",
     "agentlightning.reward": "starts_with(name, 'agentlightning.reward') OR len(list_filter(map_keys(attributes), "
     "lambda k: starts_with(k, 'agentlightning.reward'))) > 0",
     "agentops.task.output": "coalesce(coalesce(attributes['agentops.task.output'], "
@@ -102,7 +103,7 @@ _DECIDING = ", ".join(f"attributes['{key}']" for key in VALUE_KEYS)
 _SHAPE = rf"""scope_name,
     list_sort(list_distinct(list_transform(map_keys(attributes),
                                            lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
-    {_DECIDING}, attributes['tracerl.gateway'],
+    {_DECIDING}, attributes['{GATEWAY_FLAG}'],
     span_id IN (SELECT span_id FROM logs WHERE event_name LIKE 'gen_ai.%'),
     len(list_filter(events, lambda e: starts_with(e.name, 'gen_ai.'))) > 0"""
 _GROUPS_SQL = (

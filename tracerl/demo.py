@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from options import UsageError, opt
+from schemas.attributes import GATEWAY_FLAG, POLICY_VERSION
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
@@ -133,12 +134,12 @@ def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None
             SELECT count(DISTINCT s.rollout_id) FILTER (WHERE s.parent_span_id IS NULL OR s.parent_span_id = ''),
                    count(DISTINCT s.trace_id)
             FROM spans s JOIN ids USING (rollout_id)""").fetchone()
-        calls, gateway = con.execute("""
+        calls, gateway = con.execute(f"""
             WITH t AS (SELECT DISTINCT trace_id FROM spans JOIN ids USING (rollout_id))
-            SELECT count(*) FILTER (WHERE coalesce(s.attributes['tracerl.gateway'], '') <> 'true'
+            SELECT count(*) FILTER (WHERE coalesce(s.attributes['{GATEWAY_FLAG}'], '') <> 'true'
                                       AND coalesce(s.attributes['gen_ai.system'],
                                                    s.attributes['gen_ai.provider.name']) IS NOT NULL),
-                   count(*) FILTER (WHERE s.attributes['tracerl.gateway'] = 'true')
+                   count(*) FILTER (WHERE s.attributes['{GATEWAY_FLAG}'] = 'true')
             FROM spans s JOIN t USING (trace_id)""").fetchone()
         rewards = con.execute("SELECT count(DISTINCT r.rollout_id) FROM rewards r JOIN ids USING (rollout_id)"
                               ).fetchone()[0]
@@ -672,8 +673,8 @@ def explore_queries(store: Path) -> str:
         'FROM transitions GROUP BY ALL ORDER BY ALL"',
         f'  {t} sql {s} "SELECT policy_version, json_extract_string(response_message, \'$.content\') AS reply, '
         'count(*) AS n FROM transitions WHERE agent_name = \'writer\' GROUP BY ALL ORDER BY policy_version, n DESC"',
-        f'  {t} sql {s} "SELECT attributes[\'tracerl.policy_version\'] AS version, count(*) AS calls FROM spans '
-        'WHERE attributes[\'tracerl.gateway\'] = \'true\' GROUP BY 1 ORDER BY 1"',
+        f'  {t} sql {s} "SELECT attributes[\'{POLICY_VERSION}\'] AS version, count(*) AS calls FROM spans '
+        f'WHERE attributes[\'{GATEWAY_FLAG}\'] = \'true\' GROUP BY 1 ORDER BY 1"',
         f'  {t} sql {s} "SELECT * FROM rollouts ORDER BY started_at DESC LIMIT 10"',
         f"  {t} report {s}",
     ])

@@ -48,6 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.attributes import version_name
 from schemas.tables import ROUNDS_SCHEMA
 from store.layout import Where, locate
 from store.lease import TRAINER_LOCK, Held, LeaseLost, hold
@@ -254,7 +255,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         row = _publish(loc, ckpts, held, rounds[last], base_model, publisher, log, settings.served_name,
                        settings.keep_checkpoints)
         return RoundOutcome("published", last, row=row,
-                            message=f"published {settings.served_name}@{last + 1} (left unannounced by an earlier run)")
+                            message=f"published {version_name(settings.served_name, last + 1)} (left unannounced by an earlier run)")
     k = 0 if last is None else last + 1
     parent = ckpts.ensure_local(k) if k > 0 else None
     if parent is not None and not is_complete(parent):
@@ -336,7 +337,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                                                 timings, stack, threads_now)
                 t = time.perf_counter()
                 manifest = {
-                    "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
+                    "round": k, "trained_on_version": k, "publishes": version_name(settings.served_name, k + 1),
                     "version": k + 1, "base_model": str(base_model),
                     "parent": str(parent) if parent else None, "adapter": adapter,
                     "backend": settings.backend, "settings": dataclasses.asdict(settings),
@@ -447,7 +448,7 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     prev = read_rounds(loc).get(k - 1) if k > 0 else None
     previous = served_weights(ckpts.ensure_local(k) if prev and prev["checkpoint_path"] else None,
                               bool(prev and prev["adapter"]), base_model)
-    req = PublishRequest(name=f"{served_name}@{k + 1}", version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
+    req = PublishRequest(name=version_name(served_name, k + 1), version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
                          adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
     t = time.perf_counter()
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from collector_exporter.quarantine import quarantine_records
+from schemas.attributes import GATEWAY_FLAG
 from schemas.views import LATEST_ONLY
 from span_to_transition.credit import CREDIT
 from span_to_transition.doctor import GATEWAY_FIX, diagnose
@@ -206,10 +207,10 @@ ORDER BY step, transition_id
 latest conversion of the rollout), with the rollout filter applied *before* the rule's window, which
 DuckDB does not push it through; the window is per rollout, so the rows are the same. On a 1M-call
 store this reads one file instead of windowing every row (bench/ui.py)."""
-SPANS_SQL = """
+SPANS_SQL = f"""
 SELECT span_id, parent_span_id, name, start_time_ns, end_time_ns, status_code, status_message,
        map_from_entries(list_filter(map_entries(attributes), lambda e: e.key IN
-           ('gen_ai.operation.name', 'gen_ai.tool.name', 'gen_ai.agent.name', 'tracerl.gateway'))) AS attributes
+           ('gen_ai.operation.name', 'gen_ai.tool.name', 'gen_ai.agent.name', '{GATEWAY_FLAG}'))) AS attributes
 FROM spans WHERE rollout_id = $id OR trace_id IN (SELECT unnest($traces::VARCHAR[]))
 ORDER BY start_time_ns
 """
