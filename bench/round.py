@@ -311,6 +311,7 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
 
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.location import parse_store
     from tracerl.demo import wait_for_round
     from trainer.config import TrainSettings
     from trainer.publish import server_publisher
@@ -358,7 +359,7 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
             wait_for_round(store, ids, len(ids), 120, children.check_alive)
             r["collect_wait_s"] = time.perf_counter() - t0 - r["generation_s"]
             t = time.perf_counter()
-            convert_store(str(store), ConvertConfig(quiet_s=0.0, workers=1))
+            convert_store(parse_store(str(store)), ConvertConfig(quiet_s=0.0, workers=1))
             r["convert_s"] = time.perf_counter() - t
             round_ids = set(ids)
             rows = [row for row in round_transitions(store) if row["rollout_id"] in round_ids]

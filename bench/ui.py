@@ -43,7 +43,8 @@ from _shared import percentile  # noqa: E402
 
 from schemas.tables import ROUNDS_SCHEMA, TRANSITIONS_SCHEMA  # noqa: E402
 from span_to_transition.workers import write_transitions  # noqa: E402
-from store.layout import StoreLayout, locate  # noqa: E402
+from store.layout import StoreLayout  # noqa: E402
+from store.location import parse_store  # noqa: E402
 from store.parquet import write_table_atomic  # noqa: E402
 from store.views import connect_readonly  # noqa: E402
 
@@ -113,7 +114,7 @@ def build(store: Path, n: int, rounds: int) -> dict[str, float]:
             "output_tokens": pa.array(np.full(k, 16), pa.int64()),
             "conversion": pa.array(np.ones(k, np.int64)),
         })
-        write_transitions(layout, table)
+        write_transitions(layout.location, table)
     t_tr = time.perf_counter() - t
     for v in range(rounds):
         ckpt = layout.checkpoints / f"policy-{v + 1:06d}"
@@ -146,7 +147,7 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
           flush=True)
     from ui.store import store_signature
 
-    loc, times = locate(store), []
+    loc, times = parse_store(store), []
     for _ in range(20):  # what every page request (and every live poll) lists before it answers
         t = time.perf_counter()
         n = len(store_signature(loc))
@@ -184,7 +185,7 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
         "rollouts page 40": rollouts({"page": "40"}),
         "rollout": rollout,
         "task group": group,
-        "doctor": lambda: gather(str(store)),
+        "doctor": lambda: gather(loc),
     }
     urls = {
         "rounds": "/rounds",
@@ -218,7 +219,7 @@ def main() -> None:
             print(f"built {args.transitions:,} transitions in {built['transitions_s']:.1f}s "
                   f"(store + manifest {built['total_s']:.1f}s): {store}", flush=True)
         runners, urls, close = bare_runners(store)
-        server = serve(UiConfig(store=str(store)), port=0)
+        server = serve(UiConfig(store=parse_store(store)), port=0)
         client = httpx.Client(base_url=server.url, timeout=120)
         print(f"{'page':<18} {'server p50':>10} {'p95':>8}   {'bare p50':>9} {'p95':>8}   {'ratio p50':>9} {'p95':>6}")
         try:

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 
 from span_to_transition.convert import ConvertConfig
 from store.atomic import write_atomic
-from store.layout import Where, locate
+from store.location import StoreLocation
 
 
 @dataclass
@@ -32,12 +32,11 @@ class Ledger:
     settings: dict[str, object] = field(default_factory=dict)  # the row settings of the converted rows
 
     @staticmethod
-    def path(store: Where) -> str:
-        return locate(store).path("transitions", "_state.json")
+    def path(store: StoreLocation) -> str:
+        return store.path("transitions", "_state.json")
 
     @classmethod
-    def load(cls, store: Where) -> Ledger:
-        loc = locate(store)
+    def load(cls, loc: StoreLocation) -> Ledger:
         if loc.fs.get_file_info(p := cls.path(loc)).type == pafs.FileType.NotFound:
             return cls()
         d = json.loads(loc.read_bytes(p))
@@ -51,7 +50,7 @@ class Ledger:
             d.get("settings", {}),
         )
 
-    def save(self, store: Where) -> None:
+    def save(self, loc: StoreLocation) -> None:
         data = {
             "converted": self.converted,
             "excluded": self.excluded,
@@ -61,7 +60,6 @@ class Ledger:
             "reward_files": sorted(self.reward_files),
             "settings": self.settings,
         }
-        loc = locate(store)
         write_atomic(self.path(loc), json.dumps(data, separators=(",", ":")).encode(), loc.fs)
 
 

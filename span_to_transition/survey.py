@@ -9,7 +9,6 @@ access off, Arrow reads, and the converter's ledger read as it is.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from span_to_transition.records import LogEvent, Span
 from span_to_transition.store import rollout_statuses, table_files
 from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
-from store.location import StoreLocation, parse_store
+from store.location import StoreLocation
 from store.views import connect_readonly
 
 REWARD_SPELLINGS: dict[str, str] = {
@@ -180,15 +179,14 @@ def _wraps_call(con: duckdb.DuckDBPyConnection, sample: Span) -> bool:
 
 
 def gather(
-    store: str | os.PathLike[str],
+    layout: StoreLocation,
     quiet_s: float = ConvertConfig.quiet_s,
     max_wait_s: float = ConvertConfig.max_wait_s,
     now_ns: int | None = None,
     wal_backlog_bytes: int = 0,
 ) -> StoreFacts:
-    """The facts ``diagnose`` reads, from ``store`` (never written to); ``quiet_s`` / ``max_wait_s``:
+    """The facts ``diagnose`` reads, from the store at ``layout`` (never written to); ``quiet_s`` / ``max_wait_s``:
     the completion settings to judge pending rollouts by (default: convert's)."""
-    layout = parse_store(store)
     ledger = Ledger.load(layout)
     settings = ledger.settings
     f = StoreFacts(
@@ -197,7 +195,7 @@ def gather(
         max_wait_s=max_wait_s,
         missing_reward=str(settings.get("missing_reward", "exclude")),
     )
-    con = connect_readonly(str(store))
+    con = connect_readonly(layout)
     try:
         f.spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
         if f.spans == 0:

@@ -51,16 +51,3 @@ class StoreLayout:
     def location(self) -> StoreLocation:
         """The same store as a ``pyarrow.fs`` location (what code that also runs on a bucket takes)."""
         return parse_store(self.root)
-
-
-Where = StoreLayout | StoreLocation | str | os.PathLike[str]
-"""A store as callers name it: a layout (local), a location, or ``--store`` as given (path or URI)."""
-
-
-def locate(store: Where) -> StoreLocation:
-    """Any way of naming a store -> its ``StoreLocation``, so one code path serves disk and bucket."""
-    if isinstance(store, StoreLocation):
-        return store
-    if isinstance(store, StoreLayout):
-        return store.location
-    return parse_store(store)

@@ -445,7 +445,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                              # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
                              bf16=bool(cfg.model) or real)
     publisher = server_publisher(server_url)
-    layout = StoreLayout.at(store)
+    loc = StoreLayout.at(store).location  # --store parsed once; every stage below takes it
 
     abort = threading.Event()  # rollouts run in threads: an interrupted demo kills their agents through it
 
@@ -482,7 +482,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     def held_out_score(k: int, records: list[Any], t_roll: float) -> HeldOut:
         """Scored from the store's rewards, and converted: queryable like the rounds' rollouts (the
         trainer's --tasks regex keeps them out of training)."""
-        convert_store(str(store), convert_cfg)
+        convert_store(loc, convert_cfg)
         stored = store_rewards(store, [r.rollout_id for r in records])
         h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
         run.heldout.append((k, h))
@@ -517,7 +517,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
             records, _, t_roll = ahead.get(b)
             b += 1
             t1 = time.perf_counter()
-            stats = convert_store(str(store), convert_cfg)
+            stats = convert_store(loc, convert_cfg)
             converted = round_status(store, [r.rollout_id for r in records])["converted"]
             rewarded = sum(r.reward is not None for r in records)
             if converted < rewarded:
@@ -557,7 +557,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                 continue
             no_signal = 0
             time.sleep(0.6)  # > the gateway's --models-ttl-s: the next call sees the new policy
-            row = read_rounds(layout).get(k)
+            row = read_rounds(loc).get(k)
             if outcome.status != "published" or row is None or row["status"] != "published":
                 raise RuntimeError(f"round {k}: training did not publish policy@{k + 1} ({outcome.status}: "
                                    f"{outcome.message}); see the rounds manifest: tracerl report --store {store}")
@@ -586,14 +586,14 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         ids = [r.rollout_id for r in records]
         stored = store_rewards(store, ids)
         run.final_reward = sum(stored.values()) / len(stored) if stored else None
-        convert_store(str(store), convert_cfg)  # queryable like the rounds' rollouts (never trained on)
+        convert_store(loc, convert_cfg)  # queryable like the rounds' rollouts (never trained on)
         print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
               f"{run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {t_roll:>7.1f}", flush=True)
     print(flush=True)
     try:
         from trainer.report import plot, round_rows
 
-        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png",
+        run.plot = plot(round_rows(loc), workdir / "reward-curve.png",
                         heldout=[(k, h.success, h.n) for k, h in run.heldout])
     except Exception as e:  # a missing matplotlib must not hide a finished run
         _say(f"no plot ({type(e).__name__}: {e})")

@@ -287,6 +287,6 @@ def quarantined(reader: StoreReader, limit: int = 200) -> list[dict[str, Any]]:
 def doctor_data(reader: StoreReader) -> dict[str, Any]:
     from span_to_transition.survey import gather
 
-    findings = diagnose(gather(reader.store))
+    findings = diagnose(gather(reader.loc))
     return {"findings": findings, "quarantine": quarantined(reader),
             "excluded": sorted(Ledger.load(reader.loc).excluded)[:200]}

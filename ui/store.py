@@ -37,7 +37,6 @@ import duckdb
 import pyarrow.fs as pafs
 
 from schemas.tables import TABLES
-from store.layout import Where, locate
 from store.location import StoreLocation
 from store.views import connect_readonly
 
@@ -84,8 +83,8 @@ def store_signature(loc: StoreLocation) -> tuple:
 class StoreReader:
     """Read-only queries over one store, against its files as of the last ``refresh``."""
 
-    def __init__(self, store: Where):
-        self.loc = locate(store)
+    def __init__(self, loc: StoreLocation):
+        self.loc = loc
         self.store = self.loc.root if self.loc.is_local else self.loc.uri
         """The store as pages name it and as ``connect_readonly`` takes it: the directory, or the URI."""
         self._lock = threading.Lock()  # held while a query uses the connection

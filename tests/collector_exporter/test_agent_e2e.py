@@ -11,7 +11,7 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
-from store.layout import locate
+from store.location import parse_store
 from store.views import connect_readonly
 
 AGENT = Path(__file__).with_name("agent_app.py")
@@ -86,7 +86,7 @@ def test_tracerl_exporter_plugin_writes_a_bucket_with_its_wal_on_local_disk(s3_s
     out = tracerl("sql", "--store", s3_store, "--format", "json", "SELECT trace_id, span_id FROM spans").stdout
     assert sorted((r["trace_id"], r["span_id"]) for r in json.loads(out)) == sorted(made)
     assert wal.is_dir() and not list(wal.glob("*/seg-*"))  # its WAL was on this disk, and drained
-    assert locate(s3_store).files("wal", suffix="") == []  # none of it in the bucket
+    assert parse_store(s3_store).files("wal", suffix="") == []  # none of it in the bucket
 
 
 def test_sql_command_cannot_write_or_read_outside_the_store(store, tmp_path):

@@ -37,7 +37,7 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     out = proc.stdout
     store = work / "store"
 
-    rounds = read_rounds(StoreLayout.at(store))
+    rounds = read_rounds(StoreLayout.at(store).location)
     assert sorted(rounds) == [0, 1]
     assert [(r["policy_version"], r["status"]) for r in rounds.values()] == [(0, "published"), (1, "published")]
     assert all(r["n_rollouts"] >= 2 and r["loss"] is not None for r in rounds.values())

@@ -148,7 +148,7 @@ def test_one_round_on_the_real_model_trains_a_lora_that_the_next_call_reaches(tm
             stop_tracerl(gw)  # flushes the gateway's span batch
         c.flush()
 
-    (row,) = read_rounds(StoreLayout.at(store)).values()
+    (row,) = read_rounds(StoreLayout.at(store).location).values()
     assert (row["round"], row["policy_version"], row["status"], row["adapter"]) == (0, 0, "published", True)
     assert (Path(row["checkpoint_path"]) / "merged" / "model.safetensors").is_file()  # published as full weights
     assert row["n_rollouts"] >= 2 and row["loss"] is not None

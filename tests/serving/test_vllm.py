@@ -158,7 +158,7 @@ def test_a_lora_round_then_a_full_round_through_vllm_serve_the_new_weights(stack
     time.sleep(1.0)  # the gateway's span batch
     stack["collector"].flush()
 
-    rounds = read_rounds(StoreLayout.at(store))
+    rounds = read_rounds(StoreLayout.at(store).location)
     assert [(r["round"], r["status"], r["adapter"]) for r in rounds.values()] == [(0, "published", True),
                                                                                 (1, "published", True)]
     con = connect_readonly(str(store))

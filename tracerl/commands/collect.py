@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.convert:
         from span_to_transition.store import ConvertLoop
 
-        loop = ConvertLoop(cfg.store, convert_cfg, every_s=cfg.convert_every_s).start()
+        loop = ConvertLoop(collector.compactor.out, convert_cfg, every_s=cfg.convert_every_s).start()
     parts = []
     if grpc_addr:
         parts.append(f"OTLP/gRPC {collector.grpc_endpoint}")

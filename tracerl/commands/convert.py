@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if loc.fs.get_file_info(loc.table("spans")).type != pafs.FileType.Directory:
         raise UsageError(f"--store {cfg.store} has no spans/ directory; point --store (or TRACERL_STORE) at the "
                          "directory (or s3://bucket/prefix) `tracerl collect --store` writes")
-    stats = convert_store(cfg.store, convert_cfg, rebuild=cfg.rebuild)
+    stats = convert_store(loc, convert_cfg, rebuild=cfg.rebuild)
     if cfg.json:
         print(json.dumps(dataclasses.asdict(stats), indent=2))
     else:

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     facts = gather(
-        cfg.store,
+        loc,
         cfg.quiet_s,
         cfg.max_wait_s,
         wal_backlog_bytes=collect_status(cfg.store)["wal"]["backlog_bytes"],

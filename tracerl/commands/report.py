@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from options import add_options, from_args, opt
-from store.layout import default_store, locate
+from store.layout import default_store
+from store.location import parse_store
 
 
 @dataclass
@@ -29,13 +30,13 @@ def run(args: argparse.Namespace) -> int:
     from trainer.report import format_table, plot, round_rows
 
     cfg = from_args(ReportConfig, args)
-    rows = round_rows(cfg.store)
+    where = parse_store(cfg.store)
+    rows = round_rows(where)
     if not rows:
-        print(f"no rounds in {locate(cfg.store).table('rounds')} yet; run 'tracerl train --once' first")
+        print(f"no rounds in {where.table('rounds')} yet; run 'tracerl train --once' first")
         return 0
     print(format_table(rows))
     if cfg.plot:
-        where = locate(cfg.store)
         out = Path(cfg.out) if cfg.out else Path(where.root) / "report.png" if where.is_local else Path("report.png")
         print(f"wrote {plot(rows, out)}")
     return 0
