@@ -28,7 +28,7 @@ class StoreLayout:
         """A local store; ``s3://…`` is refused here, since a stage that walks ``Path``s cannot use it."""
         if is_uri(root) and not os.fspath(root).startswith("file://"):
             raise ValueError(f"{os.fspath(root)} is not a local directory; this command needs a local --store "
-                             "(collect, convert, train, sql, status, doctor, report and ui take s3://bucket/prefix)")
+                             "(collect, convert, train, sql, status, doctor, report, ui and rollout take s3://bucket/prefix)")
         return cls(Path(root).expanduser().resolve(), Path(wal).expanduser().resolve() if wal else None)
 
     def table(self, name: str) -> Path:

@@ -459,7 +459,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                         progress=None if label.startswith("held-out") else False,
                         collector=f"http://127.0.0.1:{http_port}", otlp=otlp,
                         gateway=f"http://127.0.0.1:{gateway_port}/v1", reward_fn=reward_fn,
-                        timeout_s=cfg.timeout_s, retries=0, store=str(store), base_env=base_env)
+                        timeout_s=cfg.timeout_s, retries=0, store=loc, base_env=base_env)
         with open(os.devnull, "w") as quiet:
             records, _ = run_rollouts(driver, out=quiet, abort=abort)
         alive()
