@@ -140,7 +140,7 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
     from ui.filters import parse_query, rollouts_sql
     from ui.store import ROLLOUT_INDEX_SQL
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     t = time.perf_counter()
     con.execute(ROLLOUT_INDEX_SQL)  # what the viewer's reader builds once per store version
     print(f"per-rollout table (ui_rollouts, built once per store version): {time.perf_counter() - t:.2f}s",

@@ -74,7 +74,7 @@ def store_sql(store: Path, query: str, params: list | None = None) -> list[tuple
     """Rows of a query over the store, through the same read-only connection the viewer uses."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         return con.execute(query, params or []).fetchall()
     finally:

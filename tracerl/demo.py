@@ -32,13 +32,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from options import UsageError, opt
 from schemas.attributes import GATEWAY_FLAG, POLICY_VERSION
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
 from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
+
+if TYPE_CHECKING:
+    from store.location import StoreLocation
 
 
 @dataclass
@@ -123,11 +126,11 @@ class DemoConfig:
 
 
 # ------------------------------------------------------------------------------------ the store
-def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
+def round_status(store: StoreLocation, rollout_ids: list[str], expected_calls: int | None = None) -> dict[str, int]:
     """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(store)
     try:
         con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
         roots, traces = con.execute("""
@@ -151,7 +154,7 @@ def round_status(store: Path, rollout_ids: list[str], expected_calls: int | None
             "converted": converted}
 
 
-def wait_for_round(store: Path, rollout_ids: list[str], rewarded: int, timeout_s: float,
+def wait_for_round(store: StoreLocation, rollout_ids: list[str], rewarded: int, timeout_s: float,
                    alive: Callable[[], None]) -> dict[str, int]:
     """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable."""
     deadline = time.monotonic() + timeout_s
@@ -471,7 +474,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
             raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
                                f"see {logs / 'collect.log'}")
         ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
-        st = wait_for_round(store, ids, sum(bool(r.reward_posted) for r in records), cfg.wait_s, alive)
+        st = wait_for_round(loc, ids, sum(bool(r.reward_posted) for r in records), cfg.wait_s, alive)
         return records, st, time.perf_counter() - t0
 
     def held_out_rollouts(k: int) -> tuple[list[Any], float]:
@@ -483,10 +486,10 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
         """Scored from the store's rewards, and converted: queryable like the rounds' rollouts (the
         trainer's --tasks regex keeps them out of training)."""
         convert_store(loc, convert_cfg)
-        stored = store_rewards(store, [r.rollout_id for r in records])
+        stored = store_rewards(loc, [r.rollout_id for r in records])
         h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
         run.heldout.append((k, h))
-        answers = store_answers(store, [r.rollout_id for r in records])
+        answers = store_answers(loc, [r.rollout_id for r in records])
         run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
         print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
               f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {t_roll:.0f}s)",
@@ -518,7 +521,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
             b += 1
             t1 = time.perf_counter()
             stats = convert_store(loc, convert_cfg)
-            converted = round_status(store, [r.rollout_id for r in records])["converted"]
+            converted = round_status(loc, [r.rollout_id for r in records])["converted"]
             rewarded = sum(r.reward is not None for r in records)
             if converted < rewarded:
                 raise RuntimeError(f"round {k}: only {converted} of {rewarded} rewarded rollouts were converted "
@@ -584,7 +587,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     elif cfg.final_eval and not task.heldout:
         records, _, t_roll = do_rollouts("evaluation", task.train)
         ids = [r.rollout_id for r in records]
-        stored = store_rewards(store, ids)
+        stored = store_rewards(loc, ids)
         run.final_reward = sum(stored.values()) / len(stored) if stored else None
         convert_store(loc, convert_cfg)  # queryable like the rounds' rollouts (never trained on)
         print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
@@ -623,11 +626,11 @@ def http_ok_quiet(url: str) -> bool:
         return False
 
 
-def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
+def store_rewards(store: StoreLocation, rollout_ids: list[str]) -> dict[str, float]:
     """The reward the collector stored for each of these rollouts (the last value per rollout)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(store)
     try:
         return dict(con.execute("""SELECT rollout_id, arg_max(value, "at") FROM rewards
                                    WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id""",
@@ -636,11 +639,11 @@ def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
         con.close()
 
 
-def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
+def store_answers(store: StoreLocation, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
     """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(store)
     try:
         return dict(con.execute("""SELECT rollout_id, any_value(attributes[?]) FROM spans
                                    WHERE attributes[?] IS NOT NULL AND rollout_id IN (SELECT unnest(?::VARCHAR[]))

@@ -86,7 +86,7 @@ class StoreReader:
     def __init__(self, loc: StoreLocation):
         self.loc = loc
         self.store = self.loc.root if self.loc.is_local else self.loc.uri
-        """The store as pages name it and as ``connect_readonly`` takes it: the directory, or the URI."""
+        """The store as pages name it: the directory, or the URI as given."""
         self._lock = threading.Lock()  # held while a query uses the connection
         self._state = threading.Lock()  # guards the build in progress
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -97,7 +97,7 @@ class StoreReader:
         """Bumped each time a newer version of the store is in use: what live pages poll."""
 
     def _open(self) -> duckdb.DuckDBPyConnection:
-        con = connect_readonly(self.store)
+        con = connect_readonly(self.loc)
         con.execute(ROLLOUT_INDEX_SQL)
         return con
 

@@ -39,7 +39,7 @@ def test_instrumented_agent_exports_every_span_with_its_details(store, protocol)
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
         })
         c.flush()
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     got = con.execute("SELECT trace_id, span_id FROM spans").fetchall()
     assert sorted(got) == sorted(made)
     row = con.execute("""
@@ -70,7 +70,7 @@ def test_tracerl_sql_reads_what_the_agent_sent(store):
 def test_tracerl_exporter_plugin_writes_the_store_without_a_collector(store):
     made = run_instrumented_agent({"OTEL_TRACES_EXPORTER": "tracerl", "OTEL_LOGS_EXPORTER": "none",
                                    "OTEL_METRICS_EXPORTER": "none", "TRACERL_STORE": str(store)}, n_calls=4)
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     assert sorted(con.execute("SELECT trace_id, span_id FROM spans").fetchall()) == sorted(made)
     assert con.execute("SELECT DISTINCT resource_attributes['service.name'] FROM spans").fetchall() == [("writer-agent",)]
     assert not list((store / "wal").glob("*/seg-*"))  # drained on shutdown

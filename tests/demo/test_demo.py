@@ -22,6 +22,7 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from tracerl.demo import TABLE_HEADER, RoundResult, format_row, parse_table
 from trainer.rounds import read_rounds
@@ -42,7 +43,7 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     assert [(r["policy_version"], r["status"]) for r in rounds.values()] == [(0, "published"), (1, "published")]
     assert all(r["n_rollouts"] >= 2 and r["loss"] is not None for r in rounds.values())
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     # transitions: 8 rollouts of the base (recorded as plain 'policy': no version), 8 of policy@1
     by_version = dict(con.execute("""SELECT coalesce(policy_version, 0), count(DISTINCT rollout_id)
                                      FROM transitions GROUP BY 1""").fetchall())

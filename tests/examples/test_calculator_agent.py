@@ -173,7 +173,7 @@ def _rollouts_by_links(store, tmp_path) -> set[frozenset[str]]:
     write_table_atomic(spans.select(SPANS_SCHEMA.names),
                        StoreLayout.at(hand_run).partition("spans", "2026-11-21") / "all.parquet", "spans")
     convert_store(parse_store(hand_run), ConvertConfig(quiet_s=0, missing_reward="fill"))
-    con = connect_readonly(str(hand_run))
+    con = connect_readonly(parse_store(hand_run))
     groups = con.execute("SELECT list(span_id) FROM transitions GROUP BY rollout_id").fetchall()
     return {frozenset(g) for (g,) in groups}
 

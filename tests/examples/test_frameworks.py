@@ -110,7 +110,7 @@ def test_agents_select_by_name_and_sql_shows_the_names(runs) -> None:
 
     store = runs["strands"][3]
     convert_store(parse_store(store), ConvertConfig(quiet_s=0, missing_reward="fill", agents="calculator"), rebuild=True)
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     got = con.sql("SELECT agent_name, trainable, count(*) FROM transitions GROUP BY ALL ORDER BY ALL").fetchall()
     con.close()
     assert got == [("calculator", True, 4), ("weather", False, 8)]

@@ -312,7 +312,7 @@ def test_the_store_pass_keeps_what_the_new_dialects_need(name: str, tmp_path) ->
     write_table_atomic(traces, StoreLayout.at(tmp_path).partition("spans", "2026-11-21") / "f.parquet", "spans")
     stats = convert_store(parse_store(tmp_path), ConvertConfig(), now_ns=2_000_000_000 * 10**9)
     assert stats.problems == []
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     got = con.sql("SELECT step, agent_name, prompt_messages, response_message, tools, prompt_token_ids, "
                   "response_token_ids, token_source, reward FROM transitions ORDER BY step").fetchall()
     con.close()

@@ -41,7 +41,7 @@ def convert(name: str, tmp_path: Path, **config) -> list[dict]:
         write_table_atomic(logs, layout.partition("logs", "2026-11-24") / "f.parquet", "logs")
     stats = convert_store(parse_store(tmp_path), ConvertConfig(missing_reward="fill", **config), now_ns=LATER)
     assert stats.problems == [], stats.problems
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     rows = con.sql("SELECT * EXCLUDE (started_at, ended_at) FROM transitions ORDER BY step").to_arrow_table().to_pylist()
     con.close()
     return rows

@@ -80,7 +80,7 @@ def test_an_openinference_call_joins_by_the_response_id_inside_output_value(tmp_
         gateway_trace(tmp_path, "bc"[i], rid, f"gw{i}")
     stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     assert stats.problems == [] and stats.rollouts_seen == 1
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     got = con.sql("SELECT agent_name, token_source FROM transitions ORDER BY step").fetchall()
     con.close()
     assert got == [("weather", "gateway"), ("weather", "gateway")]

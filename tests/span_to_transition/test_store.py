@@ -32,7 +32,7 @@ def put(store: Path, table: str, data: pa.Table, name: str) -> None:
 
 def transitions(store: Path) -> list[dict]:
     """The rows the ``transitions`` view shows (each rollout's latest conversion), without the pass number."""
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     table = con.sql("SELECT * EXCLUDE (conversion, date) FROM transitions").to_arrow_table()
     con.close()
     for col in ("started_at", "ended_at"):  # ns timestamps: compare as ints (no pandas needed)
@@ -67,7 +67,7 @@ def test_fixture_store_converts_every_dialect_and_rerunning_writes_nothing(store
 def test_rollouts_view_and_readme_queries(store: Path) -> None:
     load_fixtures(store)
     convert_store(parse_store(store), ConvertConfig(), now_ns=LATER)
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     got = con.execute("SELECT reward, n_calls, agents, policy_version, token_coverage FROM rollouts").fetchall()
     assert got == [(1.0, 2, ["weather"], 3, 0.0)] * 6
     readme = (Path(__file__).parents[2] / "span_to_transition" / "README.md").read_text()
@@ -231,7 +231,7 @@ def test_a_reward_after_conversion_converts_the_rollout_again(store: Path) -> No
     assert (after["a" * 32]["reward"], after["a" * 32]["reward_source"]) == (1.5, "side_channel,span")
     assert after["b" * 32] == before["b" * 32]  # untouched
     assert raw_rows(store) == 3  # the superseded row stays in its file; the view hides it
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     assert con.execute("SELECT count(*), sum(reward) FROM transitions").fetchone() == (2, 2.5)
     assert con.execute("SELECT reward FROM rollouts WHERE rollout_id = ?", ["a" * 32]).fetchone() == (1.5,)
 

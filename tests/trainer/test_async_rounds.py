@@ -34,7 +34,7 @@ def ids_row(make_row, tokenizer, rid: str, *, task: str, version: int, reward: f
 
 
 def loaded(store: Path, lo: int, hi: int):
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         return load_transitions(con, (lo, hi))
     finally:

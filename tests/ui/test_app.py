@@ -61,7 +61,7 @@ def test_every_page_answers_from_the_store_and_never_writes_to_it(client, store)
 def test_a_rollouts_calls_are_the_transitions_views_rows(store):
     from ui.pages import CALLS_SQL
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         for (rid,) in con.execute("SELECT DISTINCT rollout_id FROM transitions").fetchall():
             view = con.execute("SELECT transition_id FROM transitions WHERE rollout_id = ? ORDER BY step, "

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         loc,
         cfg.quiet_s,
         cfg.max_wait_s,
-        wal_backlog_bytes=collect_status(cfg.store)["wal"]["backlog_bytes"],
+        wal_backlog_bytes=collect_status(loc)["wal"]["backlog_bytes"],
     )
     findings = diagnose(facts)
     print(as_json(findings) if cfg.json else report(findings, loc.root if loc.is_local else loc.uri))
