@@ -98,3 +98,20 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
             values[f.name] = os.environ[env]
     values.update(overrides)
     return cls(**values)
+
+
+def from_fields(cls: type[T], source: Any, **overrides: Any) -> T:
+    """``cls`` built from the same-named fields of another settings object, plus ``overrides``.
+
+    A command's config holds the flags; the stage it runs takes its own settings dataclass. Building
+    one from the other by name (``from_fields(Driver, cfg, tasks=parsed_tasks)``) keeps a new flag from
+    being dropped by a hand-written copy; ``overrides`` give the fields whose value the command turns
+    into another form (a parsed ``--store``, the loaded tasks) or that are named differently.
+    """
+    values = {
+        f.name: getattr(source, f.name)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.init and hasattr(source, f.name)
+    }
+    values.update(overrides)
+    return cls(**values)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from options import UsageError, add_options, from_args, opt
+from options import UsageError, add_options, from_args, from_fields, opt
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import default_store
@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(ConvertCommandConfig, args)
-    convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
+    convert_cfg = from_fields(ConvertConfig, cfg)
     try:
         convert_cfg.validate()
     except ValueError as e:

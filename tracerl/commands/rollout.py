@@ -13,7 +13,7 @@ import argparse
 import sys
 import threading
 
-from options import UsageError, add_options, from_args
+from options import UsageError, add_options, from_args, from_fields
 from rollout.driver import Driver, RolloutConfig, run_rollouts
 from rollout.records import format_summary, summarize
 from rollout.rewards import load_reward_fn
@@ -62,11 +62,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:  # pyarrow's: an unknown scheme, a malformed URI
         raise UsageError(f"--store {cfg.store}: {str(e).strip().splitlines()[0]}; give a directory or "
                          "s3://bucket/prefix") from None
-    driver = Driver(command=command, tasks=tasks, n=cfg.n, concurrency=cfg.concurrency, collector=cfg.collector,
-                    otlp=cfg.otlp, otlp_protocol=cfg.otlp_protocol, gateway=cfg.gateway, reward_fn=reward_fn,
-                    reward_name=cfg.reward_name, reward_retries=cfg.reward_retries,
-                    timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=store,
-                    continuous=cfg.continuous, max_rollouts=cfg.max_rollouts)
+    # every flag of the same name by name; the ones the command turned into another form, given
+    driver = from_fields(Driver, cfg, command=command, tasks=tasks, reward_fn=reward_fn, store=store)
     if cfg.continuous:  # stopping is how a continuous run ends: let the running agents finish
         stop = threading.Event()
 
