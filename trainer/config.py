@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from options import opt
 from store.layout import default_store
 from trainer.backends import BACKENDS
-from trainer.choices import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS
+from trainer.choices import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, PUBLISH_MODES
 
 
 @dataclass
@@ -33,7 +33,7 @@ class TrainSettings:
     publish: str = opt("auto", "how a LoRA round reaches the server: lora (vLLM load_lora_adapter), full "
                                "(merged into the base weights, reloaded in place), auto: full for a vLLM on "
                                "a CPU (an adapter costs about 4x decode speed there), lora elsewhere",
-                       choices=["auto", "lora", "full"])
+                       choices=list(PUBLISH_MODES))
     keep_checkpoints: int = opt(3, "keep the newest N checkpoints (>= 2: the serving one and the one a failed "
                                    "reload restores); 0 keeps all", metavar="N")
     min_rollouts: int = opt(8, "train a round once this many complete, rewarded rollouts of the current "
