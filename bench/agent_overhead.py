@@ -59,6 +59,7 @@ OUT = HERE / "out" / "agent_overhead"
 sys.path.insert(0, str(ROOT))
 
 from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider  # noqa: E402
+from store.location import parse_store  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from _shared import ScriptedUpstream, percentile  # noqa: E402
@@ -166,7 +167,7 @@ def count_spans(store: Path, results: list[Result]) -> None:
     """Fill in, per upstream, what of its calls arrived in the store (see ``Result``)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     for r in results:
         svc = f"overhead-agent-{r.upstream}"
         agent = con.execute("""SELECT attributes['gen_ai.response.id'] FROM spans

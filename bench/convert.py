@@ -183,7 +183,7 @@ def measure(args: argparse.Namespace, layout: StoreLayout, n_spans: int, gen_s: 
             bucket: str | None = None) -> None:
     """Time the bare read and the conversion of the store at ``layout`` and print both; with ``bucket``
     (``s3://…``), of a copy of its spans there instead, so only where the bytes live differs."""
-    root, extra = layout.root, {}
+    root, extra = layout.location, {}
     if bucket is None:
         files = sorted(layout.table("spans").rglob("*.parquet"))
         fs = None
@@ -193,7 +193,7 @@ def measure(args: argparse.Namespace, layout: StoreLayout, n_spans: int, gen_s: 
         pafs.copy_files(str(layout.table("spans")), loc.table("spans"), source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=loc.fs)
         extra = {"store": f"{bucket} (moto on 127.0.0.1: a stand-in)", "copy_to_bucket_s": round(time.perf_counter() - t, 2)}
-        root, files, fs = bucket, loc.files("spans"), loc.fs
+        root, files, fs = loc, loc.files("spans"), loc.fs
     t = time.perf_counter()
     read_rows = sum(pq.read_table(f, filesystem=fs).num_rows for f in files)
     read_s = time.perf_counter() - t

@@ -167,9 +167,10 @@ def replay(server: str, calls: list[list[list]], max_tokens: int, temperature: f
 
 
 def round_transitions(store: Path) -> list[dict]:
+    from store.location import parse_store
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         cur = con.execute("""SELECT agent_name, rollout_id, task_id, reward, prompt_token_ids, response_token_ids
                              FROM transitions ORDER BY rollout_id, step""")
@@ -312,6 +313,7 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
     from loop.watch import wait_for_round
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
+    from store.location import parse_store
     from trainer.config import TrainSettings
     from trainer.publish import server_publisher
     from trainer.rounds import run_once
@@ -355,10 +357,10 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
             ids, calls = rollouts(agent, reward, tasks, samples, urls["collector"])
             r["generation_s"] = time.perf_counter() - t0
             provider.force_flush()
-            wait_for_round(store, ids, len(ids), 120, children.check_alive)
+            wait_for_round(parse_store(store), ids, len(ids), 120, children.check_alive)
             r["collect_wait_s"] = time.perf_counter() - t0 - r["generation_s"]
             t = time.perf_counter()
-            convert_store(str(store), ConvertConfig(quiet_s=0.0, workers=1))
+            convert_store(parse_store(store), ConvertConfig(quiet_s=0.0, workers=1))
             r["convert_s"] = time.perf_counter() - t
             round_ids = set(ids)
             rows = [row for row in round_transitions(store) if row["rollout_id"] in round_ids]

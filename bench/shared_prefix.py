@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from store.location import parse_store
 from trainer.backends.torch_backend import TorchBackend
 from trainer.config import TrainSettings
 from trainer.dataset import DatasetConfig, Sample, assign_weights, build_samples, load_transitions
@@ -52,7 +53,7 @@ def demo_shaped(vocab: int, seed: int = 0) -> list[Sample]:
 def from_store(store: str, version: int, tokenizer, tasks: str | None) -> list[Sample]:
     from store.views import connect_readonly
 
-    rows = load_transitions(connect_readonly(store), (version, version), tasks=tasks)
+    rows = load_transitions(connect_readonly(parse_store(store)), (version, version), tasks=tasks)
     samples, _ = build_samples(rows, tokenizer, DatasetConfig(max_prompt_tokens=512, max_response_tokens=64,
                                                                 estimator="rloo"))
     return samples

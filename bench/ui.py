@@ -43,7 +43,8 @@ from _shared import percentile  # noqa: E402
 
 from schemas.tables import ROUNDS_SCHEMA, TRANSITIONS_SCHEMA  # noqa: E402
 from span_to_transition.workers import write_transitions  # noqa: E402
-from store.layout import StoreLayout, locate  # noqa: E402
+from store.layout import StoreLayout  # noqa: E402
+from store.location import parse_store  # noqa: E402
 from store.parquet import write_table_atomic  # noqa: E402
 from store.views import connect_readonly  # noqa: E402
 
@@ -113,7 +114,7 @@ def build(store: Path, n: int, rounds: int) -> dict[str, float]:
             "output_tokens": pa.array(np.full(k, 16), pa.int64()),
             "conversion": pa.array(np.ones(k, np.int64)),
         })
-        write_transitions(layout, table)
+        write_transitions(layout.location, table)
     t_tr = time.perf_counter() - t
     for v in range(rounds):
         ckpt = layout.checkpoints / f"policy-{v + 1:06d}"
@@ -139,14 +140,14 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
     from ui.filters import parse_query, rollouts_sql
     from ui.store import ROLLOUT_INDEX_SQL
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     t = time.perf_counter()
     con.execute(ROLLOUT_INDEX_SQL)  # what the viewer's reader builds once per store version
     print(f"per-rollout table (ui_rollouts, built once per store version): {time.perf_counter() - t:.2f}s",
           flush=True)
     from ui.store import store_signature
 
-    loc, times = locate(store), []
+    loc, times = parse_store(store), []
     for _ in range(20):  # what every page request (and every live poll) lists before it answers
         t = time.perf_counter()
         n = len(store_signature(loc))
@@ -184,7 +185,7 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
         "rollouts page 40": rollouts({"page": "40"}),
         "rollout": rollout,
         "task group": group,
-        "doctor": lambda: gather(str(store)),
+        "doctor": lambda: gather(loc),
     }
     urls = {
         "rounds": "/rounds",
@@ -218,7 +219,7 @@ def main() -> None:
             print(f"built {args.transitions:,} transitions in {built['transitions_s']:.1f}s "
                   f"(store + manifest {built['total_s']:.1f}s): {store}", flush=True)
         runners, urls, close = bare_runners(store)
-        server = serve(UiConfig(store=str(store)), port=0)
+        server = serve(UiConfig(store=parse_store(store)), port=0)
         client = httpx.Client(base_url=server.url, timeout=120)
         print(f"{'page':<18} {'server p50':>10} {'p95':>8}   {'bare p50':>9} {'p95':>8}   {'ratio p50':>9} {'p95':>6}")
         try:

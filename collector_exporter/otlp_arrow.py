@@ -21,9 +21,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from schemas.attributes import ROLLOUT_ID as ROLLOUT_ATTR
 from schemas.tables import ATTRS, LOGS_SCHEMA, SPANS_SCHEMA, TS
-
-ROLLOUT_ATTR = "tracerl.rollout_id"
 
 _encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once, not per call
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import default_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 __all__ = ["MODES", "JudgeSettings", "UsageError", "add_options", "api_key", "from_args"]
 

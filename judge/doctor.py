@@ -10,12 +10,11 @@ import json
 from pathlib import PurePosixPath
 from typing import Any
 
-from store.layout import Where, locate
+from store.location import StoreLocation
 
 
-def judge_states(store: Where) -> dict[str, dict[str, Any]]:
+def judge_states(loc: StoreLocation) -> dict[str, dict[str, Any]]:
     """Each judge name's failure record in the store (none when the judge never ran)."""
-    loc = locate(store)
     return {PurePosixPath(p).stem: json.loads(loc.read_bytes(p)) for p in loc.files("judge", suffix=".json")}
 
 

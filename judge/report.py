@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from judge.agreement import Agreement, agreement
-from store.layout import Where, locate
+from store.location import StoreLocation
 from store.views import connect_readonly
 
 PER_ROUND_SQL = """
@@ -73,9 +73,9 @@ def format_judge(rounds: list[JudgeRound]) -> str:
     return "\n".join(lines)
 
 
-def judge_report(store: Where, name: str = "judge", threshold: float = 0.5) -> list[JudgeRound]:
+def judge_report(loc: StoreLocation, name: str = "judge", threshold: float = 0.5) -> list[JudgeRound]:
     """Read the store's judge rows (and any grader rows on the same rollouts) by round."""
-    con = connect_readonly(locate(store))
+    con = connect_readonly(loc)
     try:
         rows = con.sql(PER_ROUND_SQL, params={"name": name}).to_arrow_table().to_pylist()
     finally:

@@ -40,9 +40,8 @@ from judge.rows import reward_rows
 from judge.trajectories import rollouts_from_rows
 from schemas.tables import REWARDS_SCHEMA
 from store.atomic import write_atomic
-from store.layout import locate
 from store.lease import JUDGE_LOCK, hold
-from store.location import StoreLocation
+from store.location import StoreLocation, parse_store
 from store.parquet import write_table_atomic
 from store.views import connect_readonly
 
@@ -192,7 +191,7 @@ def run_once(
     docstring). Safe to run from cron: a held lock, an unreachable judge or a crash leaves nothing half done."""
     settings.validate()
     t0 = time.perf_counter()
-    loc = locate(settings.store)
+    loc = parse_store(settings.store)
     rubric = Path(settings.rubric).read_text(encoding="utf-8") if settings.rubric else default_rubric()
     assert settings.judge_model is not None  # validate() said so
     rhash = rubric_hash(rubric, settings.mode, settings.judge_model)

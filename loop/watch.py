@@ -9,28 +9,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+from schemas.attributes import GATEWAY_FLAG
+
+if TYPE_CHECKING:
+    from store.location import StoreLocation
 
 POLL_S = 0.1  # between two looks at the store while a round's spans arrive
 
 
-def round_status(store: Path, rollout_ids: list[str]) -> dict[str, int]:
+def round_status(store: StoreLocation, rollout_ids: list[str]) -> dict[str, int]:
     """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(store)
     try:
         con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
         roots, traces = con.execute("""
             SELECT count(DISTINCT s.rollout_id) FILTER (WHERE s.parent_span_id IS NULL OR s.parent_span_id = ''),
                    count(DISTINCT s.trace_id)
             FROM spans s JOIN ids USING (rollout_id)""").fetchone()
-        calls, gateway = con.execute("""
+        calls, gateway = con.execute(f"""
             WITH t AS (SELECT DISTINCT trace_id FROM spans JOIN ids USING (rollout_id))
-            SELECT count(*) FILTER (WHERE coalesce(s.attributes['tracerl.gateway'], '') <> 'true'
+            SELECT count(*) FILTER (WHERE coalesce(s.attributes['{GATEWAY_FLAG}'], '') <> 'true'
                                       AND coalesce(s.attributes['gen_ai.system'],
                                                    s.attributes['gen_ai.provider.name']) IS NOT NULL),
-                   count(*) FILTER (WHERE s.attributes['tracerl.gateway'] = 'true')
+                   count(*) FILTER (WHERE s.attributes['{GATEWAY_FLAG}'] = 'true')
             FROM spans s JOIN t USING (trace_id)""").fetchone()
         rewards = con.execute(
             "SELECT count(DISTINCT r.rollout_id) FROM rewards r JOIN ids USING (rollout_id)"
@@ -61,7 +66,7 @@ def round_complete(status: dict[str, int], rollouts: int, rewarded: int) -> bool
 
 
 def wait_for_round(
-    store: Path, rollout_ids: list[str], rewarded: int, timeout_s: float, alive: Callable[[], None]
+    store: StoreLocation, rollout_ids: list[str], rewarded: int, timeout_s: float, alive: Callable[[], None]
 ) -> dict[str, int]:
     """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable.
 
@@ -83,11 +88,11 @@ def wait_for_round(
         time.sleep(POLL_S)
 
 
-def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
+def store_rewards(store: StoreLocation, rollout_ids: list[str]) -> dict[str, float]:
     """The reward the collector stored for each of these rollouts (the last value per rollout)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(store)
     try:
         rows = con.execute(
             """SELECT rollout_id, arg_max(value, "at") FROM rewards
@@ -99,11 +104,11 @@ def store_rewards(store: Path, rollout_ids: list[str]) -> dict[str, float]:
     return dict(rows)
 
 
-def store_answers(store: Path, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
+def store_answers(store: StoreLocation, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
     """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(store)
     try:
         rows = con.execute(
             """SELECT rollout_id, any_value(attributes[?]) FROM spans

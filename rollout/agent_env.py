@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import quote, unquote
 
+from schemas.attributes import ROLLOUT_ID, TASK_ID
+
 TASK_VIA = ("stdin", "arg", "env")
 # Keys of OTEL_RESOURCE_ATTRIBUTES the driver owns; a value already in the environment is replaced.
-ROLLOUT_KEY, TASK_KEY = "tracerl.rollout_id", "tracerl.task_id"
+ROLLOUT_KEY, TASK_KEY = ROLLOUT_ID, TASK_ID
 
 
 def merge_resource_attributes(existing: str | None, extra: Mapping[str, str]) -> str:

@@ -31,13 +31,15 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
+from options import UsageError, opt
 from rollout.agent_env import TASK_VIA, agent_argv, agent_env
 from rollout.records import RolloutRecord, Tally
 from rollout.rewards import RewardFn, compute_reward, post_reward, reward_post_delays
 from rollout.tasks import Job, Task, job_stream, new_run_id, plan_jobs, rollout_id_for
-from tracerl.options import UsageError, opt
+from store.jsonl import JsonLines
+from store.layout import DEFAULT_STORE
+from store.location import StoreLocation, parse_store
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf", "http/json")  # the values of OTEL_EXPORTER_OTLP_PROTOCOL
 DEFAULT_OTLP = "http://127.0.0.1:4317"
@@ -68,8 +70,8 @@ class RolloutConfig:
     timeout_s: float = opt(60.0, "wall-clock limit per agent run; its whole process group is killed")
     retries: int = opt(1, "extra attempts for a run that failed or timed out (each under a new rollout id)")
     task_via: str = opt("stdin", "how the task reaches the agent besides TRACERL_TASK", choices=list(TASK_VIA))
-    store: str = opt("./tracerl-store", "store directory; records go to STORE/rollouts/", metavar="DIR",
-                     env="TRACERL_STORE")
+    store: str = opt(DEFAULT_STORE, "store directory, or s3://bucket/prefix; records go to STORE/rollouts/",
+                     metavar="DIR|URI", env="TRACERL_STORE")
     continuous: bool = opt(False, "keep --concurrency agents running over the tasks again and again (each "
                                   "task's -n samples started together) until stopped: Ctrl-C or SIGTERM lets "
                                   "the running agents finish (a second one kills them); for train --watch "
@@ -185,7 +187,8 @@ class Driver:
     timeout_s: float = 60.0
     retries: int = 1
     task_via: str = "stdin"
-    store: str = "./tracerl-store"
+    store: StoreLocation = field(default_factory=lambda: parse_store(DEFAULT_STORE))
+    """Where the records go (``STORE/rollouts/``): parsed from ``--store`` once, by the command."""
     base_env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     continuous: bool = False
     max_rollouts: int = 0
@@ -223,7 +226,7 @@ def validate(d: Driver) -> None:
 
 
 def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
-                 abort: threading.Event | None = None) -> tuple[list[RolloutRecord], Path]:
+                 abort: threading.Event | None = None) -> tuple[list[RolloutRecord], str]:
     """Run every (task, sample), or with ``d.continuous`` the tasks over and over; append a record per
     rollout as it finishes; return them all.
 
@@ -231,7 +234,7 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
     continuous run holds a steady load. Setting ``stop`` starts no new agent and returns once the
     running ones finish (a continuous run's graceful end); setting ``abort`` kills them and raises
     (a driver run from a thread, whose owner was interrupted). Records are flushed line by line, so a
-    driver killed midway leaves the finished ones on disk.
+    driver killed midway leaves the finished ones in the store.
     """
     import httpx
     from tqdm import tqdm
@@ -240,9 +243,7 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
     out = out or sys.stdout
     stop = stop or threading.Event()
     run_id = new_run_id()
-    rollouts_dir = Path(d.store) / "rollouts"
-    rollouts_dir.mkdir(parents=True, exist_ok=True)
-    path = rollouts_dir / f"driver-{run_id}.jsonl"
+    log = JsonLines(d.store, "rollouts", f"driver-{run_id}")  # through store/: a local file, or a bucket's objects
     jobs: Iterator[Job] = job_stream(d.tasks, d.n, d.max_rollouts) if d.continuous else iter(plan_jobs(d.tasks, d.n))
     total = (d.max_rollouts or None) if d.continuous else len(d.tasks) * d.n
     running = _Running()
@@ -288,7 +289,7 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
                disable=(not sys.stderr.isatty()) if d.progress is None else not d.progress)
     tally = Tally()
     try:
-        with open(path, "a", encoding="utf-8") as f, ThreadPoolExecutor(max_workers=d.concurrency) as pool:
+        with log, ThreadPoolExecutor(max_workers=d.concurrency) as pool:
             in_flight: set[Future] = set()
 
             def fill() -> None:
@@ -310,8 +311,7 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
                         rec = fut.result()
                         with lock:
                             records.append(rec)
-                            f.write(json.dumps(asdict(rec), ensure_ascii=False) + "\n")
-                            f.flush()
+                            log.append(asdict(rec))
                         tally.add(rec)
                         bar.set_postfix(ok=tally.ok, failed=tally.failed,
                                         reward="n/a" if tally.mean_reward is None else f"{tally.mean_reward:.3f}")
@@ -328,4 +328,4 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
         if client is not None:
             client.close()
     records.sort(key=lambda r: order[(r.task_id, r.sample)])
-    return records, path
+    return records, log.path

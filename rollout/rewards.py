@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracerl.options import UsageError
+from options import UsageError
 
 RewardFn = Callable[[dict, str], float]
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tracerl.options import UsageError
+from options import UsageError
 
 MAX_ID_CHARS = 200  # the collector accepts rollout ids up to 256 characters
 

@@ -1,4 +1,5 @@
-"""Contracts between the stages: Arrow schemas, the schema version, view SQL.
+"""Contracts between the stages: Arrow schemas, the schema version, view SQL, and (``schemas.attributes``)
+every ``tracerl.*`` span attribute name with the ``name@k`` version rule.
 
 Nothing here imports another tracerl package; every stage imports this one.
 """

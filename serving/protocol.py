@@ -30,21 +30,21 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.attributes import (
+    GATEWAY_FLAG,
+    POLICY_VERSION,
+    PROMPT_TOKEN_IDS,
+    ROLLOUT_ID,
+    UPSTREAM,
+    base_name,
+    choice_prefix,
+    parse_policy_version,
+)
+
 CHAT = "chat"
 TEXT_COMPLETION = "text_completion"
 # URL path -> gen_ai.operation.name
 OPERATIONS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT_COMPLETION}
-
-_VERSION_RE = re.compile(r"@(\d+)$")
-
-
-def parse_policy_version(model: str | None) -> int | None:
-    """``policy@3`` -> 3. Models not named ``name@k`` have no known version (None)."""
-    if not model:
-        return None
-    m = _VERSION_RE.search(model)
-    return int(m.group(1)) if m else None
-
 
 def latest_version_name(model: str | None, served: list[str]) -> str | None:
     """The newest ``{model}@k`` among served names, or None (then the request goes as it is).
@@ -56,9 +56,8 @@ def latest_version_name(model: str | None, served: list[str]) -> str | None:
         return None
     best: tuple[int, str] | None = None
     for name in served:
-        base, _, _ = name.rpartition("@")
         v = parse_policy_version(name)
-        if base == model and v is not None and (best is None or v > best[0]):
+        if base_name(name) == model and v is not None and (best is None or v > best[0]):
             best = (v, name)
     return best[1] if best else None
 
@@ -258,9 +257,9 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
     upstream's weight version (set by the publisher after a full-weight reload) when numeric.
     """
     attrs: dict[str, Any] = {
-        "tracerl.gateway": True,
+        GATEWAY_FLAG: True,
         "gen_ai.operation.name": rec.operation,
-        "tracerl.upstream": upstream,
+        UPSTREAM: upstream,
     }
     if rec.request_model:
         attrs["gen_ai.request.model"] = rec.request_model
@@ -274,7 +273,7 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
     if version is None and weight_version is not None and weight_version.isdigit():
         version = int(weight_version)
     if version is not None:
-        attrs["tracerl.policy_version"] = version
+        attrs[POLICY_VERSION] = version
     reasons = [c.finish_reason for c in rec.choices if c.finish_reason]
     if reasons:
         attrs["gen_ai.response.finish_reasons"] = reasons
@@ -283,9 +282,9 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
     if rec.output_tokens is not None:
         attrs["gen_ai.usage.output_tokens"] = int(rec.output_tokens)
     if rec.prompt_token_ids:
-        attrs["tracerl.prompt_token_ids"] = [int(t) for t in rec.prompt_token_ids]
+        attrs[PROMPT_TOKEN_IDS] = [int(t) for t in rec.prompt_token_ids]
     for c in rec.choices:
-        prefix = "tracerl." if c.index == 0 else f"tracerl.choices.{c.index}."
+        prefix = choice_prefix(c.index)
         if c.token_ids:
             attrs[prefix + "response_token_ids"] = [int(t) for t in c.token_ids]
         if c.logprobs:
@@ -324,7 +323,7 @@ def rollout_from_baggage(value: str | None) -> str | None:
 
     for item in value.split(","):
         key, _, rest = item.partition("=")
-        if key.strip() == "tracerl.rollout_id" and rest:
+        if key.strip() == ROLLOUT_ID and rest:
             return unquote(rest.split(";")[0].strip()) or None
     return None
 

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.attributes import TASK_ID
 from schemas.tables import TRANSITIONS_SCHEMA
 from span_to_transition.agents import AGENT_KEYS
 from span_to_transition.dialects.registry import KEPT_KEYS, KEPT_PREFIXES, KEPT_VALUES
@@ -28,7 +29,7 @@ RELEVANT_KEYS = sorted(
     | AGENT_KEYS
     | REWARD_KEYS
     | {
-        "tracerl.task_id",
+        TASK_ID,
         "traceloop.span.kind",
         GATEWAY_FLAG,
         END_MARKER,
@@ -119,7 +120,7 @@ def _resource_dicts(resource: pa.Array | pa.ChunkedArray, keys: tuple[str, ...])
 
 
 def spans_from_table(table: pa.Table, *, all_attributes: bool = False,
-                     keys: tuple[str, ...] = ("tracerl.task_id",)) -> list[Span]:
+                     keys: tuple[str, ...] = (TASK_ID,)) -> list[Span]:
     """Rows of SPANS_SCHEMA to ``Span`` records; irrelevant rows get no attributes unless asked. ``keys``:
     the resource attributes kept (and span attribute keys that make a row relevant besides the dialects')."""
     n = len(table)
@@ -166,7 +167,7 @@ def spans_from_table(table: pa.Table, *, all_attributes: bool = False,
     return out
 
 
-def materialize(table: pa.Table, keys: tuple[str, ...] = ("tracerl.task_id",)) -> tuple[list[Span], int]:
+def materialize(table: pa.Table, keys: tuple[str, ...] = (TASK_ID,)) -> tuple[list[Span], int]:
     """Spans of complete rollouts as records, grouped by rollout: (records, duplicates dropped).
 
     Vectorised before any Python object exists: duplicates are dropped (earliest received kept),

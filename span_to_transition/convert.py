@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from options import opt
 from span_to_transition.agents import CallAgents, compile_agents, is_trainable
 from span_to_transition.chat_messages import message
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
@@ -25,7 +26,6 @@ from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transiti
 from span_to_transition.rewards import in_band_rewards, rollout_reward
 from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens, tokens_from
 from span_to_transition.tree import Key, SpanTree, build_tree
-from tracerl.options import opt
 
 MISSING_REWARD = ("exclude", "fill", "keep")
 """What a rollout with no reward becomes: excluded (the default), filled with --fill-reward, or kept with a

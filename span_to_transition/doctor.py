@@ -13,6 +13,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
+from schemas.attributes import PROMPT_TOKEN_IDS
 from span_to_transition.dialects.attributes_only import CALL_OPERATIONS
 from span_to_transition.dialects.registry import classify, parse_call
 from span_to_transition.doctor_finding import Finding, plural
@@ -65,7 +66,7 @@ LLM_SIGNAL_NAMES = (
 )
 """Span names of LLM calls: AgentOps, LiteLLM (Agent Lightning's proxy) and the Vercel AI SDK."""
 
-TOKEN_ID_KEYS = ("tracerl.prompt_token_ids", "prompt_token_ids", "llm.hosted_vllm.prompt_token_ids")
+TOKEN_ID_KEYS = (PROMPT_TOKEN_IDS, "prompt_token_ids", "llm.hosted_vllm.prompt_token_ids")
 """Token ids on a call span: tracerl's gateway/span convention, Agent Lightning, LiteLLM's hosted_vllm."""
 
 

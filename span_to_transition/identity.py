@@ -10,6 +10,8 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.attributes import GATEWAY_FLAG
+
 
 def assign_rollouts(
     spans: pa.Table, known: dict[str, str], follow_links: bool = True, rollout_key: str | None = None
@@ -148,7 +150,6 @@ def link_rollouts(edges: Iterable[tuple[str, str]], known: dict[str, str]) -> di
     return out
 
 
-GATEWAY_FLAG = "tracerl.gateway"
 _OUTPUT_ID = r"""(?:^\{"id": ?"|"raw": ?\{"id": ?"|"raw": ?"ChatCompletion(?:Chunk)?\(id=')(?P<id>[^"']+)"""
 """Where an OpenInference LLM span keeps the response id inside ``output.value`` (``wire_roles.openinference_response_id``
 reads the same three places): the OpenAI response itself, LlamaIndex's ``raw`` dict, smolagents' ``raw`` repr."""

@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 
 from span_to_transition.convert import ConvertConfig
 from store.atomic import write_atomic
-from store.layout import Where, locate
+from store.location import StoreLocation
 
 
 @dataclass
@@ -37,12 +37,11 @@ class Ledger:
     )  # {count, samples}: feedback matching no rollout
 
     @staticmethod
-    def path(store: Where) -> str:
-        return locate(store).path("transitions", "_state.json")
+    def path(store: StoreLocation) -> str:
+        return store.path("transitions", "_state.json")
 
     @classmethod
-    def load(cls, store: Where) -> Ledger:
-        loc = locate(store)
+    def load(cls, loc: StoreLocation) -> Ledger:
         if loc.fs.get_file_info(p := cls.path(loc)).type == pafs.FileType.NotFound:
             return cls()
         d = json.loads(loc.read_bytes(p))
@@ -58,7 +57,7 @@ class Ledger:
             d.get("unjoined", {}),
         )
 
-    def save(self, store: Where) -> None:
+    def save(self, loc: StoreLocation) -> None:
         data = {
             "converted": self.converted,
             "excluded": self.excluded,
@@ -70,7 +69,6 @@ class Ledger:
             "responses": self.responses,
             "unjoined": self.unjoined,
         }
-        loc = locate(store)
         write_atomic(self.path(loc), json.dumps(data, separators=(",", ":")).encode(), loc.fs)
 
 

@@ -21,6 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from schemas.attributes import REWARD, REWARD_NAME
 from span_to_transition.records import LogEvent, Reward, Span, as_float, load_json
 
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -29,7 +30,7 @@ AGL_PRIMARY = "agentlightning.reward.primary"
 AGL_FIRST = "agentlightning.reward.0.value"
 AGL_LEGACY_NAMES = frozenset({AGL_PREFIX, "agentlightning.annotation"})  # span names whose ``reward`` attribute counts
 AGENTOPS_OUTPUTS = ("agentops.task.output", "agentops.entity.output")
-REWARD_KEYS = frozenset({"tracerl.reward", AGL_PRIMARY, AGL_FIRST, *AGENTOPS_OUTPUTS})
+REWARD_KEYS = frozenset({REWARD, AGL_PRIMARY, AGL_FIRST, *AGENTOPS_OUTPUTS})
 """A span with any of these keys may carry a reward (the store materialises it; with any span event too)."""
 _AGL_INDEXED = re.compile(r"^agentlightning\.reward\.(\d+)\.(value|name)$")
 
@@ -89,9 +90,9 @@ def in_band_rewards(spans: Iterable[Span], logs: Iterable[LogEvent] = ()) -> lis
     carriers = [s for s in spans if s.events or s.name in AGL_LEGACY_NAMES
                 or not REWARD_KEYS.isdisjoint(s.attributes)]  # the spans that can hold a reward
     for s in sorted(carriers, key=lambda s: (s.start_time_ns, s.trace_id, s.span_id)):  # delivery order never matters
-        value = as_float(s.attributes.get("tracerl.reward"))
+        value = as_float(s.attributes.get(REWARD))
         if value is not None:
-            out.append(Reward(value, "span", s.attributes.get("tracerl.reward.name"), s.span_id, None, s.end_time_ns))
+            out.append(Reward(value, "span", s.attributes.get(REWARD_NAME), s.span_id, None, s.end_time_ns))
         if s.name in AGL_LEGACY_NAMES or AGL_PRIMARY in s.attributes or AGL_FIRST in s.attributes:
             out.extend(_agentlightning(s))
         if AGENTOPS_OUTPUTS[0] in s.attributes or AGENTOPS_OUTPUTS[1] in s.attributes:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +40,6 @@ from span_to_transition.records import Reward
 from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
 from span_to_transition.tree import END_MARKER, RolloutStatus, decide_completion
 from span_to_transition.workers import WriteTo, Written, convert_parallel
-from store.layout import Where, locate
 from store.lease import CONVERTER_LOCK, hold
 from store.location import StoreLocation
 
@@ -59,9 +57,9 @@ logger = logging.getLogger("tracerl.convert")
 
 
 def convert_store(
-    store: str | os.PathLike[str], config: ConvertConfig, now_ns: int | None = None, *, rebuild: bool = False
+    loc: StoreLocation, config: ConvertConfig, now_ns: int | None = None, *, rebuild: bool = False
 ) -> ConvertStats:
-    """Convert every complete, not yet converted rollout in ``store``; safe to call repeatedly.
+    """Convert every complete, not yet converted rollout in the store at ``loc``; safe to call repeatedly.
 
     A rollout is converted again when a reward row for it arrives after its conversion, and every
     rollout is with ``rebuild`` (to apply changed --agents/--credit/--missing-reward settings).
@@ -75,7 +73,6 @@ def convert_store(
     several sharing a bucket) take turns on the store's lock (``store/lease.py``), so no rollout is
     ever written twice; the lease is confirmed right before the ledger is saved (the commit point).
     """
-    loc = locate(store)
     with hold(loc, CONVERTER_LOCK) as held:
         return _convert_store_locked(loc, config, now_ns, rebuild, held.confirm)
 
@@ -329,7 +326,7 @@ def _convert_ready(
     for r_id, t_id, rw in reward_rows:
         rewards_by.setdefault(r_id or f"trace:{t_id}", []).append(rw)
     for written, outs in convert_parallel(
-        sel, logs, rewards_by, config, len(ready), WriteTo(_store_arg(layout), conversion), timed_out
+        sel, logs, rewards_by, config, len(ready), WriteTo(layout, conversion), timed_out
     ):
         assert isinstance(written, Written)
         stats.files_written += written.files
@@ -388,19 +385,14 @@ def _finish(stats: ConvertStats, ledger: Ledger, t0: float) -> ConvertStats:
 # Reading the store
 
 
-def table_files(store: Where, table: str) -> list[str]:
+def table_files(loc: StoreLocation, table: str) -> list[str]:
     """The Parquet files of one table (files being written, named ``.*``, are not yet part of it)."""
-    return locate(store).files(table)
+    return loc.files(table)
 
 
 def _relative(layout: StoreLocation, table: str, path: str) -> str:
     """``path`` relative to its table's directory: how the ledger names span and reward files."""
     return path[len(layout.table(table)) + 1 :]
-
-
-def _store_arg(layout: StoreLocation) -> str:
-    """The store as a string a worker process turns back into a location (``parse_store``)."""
-    return layout.root if layout.is_local else layout.uri
 
 
 def _read(
@@ -468,7 +460,7 @@ class ConvertLoop:
 
     def __init__(
         self,
-        store: str | os.PathLike[str],
+        store: StoreLocation,
         config: ConvertConfig,
         every_s: float = 5.0,
         on_stats: Callable[[ConvertStats], None] | None = None,

@@ -9,7 +9,6 @@ access off, Arrow reads, and the converter's ledger read as it is.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from schemas.attributes import GATEWAY_FLAG, REWARD
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig
@@ -28,11 +28,11 @@ from span_to_transition.store import rollout_statuses, table_files
 from span_to_transition.survey_training import TrainingFacts, gather_training
 from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
-from store.location import StoreLocation, parse_store
+from store.location import StoreLocation
 from store.views import connect_readonly
 
 REWARD_SPELLINGS: dict[str, str] = {
-    "tracerl.reward": "a span attribute tracerl.reward",
+    REWARD: f"a span attribute {REWARD}",
     "agentlightning.reward": "Agent Lightning reward spans (agentlightning.reward, agentlightning.reward.*)",
     "agentops.task.output": "AgentOps reward payloads (agentops.task.output / agentops.entity.output "
     '{"type": "reward", ...})',
@@ -90,7 +90,7 @@ class StoreFacts:
 
 
 _REWARD_WHERE = {
-    "tracerl.reward": "map_contains(attributes, 'tracerl.reward')",
+    REWARD: f"map_contains(attributes, '{REWARD}')",
     "agentlightning.reward": "starts_with(name, 'agentlightning.reward') OR len(list_filter(map_keys(attributes), "
     "lambda k: starts_with(k, 'agentlightning.reward'))) > 0",
     "agentops.task.output": "coalesce(coalesce(attributes['agentops.task.output'], "
@@ -104,7 +104,7 @@ _DECIDING = ", ".join(f"attributes['{key}']" for key in VALUE_KEYS)
 _SHAPE = rf"""scope_name,
     list_sort(list_distinct(list_transform(map_keys(attributes),
                                            lambda k: regexp_replace(k, '\.[0-9]+(\.|$)', '.N\1', 'g')))),
-    {_DECIDING}, attributes['tracerl.gateway'],
+    {_DECIDING}, attributes['{GATEWAY_FLAG}'],
     span_id IN (SELECT span_id FROM logs WHERE event_name LIKE 'gen_ai.%'),
     len(list_filter(events, lambda e: starts_with(e.name, 'gen_ai.'))) > 0"""
 _GROUPS_SQL = (
@@ -182,7 +182,7 @@ def _wraps_call(con: duckdb.DuckDBPyConnection, sample: Span) -> bool:
 
 
 def gather(
-    store: str | os.PathLike[str],
+    layout: StoreLocation,
     quiet_s: float = ConvertConfig.quiet_s,
     max_wait_s: float = ConvertConfig.max_wait_s,
     now_ns: int | None = None,
@@ -191,11 +191,10 @@ def gather(
     estimator: str = "auto",
     feedback_window_s: float = 0.0,
 ) -> StoreFacts:
-    """The facts ``diagnose`` reads, from ``store`` (never written to); ``quiet_s`` / ``max_wait_s``:
+    """The facts ``diagnose`` reads, from the store at ``layout`` (never written to); ``quiet_s`` / ``max_wait_s``:
     the completion settings to judge pending rollouts by (default: convert's); ``estimator`` and
     ``feedback_window_s``: the trainer's, to judge the next round by (``tracerl doctor`` passes the
     trainer's default estimator; ``auto`` is DESIGN.md's)."""
-    layout = parse_store(store)
     ledger = Ledger.load(layout)
     settings = ledger.settings
     f = StoreFacts(
@@ -204,7 +203,7 @@ def gather(
         max_wait_s=max_wait_s,
         missing_reward=str(settings.get("missing_reward", "exclude")),
     )
-    con = connect_readonly(str(store))
+    con = connect_readonly(layout)
     try:
         f.spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
         if f.spans == 0:

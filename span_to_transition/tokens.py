@@ -17,21 +17,15 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from schemas.attributes import GATEWAY_FLAG, POLICY_VERSION, parse_policy_version
+from schemas.attributes import POLICY_VERSION_CANDIDATES as POLICY_CANDIDATES
+from schemas.attributes import PROMPT_TOKEN_IDS as PROMPT_IDS
+from schemas.attributes import RESPONSE_LOGPROBS as LOGPROBS
+from schemas.attributes import RESPONSE_TOKEN_IDS as RESPONSE_IDS
 from span_to_transition.records import LLMCall, Span, Tokens, as_bool, as_int, load_json
-
-GATEWAY_FLAG = "tracerl.gateway"
-PROMPT_IDS = "tracerl.prompt_token_ids"
-RESPONSE_IDS = "tracerl.response_token_ids"
-LOGPROBS = "tracerl.response_logprobs"
-POLICY_VERSION = "tracerl.policy_version"
-# set by the gateway, instead of a version, on a call that straddled a full-weight swap (served by
-# one of the two, which one is unknown: serving/gateway/versions.py)
-POLICY_CANDIDATES = "tracerl.policy_version_candidates"
 
 PROMPT_ID_KEYS = (
     PROMPT_IDS,
@@ -54,8 +48,6 @@ reads the same spellings."""
 TOKEN_KEYS = frozenset(PROMPT_ID_KEYS) | frozenset(k for k, _ in RESPONSE_ID_KEYS)
 RESPONSE_ID_ATTRS = ("gen_ai.response.id", "agentlightning.operation.output.id", "llm.hosted_vllm.id")
 
-_VERSIONED = re.compile(r"@(\d+)$")
-
 
 def response_id_of(attrs: Mapping[str, str]) -> str | None:
     """The provider's response id under any of its spellings (dedupes two records of one call)."""
@@ -67,15 +59,6 @@ def response_id_of(attrs: Mapping[str, str]) -> str | None:
 
 def is_gateway(span: Span) -> bool:
     return as_bool(span.attributes.get(GATEWAY_FLAG))
-
-
-@functools.lru_cache(maxsize=4096)  # a handful of model names, seen once per call
-def parse_policy_version(model: str | None) -> int | None:
-    """``policy@3`` -> 3; names without ``@k`` have no version."""
-    if not model:
-        return None
-    m = _VERSIONED.search(model)
-    return int(m.group(1)) if m else None
 
 
 def _decode(text: str) -> Any:

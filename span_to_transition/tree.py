@@ -12,10 +12,10 @@ import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from schemas.attributes import (
+    ROLLOUT_END as END_MARKER,  # (bool) ends a rollout explicitly: converted without waiting
+)
 from span_to_transition.records import Span, as_bool
-
-END_MARKER = "tracerl.rollout.end"
-"""A span attribute (bool) that ends a rollout explicitly: it is converted without waiting."""
 
 Key = tuple[str, str]
 

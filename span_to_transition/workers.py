@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from span_to_transition.columnar import SPAN_COLUMNS, materialize, transitions_table
 from span_to_transition.convert import ConvertConfig, RolloutInput, RolloutOutput, convert_rollout
 from span_to_transition.records import LogEvent, Reward, Transition
-from store.layout import Where, locate
+from store.location import StoreLocation
 from store.parquet import write_table_atomic
 
 PARALLEL_MIN_ROLLOUTS = 2000
@@ -109,10 +109,10 @@ class Written:
 @dataclass(frozen=True)
 class WriteTo:
     """The store's sink: write a chunk's transitions (``write_transitions``), stamped with this pass's
-    ``conversion`` number, and report what was written. ``root``: the store as ``parse_store`` takes it
-    (a local directory or an ``s3://`` URI), a string so the sink pickles into worker processes."""
+    ``conversion`` number, and report what was written. It pickles into worker processes (so does a
+    ``StoreLocation``: pyarrow file systems pickle with their options)."""
 
-    root: str
+    store: StoreLocation
     conversion: int
 
     def __call__(self, table: pa.Table) -> Written:
@@ -120,7 +120,7 @@ class WriteTo:
         table = table.set_column(
             i, table.schema.field(i), pa.array(np.full(len(table), self.conversion), pa.int64())
         )
-        files = [str(p) for p in write_transitions(self.root, table)]
+        files = [str(p) for p in write_transitions(self.store, table)]
         trainable = (
             int(pc.sum(pc.cast(table.column("trainable"), pa.int64())).as_py() or 0) if len(table) else 0
         )
@@ -233,13 +233,12 @@ rollout (``tracerl ui``'s rollout page) skips the groups whose rollout_id range 
 _DAY_NS = 86_400 * 10**9
 
 
-def write_transitions(store: Where, table: pa.Table) -> list[Path | str]:
+def write_transitions(loc: StoreLocation, table: pa.Table) -> list[Path | str]:
     """One atomic file per date partition (UTC date of the call's start), named by its content,
     so writing the same transitions again replaces a file with the same rows; returns their paths
     (``Path``s on local disk, ``bucket/key`` strings on object storage, as ``write_table_atomic``)."""
     if len(table) == 0:
         return []
-    loc = locate(store)
     table = table.combine_chunks()
     # UTC date = whole days since the epoch (integer math, not a strftime per row); one gather puts
     # the rows in (date, rollout_id, step) order, so each partition is a slice in (rollout_id, step) order

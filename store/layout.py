@@ -28,7 +28,7 @@ class StoreLayout:
         """A local store; ``s3://…`` is refused here, since a stage that walks ``Path``s cannot use it."""
         if is_uri(root) and not os.fspath(root).startswith("file://"):
             raise ValueError(f"{os.fspath(root)} is not a local directory; this command needs a local --store "
-                             "(collect, convert, train, sql, status, doctor, report and ui take s3://bucket/prefix)")
+                             "(collect, convert, train, sql, status, doctor, report, ui and rollout take s3://bucket/prefix)")
         return cls(Path(root).expanduser().resolve(), Path(wal).expanduser().resolve() if wal else None)
 
     def table(self, name: str) -> Path:
@@ -51,16 +51,3 @@ class StoreLayout:
     def location(self) -> StoreLocation:
         """The same store as a ``pyarrow.fs`` location (what code that also runs on a bucket takes)."""
         return parse_store(self.root)
-
-
-Where = StoreLayout | StoreLocation | str | os.PathLike[str]
-"""A store as callers name it: a layout (local), a location, or ``--store`` as given (path or URI)."""
-
-
-def locate(store: Where) -> StoreLocation:
-    """Any way of naming a store -> its ``StoreLocation``, so one code path serves disk and bucket."""
-    if isinstance(store, StoreLocation):
-        return store
-    if isinstance(store, StoreLayout):
-        return store.location
-    return parse_store(store)

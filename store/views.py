@@ -17,12 +17,11 @@ import pyarrow.dataset as ds
 
 from schemas.tables import PARTITION_SCHEMA, TABLES
 from schemas.views import DERIVED_VIEWS, LATEST_ONLY
-from store.location import StoreLocation, parse_store
+from store.location import StoreLocation
 
 
-def view_sql(store: str) -> str:
+def view_sql(loc: StoreLocation) -> str:
     """The CREATE VIEW statements for an external DuckDB session over this store."""
-    loc = parse_store(store)
     scheme = "" if loc.is_local else loc.uri.split("://", 1)[0] + "://"
     out = []
     for name in TABLES:
@@ -35,9 +34,8 @@ def view_sql(store: str) -> str:
     return "\n".join(out)
 
 
-def connect_readonly(store: str | StoreLocation) -> duckdb.DuckDBPyConnection:
+def connect_readonly(loc: StoreLocation) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per table (empty when the table has no files yet)."""
-    loc = store if isinstance(store, StoreLocation) else parse_store(store)
     con = duckdb.connect(":memory:")
     for name, schema in TABLES.items():
         files = loc.files(name)

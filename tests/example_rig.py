@@ -24,6 +24,8 @@ from typing import Any
 
 from tracerl_testing import BIN
 
+from store.location import parse_store
+
 ROOT = Path(__file__).resolve().parents[1]  # tests/example_rig.py -> the repository root
 EXAMPLES = ROOT / "examples"
 VENVS = ROOT / ".venv-examples"
@@ -234,7 +236,7 @@ class Stack:
 
         self.provider.force_flush()
         self.collector.flush()
-        stats = convert_store(self.store, ConvertConfig(**{"quiet_s": 0, "missing_reward": "fill", **convert}))
+        stats = convert_store(parse_store(self.store), ConvertConfig(**{"quiet_s": 0, "missing_reward": "fill", **convert}))
         assert stats.problems == [], stats.problems
         table = read_table(StoreLayout.at(self.store).table("transitions"), "transitions")
         for name in ("started_at", "ended_at"):

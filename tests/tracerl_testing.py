@@ -35,11 +35,11 @@ def traces_request(n: int, scope: str = "tests") -> bytes:
 
 
 def tracerl(*args: str, env: dict | None = None, timeout: float = 120, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess:
-    """Run the installed `tracerl` command like a user would."""
+            input: str | None = None, cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess:
+    """Run the installed `tracerl` command like a user would (in ``cwd``, default this process's)."""
     proc = subprocess.run(
         [str(BIN / "tracerl"), *args], capture_output=True, text=True, timeout=timeout, input=input,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {})}, cwd=cwd,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"tracerl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")

@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+from store.location import parse_store
+
 XSS_ROLLOUT = "xss-<b>rollout</b>"
 XSS_TASK = "task-<i>hostile</i>"
 XSS_PROMPT = '<script>window.__pwned = 1; alert("pwned")</script><img src=x onerror="window.__pwned = 2">'
@@ -58,7 +60,7 @@ def add_rollout(store: Path, rollout_id: str = XSS_ROLLOUT, task_id: str = XSS_T
                 tool.set_attribute("gen_ai.tool.name", "lookup")
                 tool.set_status(Status(StatusCode.ERROR, "<script>boom()</script> tool failed"))
     provider.shutdown()
-    stats = convert_store(str(store), ConvertConfig(quiet_s=0.0, workers=1))
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0.0, workers=1))
     assert stats.rollouts_converted >= 1, stats.summary()
 
 
@@ -72,7 +74,7 @@ def store_sql(store: Path, query: str, params: list | None = None) -> list[tuple
     """Rows of a query over the store, through the same read-only connection the viewer uses."""
     from store.views import connect_readonly
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         return con.execute(query, params or []).fetchall()
     finally:

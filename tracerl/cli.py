@@ -8,8 +8,8 @@ import os
 import sys
 import traceback
 
+from options import UsageError
 from tracerl import __version__
-from tracerl.options import UsageError
 from tracerl.signals import was_interrupted
 
 # name -> (module, one-line help). Modules are imported only when their command runs, so

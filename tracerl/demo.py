@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from loop.rounds import Batch, LoopPlan, NoSignal, RoundDone, Stages, Training, run_rounds
 from loop.watch import round_status, store_answers, store_rewards, wait_for_round
+from options import UsageError, opt
+from schemas.attributes import GATEWAY_FLAG, POLICY_VERSION
+from store.location import StoreLocation, parse_store
 from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
-from tracerl.options import UsageError, opt
 from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
@@ -373,7 +375,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     try:
         from trainer.report import plot, round_rows
 
-        run.plot = plot(round_rows(str(store)), workdir / "reward-curve.png",
+        run.plot = plot(round_rows(parse_store(store)), workdir / "reward-curve.png",
                         heldout=[(k, h.success, h.n) for k, h in run.heldout])
     except Exception as e:  # a missing matplotlib must not hide a finished run
         _say(f"no plot ({type(e).__name__}: {e})")
@@ -429,7 +431,7 @@ class _DemoStages:
     run: DemoRun
     children: Children
     task: DemoTask
-    store: Path
+    loc: StoreLocation  # the store, parsed once; every stage takes it
     logs: Path
     driver: dict[str, Any]  # the rollout driver's settings every batch shares
     convert_cfg: ConvertConfig
@@ -448,10 +450,11 @@ class _DemoStages:
 
         _, gateway_port, grpc_port, http_port = ports
         real = task.name == "sql"
+        loc = parse_store(store)
         driver = dict(command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
                       concurrency=concurrency, collector=f"http://127.0.0.1:{http_port}",
                       otlp=f"http://127.0.0.1:{grpc_port}", gateway=f"http://127.0.0.1:{gateway_port}/v1",
-                      reward_fn=load_reward_fn(task.reward), timeout_s=cfg.timeout_s, retries=0, store=str(store),
+                      reward_fn=load_reward_fn(task.reward), timeout_s=cfg.timeout_s, retries=0, store=loc,
                       base_env=agent_env(cfg))
         settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
                                  epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
@@ -463,7 +466,7 @@ class _DemoStages:
                                  # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
                                  # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
                                  bf16=bool(cfg.model) or real)
-        return cls(cfg, run, children, task, store, logs, driver, ConvertConfig(quiet_s=0.0, workers=1), settings,
+        return cls(cfg, run, children, task, loc, logs, driver, ConvertConfig(quiet_s=0.0, workers=1), settings,
                    server_publisher(server_url))
 
     def stages(self, evaluate: bool) -> Stages:
@@ -496,15 +499,15 @@ class _DemoStages:
             raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
                                f"see {self.logs / 'collect.log'}")
         ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
-        wait_for_round(self.store, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
+        wait_for_round(self.loc, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
                        self.children.check_alive)
         return Batch(records, time.perf_counter() - t0)
 
     def convert(self, rollout_ids: list[str]) -> tuple[int, str]:
         from span_to_transition.store import convert_store
 
-        stats = convert_store(str(self.store), self.convert_cfg)
-        return round_status(self.store, rollout_ids)["converted"], stats.summary()
+        stats = convert_store(self.loc, self.convert_cfg)
+        return round_status(self.loc, rollout_ids)["converted"], stats.summary()
 
     def train(self, training: Training) -> RoundOutcome:
         """One ``tracerl train --once`` (``loop.rounds.Training`` says its threads and whether it publishes)."""
@@ -515,10 +518,9 @@ class _DemoStages:
                         threads_now=training.threads_now)
 
     def round_row(self, k: int) -> dict[str, Any] | None:
-        from store.layout import StoreLayout
         from trainer.rounds import read_rounds
 
-        return read_rounds(StoreLayout.at(self.store)).get(k)
+        return read_rounds(self.loc).get(k)
 
     def heldout_rollouts(self, k: int) -> Batch:
         """policy@k on the held-out questions (seeded samples, not trained on), until stored."""
@@ -530,11 +532,11 @@ class _DemoStages:
         from span_to_transition.store import convert_store
 
         records, run = batch.records, self.run
-        convert_store(str(self.store), self.convert_cfg)
-        stored = store_rewards(self.store, [r.rollout_id for r in records])
+        convert_store(self.loc, self.convert_cfg)
+        stored = store_rewards(self.loc, [r.rollout_id for r in records])
         h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
         run.heldout.append((k, h))
-        answers = store_answers(self.store, [r.rollout_id for r in records])
+        answers = store_answers(self.loc, [r.rollout_id for r in records])
         run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
         print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
               f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {batch.seconds:.0f}s)",
@@ -547,9 +549,9 @@ class _DemoStages:
 
         batch = self.rollouts("evaluation", self.task.train)
         ids = [r.rollout_id for r in batch.records]
-        stored = store_rewards(self.store, ids)
+        stored = store_rewards(self.loc, ids)
         self.run.final_reward = sum(stored.values()) / len(stored) if stored else None
-        convert_store(str(self.store), self.convert_cfg)  # queryable like the rounds' rollouts (never trained on)
+        convert_store(self.loc, self.convert_cfg)  # queryable like the rounds' rollouts (never trained on)
         print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
               f"{self.run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {batch.seconds:>7.1f}", flush=True)
 
@@ -622,8 +624,8 @@ def explore_queries(store: Path) -> str:
         'FROM transitions GROUP BY ALL ORDER BY ALL"',
         f'  {t} sql {s} "SELECT policy_version, json_extract_string(response_message, \'$.content\') AS reply, '
         'count(*) AS n FROM transitions WHERE agent_name = \'writer\' GROUP BY ALL ORDER BY policy_version, n DESC"',
-        f'  {t} sql {s} "SELECT attributes[\'tracerl.policy_version\'] AS version, count(*) AS calls FROM spans '
-        'WHERE attributes[\'tracerl.gateway\'] = \'true\' GROUP BY 1 ORDER BY 1"',
+        f'  {t} sql {s} "SELECT attributes[\'{POLICY_VERSION}\'] AS version, count(*) AS calls FROM spans '
+        f'WHERE attributes[\'{GATEWAY_FLAG}\'] = \'true\' GROUP BY 1 ORDER BY 1"',
         f'  {t} sql {s} "SELECT * FROM rollouts ORDER BY started_at DESC LIMIT 10"',
         f"  {t} report {s}",
     ])

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from options import UsageError
 from serving.processes import die_with_parent
-from tracerl.options import UsageError
 
 BIN = Path(sys.executable).parent
 

@@ -1,16 +1,19 @@
 """Settings of ``tracerl train``: one dataclass, one help text per field, defaults that run on a laptop.
 
-Fields are declared with ``tracerl.options.opt`` (standard library only: the trainer imports nothing
-else of the CLI), so the CLI builds its flags from this class.
+Fields are declared with ``options.opt`` (the ground-floor settings helper, standard library only: the
+trainer imports nothing of the CLI), so the CLI builds its flags from this class. Choices come from the
+registries that define them (``trainer.choices``, ``trainer.backends.BACKENDS``), not restated here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from options import opt
 from store.layout import default_store
-from tracerl.options import opt
 from trainer.advantages import AUTO, ESTIMATORS, GROUP_ESTIMATOR, GROUP_FREE_ESTIMATOR, REPEAT_SHARE
+from trainer.backends import BACKENDS
+from trainer.choices import AGGREGATIONS, IS_CORRECTIONS, KL_ESTIMATORS, PUBLISH_MODES
 
 
 @dataclass
@@ -31,7 +34,7 @@ class TrainSettings:
     publish: str = opt("auto", "how a LoRA round reaches the server: lora (vLLM load_lora_adapter), full "
                                "(merged into the base weights, reloaded in place), auto: full for a vLLM on "
                                "a CPU (an adapter costs about 4x decode speed there), lora elsewhere",
-                       choices=["auto", "lora", "full"])
+                       choices=list(PUBLISH_MODES))
     keep_checkpoints: int = opt(3, "keep the newest N checkpoints (>= 2: the serving one and the one a failed "
                                    "reload restores); 0 keeps all", metavar="N")
     min_rollouts: int = opt(8, "train a round once this many complete, rewarded rollouts of the current "
@@ -59,7 +62,7 @@ class TrainSettings:
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")
     backend: str = opt("torch", "training backend: torch (here, or in --nproc ranks) or openrlhf (OpenRLHF "
                                 "+ DeepSpeed ZeRO-2, always in torchrun ranks; CPU ranks over gloo where "
-                                "there is no CUDA)", choices=["torch", "openrlhf"])
+                                "there is no CUDA)", choices=list(BACKENDS))
     nproc: int = opt(1, "training processes (ranks) on this machine; >1 launches torchrun (gloo on CPU, "
                         "nccl on GPU, one GPU per rank); the openrlhf backend always trains in ranks",
                      metavar="N")
@@ -69,7 +72,7 @@ class TrainSettings:
                                "train too); the round manifest records which and why",
                          choices=[AUTO, *ESTIMATORS])
     aggregation: str = opt("rollout", "loss averaging: each rollout, each call or each token counts equally",
-                           choices=["rollout", "sequence", "token"])
+                           choices=list(AGGREGATIONS))
     lr: float = opt(1e-5, "AdamW learning rate")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     epochs: int = opt(1, "passes over a round's data (PPO epochs)")
@@ -80,9 +83,9 @@ class TrainSettings:
     clip_eps_high: float = opt(0.2, "PPO clip: upper bound 1 + eps_high (raise for DAPO clip-higher)")
     dual_clip: float | None = opt(None, "dual-clip bound for negative advantages (> 1); none disables")
     kl_coef: float = opt(0.0, "weight of the KL penalty to the base model; 0 disables (no reference pass)")
-    kl_estimator: str = opt("k3", "KL estimator", choices=["k1", "k2", "k3"])
+    kl_estimator: str = opt("k3", "KL estimator", choices=list(KL_ESTIMATORS))
     is_correction: str = opt("clip", "importance correction with the serving engine's logprobs",
-                             choices=["off", "clip", "mask"])
+                             choices=list(IS_CORRECTIONS))
     is_low: float = opt(0.5, "importance ratio lower bound (clip/mask)")
     is_high: float = opt(5.0, "importance ratio upper bound (clip/mask)")
     max_prompt_tokens: int = opt(1024, "keep the last N prompt tokens (counted when truncated)")

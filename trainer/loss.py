@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainer.choices import IS_CORRECTIONS, KL_ESTIMATORS
+
 if TYPE_CHECKING:
     from trainer.backends.base import TrainMetrics
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
-AGGREGATIONS = ("rollout", "token", "sequence")
-IS_CORRECTIONS = ("off", "clip", "mask")
 
 
 @dataclass

@@ -25,10 +25,9 @@ safe (a replica that already has ``policy@k`` answers as vLLM does and is skippe
 from __future__ import annotations
 
 from serving.vllm.publish import VLLMPublisher, publish_policy
+from trainer.choices import PUBLISH_MODES as MODES
 from trainer.merge import merge_adapter
 from trainer.rounds import Publisher, PublishRequest, TrainError
-
-MODES = ("auto", "lora", "full")
 
 
 def server_urls(value: str) -> list[str]:

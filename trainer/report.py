@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from store.location import StoreLocation
 from trainer.rounds import read_rounds
 
 COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds",
            "estimator")
 
 
-def round_rows(store: str) -> list[dict[str, Any]]:
+def round_rows(store: StoreLocation) -> list[dict[str, Any]]:
     """One dict per round with the columns of ``COLUMNS`` (seconds = sum of the phase timings)."""
     rows = []
     for r in read_rounds(store).values():

@@ -48,10 +48,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from schemas.attributes import version_name
 from schemas.tables import ROUNDS_SCHEMA
-from store.layout import Where, locate
 from store.lease import TRAINER_LOCK, Held, LeaseLost, hold
-from store.location import StoreLocation
+from store.location import StoreLocation, parse_store
 from store.parquet import read_table, write_table_atomic
 from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
@@ -107,29 +107,26 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def selection_path(store: Where, k: int) -> str:
+def selection_path(loc: StoreLocation, k: int) -> str:
     """Round k's selection file, a path on the store's file system."""
-    return locate(store).path("checkpoints", f"round-{k:06d}.json")
+    return loc.path("checkpoints", f"round-{k:06d}.json")
 
 
-def read_selection(store: Where, k: int) -> dict[str, Any] | None:
+def read_selection(loc: StoreLocation, k: int) -> dict[str, Any] | None:
     """Round k's recorded selection, or None when no run of round k got that far."""
-    loc = locate(store)
     path = selection_path(loc, k)
     return json.loads(loc.read_bytes(path)) if loc.is_file(path) else None
 
 
-def read_rounds(store: Where) -> dict[int, dict[str, Any]]:
+def read_rounds(loc: StoreLocation) -> dict[int, dict[str, Any]]:
     """The manifest: one row per round (each round's file is rewritten as its status advances); read
     through the store's file system, so ``tracerl report`` also reads a bucket."""
-    loc = locate(store)
     rows = read_table(loc.table("rounds"), "rounds", loc.fs).to_pylist()
     return {r["round"]: r for r in sorted(rows, key=lambda r: r["round"])}
 
 
-def write_round(store: Where, row: dict[str, Any]) -> Path | str:
+def write_round(loc: StoreLocation, row: dict[str, Any]) -> Path | str:
     """Write (or replace) the manifest row of ``row['round']`` atomically, in its first date partition."""
-    loc = locate(store)
     name = f"round-{row['round']:06d}.parquet"
     existing = [f for f in loc.files("rounds") if f.rsplit("/", 1)[-1] == name]
     path = existing[0] if existing else loc.path("rounds", f"date={_now().strftime('%Y-%m-%d')}", name)
@@ -137,13 +134,13 @@ def write_round(store: Where, row: dict[str, Any]) -> Path | str:
 
 
 @contextlib.contextmanager
-def train_lock(store: Where) -> Iterator[Held | None]:
+def train_lock(loc: StoreLocation) -> Iterator[Held | None]:
     """The store's training lock, tried once (cron-safe): a ``Held`` (``confirm()`` before each state write),
     or None when another trainer holds it. ``flock`` locally, released by the OS if we die; a lease
     object on a bucket, taken over once a dead holder's expires (``store/lease.py``)."""
     stack = contextlib.ExitStack()
     try:
-        held = stack.enter_context(hold(locate(store), TRAINER_LOCK, wait_s=0))
+        held = stack.enter_context(hold(loc, TRAINER_LOCK, wait_s=0))
     except TimeoutError:
         yield None
         return
@@ -151,11 +148,11 @@ def train_lock(store: Where) -> Iterator[Held | None]:
         yield held
 
 
-def used_rollouts(store: Where, before: int) -> set[str]:
+def used_rollouts(loc: StoreLocation, before: int) -> set[str]:
     """Rollouts already consumed by rounds < ``before``."""
     used: set[str] = set()
     for k in range(before):
-        sel = read_selection(store, k)
+        sel = read_selection(loc, k)
         if sel is not None:
             used.update(sel["rollout_ids"])
     return used
@@ -241,7 +238,7 @@ def run_once(
 def _store(settings: TrainSettings) -> StoreLocation:
     """``--store`` as a location, refused with the fix when nothing is there."""
     try:
-        loc = locate(settings.store)
+        loc = parse_store(settings.store)
     except (OSError, ValueError) as e:
         raise TrainError(f"--store {settings.store}: {e}") from e
     if loc.is_local and not Path(loc.root).is_dir():
@@ -262,7 +259,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         row = _publish(loc, ckpts, held, rounds[last], base_model, publisher, log, settings.served_name,
                        settings.keep_checkpoints)
         return RoundOutcome("published", last, row=row,
-                            message=f"published {settings.served_name}@{last + 1} (left unannounced by an earlier run)")
+                            message=f"published {version_name(settings.served_name, last + 1)} (left unannounced by an earlier run)")
     k = 0 if last is None else last + 1
     parent = ckpts.ensure_local(k) if k > 0 else None
     if parent is not None and not is_complete(parent):
@@ -352,7 +349,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                                                 timings, stack, threads_now)
                 t = time.perf_counter()
                 manifest = {
-                    "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
+                    "round": k, "trained_on_version": k, "publishes": version_name(settings.served_name, k + 1),
                     "version": k + 1, "base_model": str(base_model),
                     "parent": str(parent) if parent else None, "adapter": adapter,
                     "backend": settings.backend, "settings": dataclasses.asdict(settings),
@@ -463,7 +460,7 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     prev = read_rounds(loc).get(k - 1) if k > 0 else None
     previous = served_weights(ckpts.ensure_local(k) if prev and prev["checkpoint_path"] else None,
                               bool(prev and prev["adapter"]), base_model)
-    req = PublishRequest(name=f"{served_name}@{k + 1}", version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
+    req = PublishRequest(name=version_name(served_name, k + 1), version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
                          adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
     t = time.perf_counter()
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries

@@ -30,6 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from httpshell import RunningServer, ServerOptions, bearer_error, run_blocking, start
+from store.location import StoreLocation
 from ui import pages
 from ui.colors import ADVANTAGE_SCALE, LOGPROB_SCALE, NO_VALUE, scale_css
 from ui.filters import PAGE_SIZES, SORTS, TOKEN_SOURCES, FilterError, parse_query
@@ -51,8 +52,8 @@ SECURITY_HEADERS = {
 class UiConfig:
     """What one viewer serves and how (``tracerl ui`` builds it from its flags)."""
 
-    store: str
-    """The store's directory, or ``s3://bucket/prefix`` (read through ``pyarrow.fs``)."""
+    store: StoreLocation
+    """The store, parsed from ``--store`` once by the command: a directory or ``s3://bucket/prefix``."""
     token: str | None = None
     """Required on every request when set: ``?token=`` once (sets a cookie), the cookie, or a Bearer header."""
     tokenizer: str | None = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from collector_exporter.quarantine import quarantine_records
+from schemas.attributes import GATEWAY_FLAG
 from schemas.views import LATEST_ONLY
 from span_to_transition.credit import CREDIT
 from span_to_transition.doctor import GATEWAY_FIX, diagnose
@@ -240,10 +241,10 @@ ORDER BY step, transition_id
 latest conversion of the rollout), with the rollout filter applied *before* the rule's window, which
 DuckDB does not push it through; the window is per rollout, so the rows are the same. On a 1M-call
 store this reads one file instead of windowing every row (bench/ui.py)."""
-SPANS_SQL = """
+SPANS_SQL = f"""
 SELECT span_id, parent_span_id, name, start_time_ns, end_time_ns, status_code, status_message,
        map_from_entries(list_filter(map_entries(attributes), lambda e: e.key IN
-           ('gen_ai.operation.name', 'gen_ai.tool.name', 'gen_ai.agent.name', 'tracerl.gateway'))) AS attributes
+           ('gen_ai.operation.name', 'gen_ai.tool.name', 'gen_ai.agent.name', '{GATEWAY_FLAG}'))) AS attributes
 FROM spans WHERE rollout_id = $id OR trace_id IN (SELECT unnest($traces::VARCHAR[]))
 ORDER BY start_time_ns
 """
@@ -329,6 +330,6 @@ def quarantined(reader: StoreReader, limit: int = 200) -> list[dict[str, Any]]:
 def doctor_data(reader: StoreReader) -> dict[str, Any]:
     from span_to_transition.survey import gather
 
-    findings = diagnose(gather(reader.store))
+    findings = diagnose(gather(reader.loc))
     return {"findings": findings, "quarantine": quarantined(reader),
             "excluded": sorted(Ledger.load(reader.loc).excluded)[:200]}

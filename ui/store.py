@@ -37,7 +37,6 @@ import duckdb
 import pyarrow.fs as pafs
 
 from schemas.tables import TABLES
-from store.layout import Where, locate
 from store.location import StoreLocation
 from store.views import connect_readonly
 
@@ -84,10 +83,10 @@ def store_signature(loc: StoreLocation) -> tuple:
 class StoreReader:
     """Read-only queries over one store, against its files as of the last ``refresh``."""
 
-    def __init__(self, store: Where):
-        self.loc = locate(store)
+    def __init__(self, loc: StoreLocation):
+        self.loc = loc
         self.store = self.loc.root if self.loc.is_local else self.loc.uri
-        """The store as pages name it and as ``connect_readonly`` takes it: the directory, or the URI."""
+        """The store as pages name it: the directory, or the URI as given."""
         self._lock = threading.Lock()  # held while a query uses the connection
         self._state = threading.Lock()  # guards the build in progress
         self._con: duckdb.DuckDBPyConnection | None = None
@@ -98,7 +97,7 @@ class StoreReader:
         """Bumped each time a newer version of the store is in use: what live pages poll."""
 
     def _open(self) -> duckdb.DuckDBPyConnection:
-        con = connect_readonly(self.store)
+        con = connect_readonly(self.loc)
         con.execute(ROLLOUT_INDEX_SQL)
         return con
 

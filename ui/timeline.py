@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.attributes import GATEWAY_FLAG
+
 TOOL_OPERATIONS = frozenset({"execute_tool"})
 CALL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 
@@ -34,7 +36,7 @@ class TimelineRow:
 def span_kind(name: str, attributes: Mapping[str, str]) -> str:
     """What a span is, for colouring: an LLM call, a tool, an agent, the gateway, or another span."""
     op = attributes.get("gen_ai.operation.name")
-    if attributes.get("tracerl.gateway") == "true":
+    if attributes.get(GATEWAY_FLAG) == "true":
         return "gateway"
     if op in TOOL_OPERATIONS or "gen_ai.tool.name" in attributes or name.startswith("execute_tool"):
         return "tool"

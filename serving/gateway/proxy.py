@@ -57,6 +57,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from httpshell import ServerOptions, bearer_error
+from schemas.attributes import POLICY_VERSION_AMBIGUOUS, POLICY_VERSION_CANDIDATES, parse_policy_version
 from serving.asgi import (
     HTTPError,
     Receive,
@@ -80,7 +81,6 @@ from serving.protocol import (
     error_body,
     error_message,
     latest_version_name,
-    parse_policy_version,
     pick_upstream,
     prepare_upstream_body,
     record_from_response,
@@ -487,8 +487,8 @@ class _Call:
         rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
         self.span.set_attributes(span_attributes(rec, self.upstream, weight_version=self.version.version))
         if self.version.ambiguous:
-            self.span.set_attribute("tracerl.policy_version_ambiguous", True)
-            self.span.set_attribute("tracerl.policy_version_candidates", list(self.version.candidates))
+            self.span.set_attribute(POLICY_VERSION_AMBIGUOUS, True)
+            self.span.set_attribute(POLICY_VERSION_CANDIDATES, list(self.version.candidates))
         self.span.end()
 
     async def whole(self, resp: aiohttp.ClientResponse) -> Response:

@@ -40,7 +40,8 @@ from typing import Any
 
 import httpx
 
-from serving.protocol import error_message, parse_policy_version
+from schemas.attributes import parse_policy_version, version_name
+from serving.protocol import error_message
 
 log = logging.getLogger("tracerl.publish")
 
@@ -66,13 +67,6 @@ class PublishResult:
     served_models: list[str]
     unloaded: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
-
-
-def version_name(base: str, version: int) -> str:
-    """``policy``, 3 -> ``policy@3``: the name agents and the gateway see for round 3."""
-    if version < 0:
-        raise ValueError(f"version must be >= 0, got {version}")
-    return f"{base}@{version}"
 
 
 def diagnose(endpoint: str, status: int, body: Any) -> str:

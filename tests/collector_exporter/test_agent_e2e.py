@@ -11,7 +11,7 @@ import pytest
 from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
-from store.layout import locate
+from store.location import parse_store
 from store.views import connect_readonly
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
@@ -41,7 +41,7 @@ def test_instrumented_agent_exports_every_span_with_its_details(store, protocol)
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
         })
         c.flush()
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     got = con.execute("SELECT trace_id, span_id FROM spans").fetchall()
     assert sorted(got) == sorted(made)
     row = con.execute("""
@@ -72,7 +72,7 @@ def test_tracerl_sql_reads_what_the_agent_sent(store):
 def test_tracerl_exporter_plugin_writes_the_store_without_a_collector(store):
     made = run_instrumented_agent({"OTEL_TRACES_EXPORTER": "tracerl", "OTEL_LOGS_EXPORTER": "none",
                                    "OTEL_METRICS_EXPORTER": "none", "TRACERL_STORE": str(store)}, n_calls=4)
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     assert sorted(con.execute("SELECT trace_id, span_id FROM spans").fetchall()) == sorted(made)
     assert con.execute("SELECT DISTINCT resource_attributes['service.name'] FROM spans").fetchall() == [("writer-agent",)]
     assert not list((store / "wal").glob("*/seg-*"))  # drained on shutdown
@@ -88,7 +88,7 @@ def test_tracerl_exporter_plugin_writes_a_bucket_with_its_wal_on_local_disk(s3_s
     out = tracerl("sql", "--store", s3_store, "--format", "json", "SELECT trace_id, span_id FROM spans").stdout
     assert sorted((r["trace_id"], r["span_id"]) for r in json.loads(out)) == sorted(made)
     assert wal.is_dir() and not list(wal.glob("*/seg-*"))  # its WAL was on this disk, and drained
-    assert locate(s3_store).files("wal", suffix="") == []  # none of it in the bucket
+    assert parse_store(s3_store).files("wal", suffix="") == []  # none of it in the bucket
 
 
 def test_sql_command_cannot_write_or_read_outside_the_store(store, tmp_path):

@@ -13,6 +13,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace.export import SpanExportResult
 from tracerl_testing import BIN, free_port
 
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import make_spans, span_key
@@ -70,7 +71,7 @@ def test_kill_9_then_restart_loses_and_duplicates_no_acknowledged_span(store):
 
     assert left_in_wal, "the kill should leave an open WAL segment of acknowledged spans to replay"
     assert before_kill > 0 and len(acked) >= before_kill + 1000, (before_kill, len(acked))
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     rows = con.execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL").fetchall()
     counts = {(t, s): n for t, s, n in rows}
     missing = [k for k in acked if k not in counts]

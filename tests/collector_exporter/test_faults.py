@@ -19,6 +19,7 @@ from collector_exporter.collector import Collector, CollectorSettings
 from collector_exporter.compactor import COMPACTION_ERROR
 from collector_exporter.sdk_exporter import TracerlSpanExporter
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 from tracerl.commands.status import collect_status
 
@@ -75,7 +76,7 @@ def _poll(cond, timeout_s: float = 30, what: str = "") -> None:
 
 def _assert_stored_exactly_once(store, client: Client) -> None:
     rows = (
-        connect_readonly(str(store))
+        connect_readonly(parse_store(store))
         .execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL")
         .fetchall()
     )
@@ -153,7 +154,7 @@ def test_compaction_faults_keep_the_segment_report_and_retry(store, monkeypatch,
             _poll(lambda: (c.wal_dir / COMPACTION_ERROR).exists(), what="the error to be reported")
             assert c.compactor.stats.failures >= 1 and "Errno" in c.compactor.stats.last_error
             assert list(c.wal_dir.glob("seg-*.wal")), "the segment must be kept while its compaction fails"
-            errors = collect_status(str(store))["wal"]["compaction_errors"]  # what `tracerl status` prints
+            errors = collect_status(parse_store(store))["wal"]["compaction_errors"]  # what `tracerl status` prints
             assert (
                 "No space left" in errors[c.wal_dir.name]["error"]
                 or "Input/output" in errors[c.wal_dir.name]["error"]
@@ -237,7 +238,7 @@ def test_in_process_exporter_follows_the_same_rules(store, monkeypatch):
     faults.clear()
     _restart_is_clean(store)
     rows = (
-        connect_readonly(str(store))
+        connect_readonly(parse_store(store))
         .execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL")
         .fetchall()
     )

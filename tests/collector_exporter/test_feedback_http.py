@@ -9,6 +9,7 @@ import pytest
 
 from collector_exporter.rewards import THUMBS
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 
@@ -33,7 +34,7 @@ def test_feedback_by_response_id_thumbs_and_booleans_is_stored(collector, store)
     assert httpx.post(url, json=body).json()["reward_ids"] == r.json()["reward_ids"]  # a retry: idempotent
     collector.flush()
     rows = (
-        connect_readonly(str(store))
+        connect_readonly(parse_store(store))
         .execute(
             "SELECT rollout_id, trace_id, response_id, value FROM rewards ORDER BY value, coalesce(response_id, '')"
         )

@@ -23,6 +23,7 @@ from collector_exporter.testing import running_collector
 from collector_exporter.wal import WriteAheadLog
 from httpshell import RunningServer
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import trace_request
@@ -65,7 +66,7 @@ def wait_until(cond, timeout: float = 30) -> None:
 
 
 def stored(store) -> int:
-    return connect_readonly(str(store)).execute("SELECT count(*) FROM spans").fetchone()[0]
+    return connect_readonly(parse_store(store)).execute("SELECT count(*) FROM spans").fetchone()[0]
 
 
 def test_chunked_bodies_are_accepted_protobuf_and_json(store):

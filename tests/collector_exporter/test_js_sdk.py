@@ -19,6 +19,7 @@ import pytest
 from tracerl_testing import npm_ci
 
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 HERE = Path(__file__).resolve().parent / "js_otel"
@@ -47,7 +48,7 @@ def test_official_js_sdk_exports_every_span_once(store, protocol):
         sent = json.loads(run.stdout.strip().splitlines()[-1])
         c.flush()
     assert len(sent) == 20
-    rows = connect_readonly(str(store)).execute(
+    rows = connect_readonly(parse_store(store)).execute(
         "SELECT span_id, trace_id, parent_span_id, start_time_ns, end_time_ns, attributes FROM spans").fetchall()
     assert sorted(r[0] for r in rows) == sorted(s["span_id"] for s in sent)  # each stored exactly once
     stored = {r[0]: r for r in rows}

@@ -24,6 +24,7 @@ from collector_exporter.compactor import Compactor
 from collector_exporter.testing import running_collector
 from collector_exporter.wal import Kind, WriteAheadLog, sealed_segments
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from tracerl.commands.status import collect_status
 
@@ -180,7 +181,7 @@ def test_every_poison_payload_is_refused_and_the_good_data_around_it_is_stored_o
         c.flush()
         stats = c.compactor.stats
         assert stats.quarantined == 0 and stats.failures == 0 and stats.last_error is None
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     stored = con.execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL").fetchall()
     assert {(t, s) for t, s, _ in stored} == good and {n for *_, n in stored} == {1}
     assert con.execute("SELECT count(*) FROM logs").fetchone()[0] == good_logs
@@ -220,7 +221,7 @@ def test_records_an_older_version_acknowledged_are_quarantined_with_their_reason
     compactor = Compactor(layout)
     assert compactor.run_once() == 1
     assert compactor.stats.quarantined == 5
-    status = collect_status(str(store))
+    status = collect_status(parse_store(store))
     assert status["quarantined"] == {"spans": 2, "logs": 1, "rewards": 1, "unknown": 1}
     assert status["rows"]["spans"] == 3 and status["rows"]["logs"] == 2 and status["rows"]["rewards"] == 1
     assert status["wal"]["segments"] == 0
@@ -230,14 +231,14 @@ def test_records_an_older_version_acknowledged_are_quarantined_with_their_reason
     reasons = " | ".join(x["reason"] for x in lines)
     assert "start_time_unix_nano" in reasons and "flags" in reasons and "unknown WAL record kind 9" in reasons
     assert "does not parse" in reasons and "conversion failed" in reasons
-    spans_rows = connect_readonly(str(store)).execute("SELECT trace_id, span_id FROM spans").fetchall()
+    spans_rows = connect_readonly(parse_store(store)).execute("SELECT trace_id, span_id FROM spans").fetchall()
     assert set(spans_rows) == good_spans
     # a replay of the same segment (a crash before its deletion) counts nothing twice
     segment.parent.mkdir(parents=True, exist_ok=True)
     segment.write_bytes(saved)
     Compactor(layout).run_once()
-    assert collect_status(str(store))["quarantined"] == {"spans": 2, "logs": 1, "rewards": 1, "unknown": 1}
-    assert collect_status(str(store))["rows"]["spans"] == 3
+    assert collect_status(parse_store(store))["quarantined"] == {"spans": 2, "logs": 1, "rewards": 1, "unknown": 1}
+    assert collect_status(parse_store(store))["rows"]["spans"] == 3
 
 
 def _hot_offsets(body: bytes, times: list[int], is_json: bool) -> list[int]:
@@ -322,7 +323,7 @@ def test_byte_flipped_requests_are_refused_or_stored_and_never_stop_compaction(s
     assert codes.get(200, 0) > 30 and codes.get(400, 0) > 30 and rejected_items > 5, (codes, rejected_items)
     stored = dict(
         ((t, s), n)
-        for t, s, n in connect_readonly(str(store))
+        for t, s, n in connect_readonly(parse_store(store))
         .execute("SELECT trace_id, span_id, count(*) FROM spans GROUP BY ALL")
         .fetchall()
     )

@@ -15,6 +15,7 @@ from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import trace_request
@@ -30,7 +31,7 @@ def grpc_export(endpoint: str, body: bytes, metadata=()) -> ExportTraceServiceRe
 
 
 def stored(store) -> int:
-    return connect_readonly(str(store)).execute("SELECT count(*) FROM spans").fetchone()[0]
+    return connect_readonly(parse_store(store)).execute("SELECT count(*) FROM spans").fetchone()[0]
 
 
 @pytest.fixture
@@ -128,7 +129,7 @@ def test_otlp_json_with_hex_ids_is_stored_with_the_same_ids(collector, store):
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     collector.flush()
     want = {(s.trace_id.hex(), s.span_id.hex()) for s in req.resource_spans[0].scope_spans[0].spans}
-    got = set(connect_readonly(str(store)).execute("SELECT trace_id, span_id FROM spans").fetchall())
+    got = set(connect_readonly(parse_store(store)).execute("SELECT trace_id, span_id FROM spans").fetchall())
     assert got == want
 
 
@@ -156,5 +157,5 @@ def test_rewards_side_channel_validates_and_stores_idempotently(collector, store
     assert httpx.post(url, json={"rollout_id": "r", "value": "high"}).status_code == 400
     assert httpx.post(url, content=b"x", headers={"Content-Type": "text/plain"}).status_code == 415
     collector.flush()
-    rows = connect_readonly(str(store)).execute("SELECT rollout_id, trace_id, name, value FROM rewards ORDER BY value").fetchall()
+    rows = connect_readonly(parse_store(store)).execute("SELECT rollout_id, trace_id, name, value FROM rewards ORDER BY value").fetchall()
     assert rows == [(None, "ab" * 16, "judge", -0.5), ("r-1", None, "reward", 1.0)]

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector_exporter.receive import MAX_RETRY_S, fit_to_deadline, retry_hint_s
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import make_spans, trace_request
@@ -76,7 +77,7 @@ def test_the_real_sdk_exporter_waits_out_a_refusal_and_delivers(store, protocol)
         assert result == [SpanExportResult.SUCCESS]
         c.flush()
     stored = (
-        connect_readonly(str(store))
+        connect_readonly(parse_store(store))
         .execute("SELECT count(DISTINCT (trace_id, span_id)) FROM spans")
         .fetchone()[0]
     )

@@ -13,6 +13,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import trace_request
@@ -44,7 +45,7 @@ def test_tls_with_token_on_grpc_and_http(store, cert):
         with pytest.raises(httpx.ConnectError):  # plain HTTP to a TLS port, or an untrusted certificate
             httpx.post(c.http_endpoint + "/v1/traces", content=b"", verify=True)
         c.flush()
-    assert connect_readonly(str(store)).execute("SELECT count(*) FROM spans").fetchone()[0] == 5
+    assert connect_readonly(parse_store(store)).execute("SELECT count(*) FROM spans").fetchone()[0] == 5
 
 
 def test_an_idle_connection_does_not_block_other_https_clients(store, cert):

@@ -10,13 +10,14 @@ import pyarrow.parquet as pq
 from collector_exporter.compactor import Compactor
 from collector_exporter.wal import Kind, WriteAheadLog, encode_record, read_records, sealed_segments
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import trace_request
 
 
 def _count(store, sql="SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans"):
-    return connect_readonly(str(store)).execute(sql).fetchone()
+    return connect_readonly(parse_store(store)).execute(sql).fetchone()
 
 
 def test_torn_tail_is_cut_and_earlier_records_survive(tmp_path):

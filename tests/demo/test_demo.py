@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 from tracerl_testing import BIN, tracerl
 
+from options import UsageError
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from tracerl.demo import TABLE_HEADER, DemoConfig, RoundResult, format_row, parse_table, validate
 from tracerl.demo_tasks import letter_task
-from tracerl.options import UsageError
 from trainer.rounds import read_rounds
 
 
@@ -37,12 +38,12 @@ def test_two_round_demo_trains_on_real_rounds_and_serves_the_new_policy(tmp_path
     out = proc.stdout
     store = work / "store"
 
-    rounds = read_rounds(StoreLayout.at(store))
+    rounds = read_rounds(StoreLayout.at(store).location)
     assert sorted(rounds) == [0, 1]
     assert [(r["policy_version"], r["status"]) for r in rounds.values()] == [(0, "published"), (1, "published")]
     assert all(r["n_rollouts"] >= 2 and r["loss"] is not None for r in rounds.values())
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     # transitions: 8 rollouts of the base (recorded as plain 'policy': no version), 8 of policy@1
     by_version = dict(con.execute("""SELECT coalesce(policy_version, 0), count(DISTINCT rollout_id)
                                      FROM transitions GROUP BY 1""").fetchall())

@@ -16,6 +16,8 @@ from types import ModuleType
 import pytest
 from example_rig import EXAMPLES, ROOT, answer_text, example_venv, prompt_text, stored_spans, token_ids
 
+from store.location import parse_store
+
 pytestmark = pytest.mark.slow
 
 AGENT = ["python", "examples/calculator_agent/agent.py"]
@@ -170,8 +172,8 @@ def _rollouts_by_links(store, tmp_path) -> set[frozenset[str]]:
     hand_run = tmp_path / "hand-run"
     write_table_atomic(spans.select(SPANS_SCHEMA.names),
                        StoreLayout.at(hand_run).partition("spans", "2026-11-21") / "all.parquet", "spans")
-    convert_store(hand_run, ConvertConfig(quiet_s=0, missing_reward="fill"))
-    con = connect_readonly(str(hand_run))
+    convert_store(parse_store(hand_run), ConvertConfig(quiet_s=0, missing_reward="fill"))
+    con = connect_readonly(parse_store(hand_run))
     groups = con.execute("SELECT list(span_id) FROM transitions GROUP BY rollout_id").fetchall()
     return {frozenset(g) for (g,) in groups}
 

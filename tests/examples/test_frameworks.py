@@ -23,6 +23,8 @@ import pytest
 from example_rig import answer_text, example_venv, prompt_text, running_stack, token_ids
 from tracerl_testing import wire_message
 
+from store.location import parse_store
+
 HERE = Path(__file__).resolve().parent / "frameworks"
 sys.path.insert(0, str(HERE))
 from model_script import reply  # noqa: E402
@@ -70,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict]
             sent[case_id] = stack.engine.requests[before:]
         stack.provider.force_flush()
         stack.collector.flush()
-    stats = convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill"))
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0, missing_reward="fill"))
     table = read_table(StoreLayout.at(store).table("transitions"), "transitions").drop_columns(["started_at", "ended_at"])
     rows = sorted(table.to_pylist(), key=lambda r: (r["task_id"], r["step"]))
     return {c: ([r for r in rows if r["task_id"] == c], sent[c], stats.problems, store) for c in CASES}
@@ -107,8 +109,8 @@ def test_agents_select_by_name_and_sql_shows_the_names(runs) -> None:
     from store.views import connect_readonly
 
     store = runs["strands"][3]
-    convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill", agents="calculator"), rebuild=True)
-    con = connect_readonly(str(store))
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0, missing_reward="fill", agents="calculator"), rebuild=True)
+    con = connect_readonly(parse_store(store))
     got = con.sql("SELECT agent_name, trainable, count(*) FROM transitions GROUP BY ALL ORDER BY ALL").fetchall()
     con.close()
     assert got == [("calculator", True, 4), ("weather", False, 8)]

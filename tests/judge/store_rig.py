@@ -16,7 +16,7 @@ from scripted_server import Handler, Server
 from serving.asgi import HTTPError
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
-from store.layout import locate
+from store.location import parse_store
 from store.parquet import write_table_atomic
 
 from .helpers import DRAFTS, QUESTION, rewriter_prompt, writer_prompt
@@ -59,13 +59,13 @@ def make_store(root: Path | str, tasks: int = 2, per_task: int = 3) -> dict[str,
             tid = f"{k:02x}{i:02x}" + "a" * 28
             drafts[tid] = DRAFTS[(k * per_task + i) % len(DRAFTS)]
             spans += sql_spans(tid, f"task-{k}", drafts[tid])
-    loc = locate(root)  # a directory, or s3://bucket/prefix
+    loc = parse_store(root)  # a directory, or s3://bucket/prefix
     if loc.is_local:
         Path(loc.path("spans", "date=2026-11-27")).mkdir(parents=True, exist_ok=True)
     write_table_atomic(
         factory.spans_table(spans), loc.path("spans", "date=2026-11-27", "a.parquet"), "spans", fs=loc.fs
     )
-    stats = convert_store(root, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
+    stats = convert_store(loc, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
     assert stats.rollouts_converted == tasks * per_task, stats.summary()
     return drafts
 

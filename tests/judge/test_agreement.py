@@ -13,6 +13,7 @@ from judge.report import format_judge, judge_report, judge_rounds
 from judge.stage import run_once
 from schemas.tables import REWARDS_SCHEMA
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import write_table_atomic
 
 from .helpers import DRAFTS
@@ -82,7 +83,7 @@ def test_report_shows_the_judge_against_the_grader_of_the_same_rollouts(tmp_path
         StoreLayout.at(tmp_path).partition("rewards", "2026-11-27") / "part-grader.parquet",
         "rewards",
     )
-    [r] = judge_report(str(tmp_path))
+    [r] = judge_report(parse_store(tmp_path))
     assert (r.rollouts, r.prompt_tokens, r.agreement.n) == (8, 200, 8)
     assert r.agreement.auc == 1.0 and r.agreement.spearman == pytest.approx(1.0)  # the scripted judge knows
     assert "judge (source=judge rewards" in format_judge([r])

@@ -9,6 +9,7 @@ from schemas.tables import REWARDS_SCHEMA
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import read_table
 from store.views import connect_readonly, view_sql
 
@@ -48,12 +49,11 @@ def test_an_old_rewards_file_reaches_the_converter_the_views_and_the_reader(tmp_
     pq.write_table(table, path)  # as an older collector wrote it: no judge columns
 
     assert (
-        convert_store(
-            tmp_path, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER
+        convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER
         ).rollouts_reconverted
         == 1
     )
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     assert con.execute(
         "SELECT DISTINCT rollout_reward, reward_source FROM transitions WHERE rollout_id = ?", [rid]
     ).fetchall() == [(0.75, "side_channel")]
@@ -63,6 +63,4 @@ def test_an_old_rewards_file_reaches_the_converter_the_views_and_the_reader(tmp_
     assert read_table(StoreLayout.at(tmp_path).table("rewards"), "rewards").column(
         "rubric_hash"
     ).to_pylist() == [None]
-    assert "union_by_name=true" in view_sql(
-        str(tmp_path)
-    )  # an external DuckDB unions old and new files by name
+    assert "union_by_name=true" in view_sql(parse_store(tmp_path))  # an external DuckDB unions old and new files by name

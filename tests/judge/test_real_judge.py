@@ -47,7 +47,7 @@ def test_real_vllm_serving_smollm2_judges_a_group_of_8_in_one_call(tmp_path: Pat
     print(stats.summary())
     assert (stats.requests, stats.structured_fallbacks, stats.unavailable) == (1, 0, {})
     assert stats.prompt_tokens > 0 and stats.completion_tokens > 0
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     rows = con.execute("SELECT value, explanation, judge_prompt_tokens, source FROM rewards").fetchall()
     if stats.groups_scored:
         print("real judge: 8 scores", sorted(r[0] for r in rows))

@@ -34,7 +34,7 @@ def settings(store: Path, url: str, **kw) -> JudgeSettings:
 
 
 def rewards(store: Path) -> list[dict]:
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     rows = (
         con.sql('SELECT * EXCLUDE (date, "at") FROM rewards ORDER BY rollout_id').to_arrow_table().to_pylist()
     )
@@ -76,14 +76,14 @@ def test_a_group_pass_writes_judge_rows_that_the_converter_trains_and_a_second_p
 
     # the converter converts the judged rollouts again, with the judge's reward
     before = (
-        connect_readonly(str(tmp_path))
+        connect_readonly(parse_store(tmp_path))
         .execute("SELECT count(*) FROM transitions WHERE reward IS NULL")
         .fetchone()
     )
     assert before == (12,)
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
     assert stats.rollouts_reconverted == 6
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     got = con.execute(
         "SELECT rollout_id, any_value(rollout_reward), any_value(reward_source), count(*) "
         "FROM transitions GROUP BY 1 ORDER BY 1"
@@ -189,7 +189,7 @@ def test_doctor_names_the_failed_judge_groups_and_the_fix(tmp_path):
     make_store(tmp_path, tasks=1)
     with scripted_judge(lambda body, n: (200, answer("Trajectory 1 is the best."))) as (url, _):
         assert run_once(settings(tmp_path, url)).failures == {"no_json": 1}
-    [(problem, saw, _, fix)] = judge_findings(judge_states(str(tmp_path)))
+    [(problem, saw, _, fix)] = judge_findings(judge_states(parse_store(tmp_path)))
     assert "judge answers that could not be used" in problem and "no_json 1" in saw
     assert "3 rollouts are not asked about again" in saw and "--retry-failed" in fix
     assert judge_findings({"judge": {"failed": {}, "failures": {}}}) == []  # no failures: nothing to say
@@ -224,7 +224,7 @@ def test_a_bucket_store_is_judged_like_a_local_one(s3_store):
     with scripted_judge(good_judge) as (url, seen):
         stats = run_once(settings(s3_store, url))
         assert (stats.rows_written, run_once(settings(s3_store, url)).requests, len(seen)) == (3, 0, 1)
-    con = connect_readonly(s3_store)
+    con = connect_readonly(parse_store(s3_store))
     got = dict(con.execute("SELECT rollout_id, value FROM rewards WHERE source = 'judge'").fetchall())
     assert got == {r: 1.0 if d == DRAFTS[0] else 0.1 for r, d in drafts.items()}
 
@@ -292,7 +292,7 @@ def test_unrewarded_only_leaves_rollouts_a_grader_rewarded_alone(tmp_path):
         StoreLayout.at(tmp_path).partition("rewards", "2026-11-27") / "part-g.parquet",
         "rewards",
     )
-    convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
+    convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="keep", workers=1), now_ns=LATER)
     with scripted_judge(good_judge) as (url, _):
         only = run_once(settings(tmp_path, url, unrewarded_only=True))
         assert (only.candidates, only.rows_written) == (2, 2)

@@ -19,6 +19,7 @@ import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
@@ -101,7 +102,7 @@ def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_
     (records_file,) = (store / "rollouts").glob("driver-*.jsonl")
     recs = {r["rollout_id"]: r for r in map(json.loads, records_file.read_text().splitlines())}
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     agents = con.execute("""
         SELECT rollout_id, resource_attributes['tracerl.task_id'], list(attributes['gen_ai.agent.name'] ORDER BY start_time_ns),
                count(DISTINCT trace_id)

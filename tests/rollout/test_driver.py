@@ -12,6 +12,7 @@ from tracerl_testing import BIN, tracerl
 
 from collector_exporter.testing import running_collector
 from rollout.agent_env import parse_resource_attributes
+from store.location import parse_store
 from store.views import connect_readonly
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
@@ -155,7 +156,7 @@ def test_rewards_reach_a_real_collector_keyed_by_rollout_id(tmp_path):
     assert "mean reward 0.500 over 4" in proc.stdout
     recs = records(store)
     assert all(r["reward_posted"] is True for r in recs)
-    got = connect_readonly(str(store)).execute(
+    got = connect_readonly(parse_store(store)).execute(
         "SELECT rollout_id, value, name, source FROM rewards ORDER BY rollout_id").fetchall()
     want = sorted((r["rollout_id"], 1.0 if r["task_id"] == "right" else 0.0, "match", "side_channel") for r in recs)
     assert got == want

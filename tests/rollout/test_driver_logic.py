@@ -8,12 +8,12 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
+from options import UsageError
 from rollout.agent_env import agent_argv, agent_env, merge_resource_attributes, parse_resource_attributes
 from rollout.driver import Driver, should_retry, validate
 from rollout.records import RolloutRecord, format_summary, summarize
 from rollout.rewards import compute_reward, post_reward, reward_post_delays
 from rollout.tasks import Task, new_run_id, parse_tasks, plan_jobs, rollout_id_for, task_id_for
-from tracerl.options import UsageError
 
 
 def test_tasks_keep_their_ids_and_get_stable_generated_ones():

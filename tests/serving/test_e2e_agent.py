@@ -19,6 +19,7 @@ import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
 
 from collector_exporter.testing import running_collector
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import chat_prompt_ids, recompute_logprobs
@@ -54,7 +55,7 @@ def test_instrumented_openai_agent_through_gateway_joins_exact_tokens_to_agent_s
             stop_tracerl(server)
         collector.flush()
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     rows = con.execute("""
         SELECT g.trace_id = a.trace_id, a.name, a.resource_attributes['service.name'],
                g.resource_attributes['service.name'], g.kind, g.attributes, a.attributes

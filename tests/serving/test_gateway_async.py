@@ -17,6 +17,7 @@ from tracerl_testing import free_port, start_tracerl, stop_tracerl
 
 from collector_exporter.testing import running_collector
 from serving.gateway.proxy import Gateway, GatewayConfig
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .helpers import wait_for
@@ -163,7 +164,7 @@ def test_workers_serve_one_port_and_each_exports_its_spans(streaming_upstream, s
             stop_tracerl(gw)
         assert not Path(f"/proc/{children[0]}").exists()  # stopped and reaped with the parent
         collector.flush()
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     pids = con.execute("SELECT resource_attributes['process.pid'], count(*) FROM spans "
                        "WHERE name LIKE 'tracerl.gateway%' GROUP BY 1").fetchall()
     assert sum(n for _, n in pids) == 24

@@ -24,6 +24,7 @@ from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 from collector_exporter.testing import running_collector
 from loop.watch import wait_for_round
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from trainer.rounds import read_rounds
 
@@ -113,7 +114,7 @@ def test_one_round_on_the_real_model_trains_a_lora_that_the_next_call_reaches(tm
             assert "8 rollouts: 8 ok, 0 failed, 0 timeout" in proc.stdout, proc.stdout + proc.stderr
             (records,) = (store / "rollouts").glob("driver-*.jsonl")
             ids = [json.loads(line)["rollout_id"] for line in records.read_text().splitlines()]
-            wait_for_round(store, ids, len(ids), 120, lambda: None)  # spans + rewards stored
+            wait_for_round(parse_store(store), ids, len(ids), 120, lambda: None)  # spans + rewards stored
             tracerl("convert", "--store", str(store), "--quiet-s", "0", timeout=300)
             tracerl(
                 "train",
@@ -148,11 +149,11 @@ def test_one_round_on_the_real_model_trains_a_lora_that_the_next_call_reaches(tm
             stop_tracerl(gw)  # flushes the gateway's span batch
         c.flush()
 
-    (row,) = read_rounds(StoreLayout.at(store)).values()
+    (row,) = read_rounds(StoreLayout.at(store).location).values()
     assert (row["round"], row["policy_version"], row["status"], row["adapter"]) == (0, 0, "published", True)
     assert (Path(row["checkpoint_path"]) / "merged" / "model.safetensors").is_file()  # published as full weights
     assert row["n_rollouts"] >= 2 and row["loss"] is not None
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     # the round's 16 calls (writer + rewriter per rollout) came with exact token ids from the gateway
     sources = dict(con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall())
     assert sources == {"gateway": 16}

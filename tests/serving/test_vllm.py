@@ -37,6 +37,7 @@ from loop.watch import wait_for_round
 from serving.models.tiny_model import build_tiny_model
 from serving.vllm.publish import PublishError, VLLMPublisher, publish_policy
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from trainer.checkpoint import checkpoint_dir
 from trainer.merge import merged_dir
@@ -111,7 +112,7 @@ def rollouts(stack: dict, tmp_path: Path, n: int = 4) -> list[str]:
     assert f"{2 * n} rollouts: {2 * n} ok" in proc.stdout, proc.stdout + proc.stderr
     (records,) = set((stack["store"] / "rollouts").glob("driver-*.jsonl")) - before
     ids = [json.loads(line)["rollout_id"] for line in records.read_text().splitlines()]
-    wait_for_round(stack["store"], ids, len(ids), 120, lambda: None)
+    wait_for_round(parse_store(stack["store"]), ids, len(ids), 120, lambda: None)
     tracerl("convert", "--store", str(stack["store"]), "--quiet-s", "0", timeout=300)
     return ids
 
@@ -158,10 +159,10 @@ def test_a_lora_round_then_a_full_round_through_vllm_serve_the_new_weights(stack
     time.sleep(1.0)  # the gateway's span batch
     stack["collector"].flush()
 
-    rounds = read_rounds(StoreLayout.at(store))
+    rounds = read_rounds(StoreLayout.at(store).location)
     assert [(r["round"], r["status"], r["adapter"]) for r in rounds.values()] == [(0, "published", True),
                                                                                 (1, "published", True)]
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         by_version = dict(con.execute("""SELECT coalesce(policy_version, 0), count(*) FROM transitions
                                          WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY 1""",
@@ -305,7 +306,7 @@ def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the
 
     def labels() -> dict | None:
         stack["collector"].flush()
-        con = connect_readonly(str(stack["store"]))
+        con = connect_readonly(parse_store(stack["store"]))
         try:
             rows = con.execute("""SELECT attributes['gen_ai.response.id'], attributes['tracerl.policy_version'],
                                          attributes['tracerl.policy_version_ambiguous'],

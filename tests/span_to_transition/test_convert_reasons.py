@@ -9,6 +9,7 @@ from pathlib import Path
 from span_to_transition.convert import NO_CALLS_NONE, NO_CALLS_WITHOUT_CONTENT, NO_REWARD, ConvertConfig
 from span_to_transition.records import Span
 from span_to_transition.store import convert_store
+from store.location import parse_store
 
 from .factory import TraceBuilder, spans_table, user
 from .test_store import put
@@ -37,7 +38,7 @@ def rooted(trace_id: str, received_at_ns: int) -> list[Span]:
 
 def test_pending_rollouts_name_the_wait_they_are_on_and_point_to_doctor(store: Path) -> None:
     put(store, "spans", spans_table(headless("a" * 32, 100 * S) + rooted("b" * 32, 100 * S)), "a")
-    stats = convert_store(store, ConvertConfig(quiet_s=30, max_wait_s=600), now_ns=110 * S)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=30, max_wait_s=600), now_ns=110 * S)
     assert stats.rollouts_pending == 2
     assert stats.pending_waits == {"waiting_root": 1, "waiting_quiet": 1}
     text = stats.summary()
@@ -47,7 +48,7 @@ def test_pending_rollouts_name_the_wait_they_are_on_and_point_to_doctor(store: P
 
 def test_a_rollout_converted_on_max_wait_names_max_wait_in_its_repair_problem(store: Path) -> None:
     put(store, "spans", spans_table(headless("a" * 32, 100 * S)), "a")
-    stats = convert_store(store, ConvertConfig(quiet_s=30, max_wait_s=600), now_ns=701 * S)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=30, max_wait_s=600), now_ns=701 * S)
     assert (stats.rollouts_converted, stats.orphan_spans) == (1, 1)
     [problem] = stats.problems
     assert "raise --max-wait-s" in problem and "--quiet-s" not in problem
@@ -61,7 +62,7 @@ def test_an_orphan_under_an_arrived_root_still_names_quiet_s(store: Path) -> Non
     lost = t.span("tool", None)
     spans.append(replace(lost, parent_span_id="00000000000000ee"))
     put(store, "spans", spans_table(spans), "a")
-    stats = convert_store(store, ConvertConfig(quiet_s=30), now_ns=200 * S)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=30), now_ns=200 * S)
     assert stats.rollouts_converted == 1
     assert ["raise --quiet-s" in p for p in stats.problems] == [True]
 
@@ -76,7 +77,7 @@ def test_rollouts_without_calls_and_excluded_ones_carry_their_reason(store: Path
     unrewarded = TraceBuilder("f" * 32, received_at_ns=100 * S)
     unrewarded.chat(unrewarded.span("invoke_agent solver", agent="solver"), [user("hi")], "hello")
     put(store, "spans", spans_table(no_calls.spans + no_content.spans + unrewarded.spans), "a")
-    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=200 * S)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=200 * S)
     assert stats.without_calls_reasons == {NO_CALLS_NONE: 1, NO_CALLS_WITHOUT_CONTENT: 1}
     assert stats.excluded_reasons == {NO_REWARD: 1}
     text = stats.summary()

@@ -14,6 +14,7 @@ from span_to_transition.flat_attributes import unflatten
 from span_to_transition.records import Span
 from span_to_transition.store import convert_store, logs_from_table, spans_from_table
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import write_table_atomic
 from store.views import connect_readonly
 
@@ -309,9 +310,9 @@ def test_the_store_pass_keeps_what_the_new_dialects_need(name: str, tmp_path) ->
     twins all survive the pruning."""
     traces, _ = fixture_tables(name)
     write_table_atomic(traces, StoreLayout.at(tmp_path).partition("spans", "2026-11-21") / "f.parquet", "spans")
-    stats = convert_store(tmp_path, ConvertConfig(), now_ns=2_000_000_000 * 10**9)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(), now_ns=2_000_000_000 * 10**9)
     assert stats.problems == []
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     got = con.sql("SELECT step, agent_name, prompt_messages, response_message, tools, prompt_token_ids, "
                   "response_token_ids, token_source, reward FROM transitions ORDER BY step").fetchall()
     con.close()

@@ -23,6 +23,7 @@ from span_to_transition.records import Span
 from span_to_transition.rewards import in_band_rewards
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
+from store.location import parse_store
 
 from .factory import TraceBuilder, fixture_tables, spans_table, user
 from .test_store import put, side_reward
@@ -47,7 +48,7 @@ def edited(
 
 
 def findings(store: Path, **kw: object) -> list[Finding]:
-    return diagnose(gather(store, now_ns=kw.pop("now_ns", LATER), **kw))  # type: ignore[arg-type]
+    return diagnose(gather(parse_store(store), now_ns=kw.pop("now_ns", LATER), **kw))  # type: ignore[arg-type]
 
 
 def problems(store: Path, **kw: object) -> dict[str, Finding]:
@@ -73,7 +74,7 @@ def healthy_rollout(trace_id: str, reward: float = 1.0) -> list[Span]:
 def test_a_healthy_store_exits_0(store: Path) -> None:
     """Healthy means the next round would train: two runs of one task with different rewards."""
     put(store, "spans", spans_table(healthy_rollout("a" * 32, 1.0) + healthy_rollout("b" * 32, 0.0)), "a")
-    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert findings(store) == []
     done = tracerl("doctor", "--store", str(store), check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -219,7 +220,7 @@ def test_agentops_reward_payloads_are_read_and_raise_no_reward_problem(store: Pa
 
 def test_no_token_ids_means_the_gateway_is_not_in_the_path(store: Path) -> None:
     put(store, "spans", fixture_tables("openllmetry")[0], "a")
-    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     f = one(store, "no token ids")
     assert "all 2 transitions are retokenized" in f.saw
     assert "tracerl gateway" in f.fix and "OPENAI_BASE_URL=http://127.0.0.1:8100/v1" in f.fix
@@ -253,7 +254,7 @@ def test_pending_rollouts_name_the_wait_they_are_on(store: Path) -> None:
     assert "1 rollout wait --quiet-s 30" in f.saw and "complete within 20s" in f.saw
     assert "1 rollout wait --max-wait-s 600" in f.saw and "within 590s" in f.saw
     assert "--quiet-s 0" in f.fix and "tracerl.rollout.end=true" in f.fix and "--max-wait-s" in f.fix
-    convert_store(store, ConvertConfig(quiet_s=30, max_wait_s=600), now_ns=131 * S)  # the rooted one converts
+    convert_store(parse_store(store), ConvertConfig(quiet_s=30, max_wait_s=600), now_ns=131 * S)  # the rooted one converts
     f = one(store, "rollouts pending", now_ns=131 * S, quiet_s=30, max_wait_s=600)
     assert "--quiet-s" not in f.saw and "1 rollout wait --max-wait-s" in f.saw
 
@@ -281,7 +282,7 @@ def test_rollouts_excluded_for_want_of_a_reward_are_named(store: Path) -> None:
         unrewarded.span("invoke_agent solver", agent="solver"), [user("hi")], "ho", response_id="r3"
     )
     put(store, "spans", spans_table(healthy_rollout("4" * 32) + unrewarded.spans), "a")
-    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     f = one(store, "rollouts excluded for want of a reward")
     assert "1 rollout converted with no reward (e.g. " + "3" * 32 in f.saw and "tracerl.reward: 1" in f.saw
     assert "/v1/rewards" in f.fix
@@ -340,7 +341,7 @@ def test_calls_without_a_response_id_behind_an_unpropagated_gateway_are_explaine
     g = TraceBuilder("9" * 32, received_at_ns=100 * S)
     g.span("gateway chat", None, gateway_attrs("chatcmpl-strands-1", [1], [2]))
     put(store, "spans", spans_table(g.spans), "gw")
-    stats = convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     assert any(
         "matches no LLM call span" in p for p in stats.problems
     )  # Strands' calls record no response id

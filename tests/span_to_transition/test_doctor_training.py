@@ -16,6 +16,7 @@ from span_to_transition.doctor import Finding, diagnose
 from span_to_transition.records import Span
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
+from store.location import parse_store
 
 from .factory import TraceBuilder, spans_table, user
 from .test_feedback import side
@@ -54,11 +55,11 @@ def request(
 
 def converted(store: Path, spans: list[Span], **config: object) -> None:
     put(store, "spans", spans_table(spans), "a")
-    convert_store(store, ConvertConfig(quiet_s=0, **config), now_ns=LATER)  # type: ignore[arg-type]
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0, **config), now_ns=LATER)  # type: ignore[arg-type]
 
 
 def problems(store: Path, **kw: object) -> dict[str, Finding]:
-    return {f.problem: f for f in diagnose(gather(store, now_ns=kw.pop("now_ns", LATER), **kw))}  # type: ignore[arg-type]
+    return {f.problem: f for f in diagnose(gather(parse_store(store), now_ns=kw.pop("now_ns", LATER), **kw))}  # type: ignore[arg-type]
 
 
 def test_distinct_requests_under_a_group_estimator_never_train_and_the_doctor_says_so(store: Path) -> None:

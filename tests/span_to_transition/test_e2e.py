@@ -15,6 +15,7 @@ from tracerl_testing import BIN, tracerl
 from collector_exporter.testing import running_collector
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.location import parse_store
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.slow
@@ -55,7 +56,7 @@ def test_openai_agent_run_becomes_rewarded_transitions_queryable_with_sql(store:
     finally:
         server.shutdown()
 
-    stats = convert_store(store, ConvertConfig(quiet_s=0))
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0))
     assert (stats.rollouts_converted, stats.transitions_written, stats.problems) == (1, 2, [])
     out = tracerl("sql", "--store", str(store), "--format", "json",
                   "SELECT rollout_id, task_id, step, finish_reason, reward, reward_source, token_source, model, "
@@ -72,5 +73,5 @@ def test_openai_agent_run_becomes_rewarded_transitions_queryable_with_sql(store:
     rollouts = tracerl("sql", "--store", str(store), "--format", "json",
                        "SELECT rollout_id, reward, n_calls, token_coverage FROM rollouts")
     assert json.loads(rollouts.stdout) == [{"rollout_id": "run-1", "reward": 1.0, "n_calls": 2, "token_coverage": 0.0}]
-    again = convert_store(store, ConvertConfig(quiet_s=0))
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=0))
     assert again.transitions_written == 0

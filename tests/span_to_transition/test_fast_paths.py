@@ -84,7 +84,7 @@ def test_transitions_are_partitioned_by_utc_date_in_rollout_and_step_order(tmp_p
     times = [0, day - 1, day, -1, 1_763_700_000 * 10**9, 1_763_700_000 * 10**9 + 7]
     rows = [_transition(f"r{i % 3}", i, t) for i, t in enumerate(times)][::-1]
     layout = StoreLayout.at(tmp_path)
-    files = write_transitions(layout, transitions_table(rows))
+    files = write_transitions(layout.location, transitions_table(rows))
     # the reference: the UTC date as Arrow's strftime prints it
     ordered = sorted(rows, key=lambda r: (r.rollout_id, r.step))
     dates = pc.strftime(pa.array([r.started_at for r in ordered], pa.int64()).cast(pa.timestamp("ns", tz="UTC")),

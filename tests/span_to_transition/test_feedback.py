@@ -15,6 +15,7 @@ from span_to_transition.feedback import RewardRow, latest_rows, target, unjoined
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import Reward
 from span_to_transition.store import convert_store
+from store.location import parse_store
 from tracerl.commands.status import collect_status
 
 from .factory import TraceBuilder, spans_table, user
@@ -140,21 +141,21 @@ def test_feedback_keyed_by_the_response_id_joins_the_rollout_that_recorded_it(st
         "a",
     )
     put(store, "rewards", side("fb-a", 1.0, 200, response_id="chatcmpl-A"), "r1")
-    first = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    first = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert (first.rollouts_converted, first.rollouts_excluded_no_reward, first.rewards_unjoined) == (1, 1, 0)
     assert by_rollout(store)["a" * 32]["rollout_reward"] == 1.0
     # late feedback for the other request, by response id only: the excluded rollout is converted now
     put(store, "rewards", side("fb-b", 0.0, 300, response_id="chatcmpl-B"), "r2")
-    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert again.rollouts_converted == 1
     assert {r: t["rollout_reward"] for r, t in by_rollout(store).items()} == {"a" * 32: 1.0, "b" * 32: 0.0}
-    assert Ledger.load(store).responses == {"chatcmpl-A": "a" * 32, "chatcmpl-B": "b" * 32}
+    assert Ledger.load(parse_store(store)).responses == {"chatcmpl-A": "a" * 32, "chatcmpl-B": "b" * 32}
 
 
 def test_a_response_id_recorded_by_a_gateway_in_its_own_trace_joins_the_agents_rollout(store: Path) -> None:
     put(store, "spans", spans_table(service_request("c" * 32, "chatcmpl-C", gateway_trace="9" * 32)), "a")
     put(store, "rewards", side("fb-c", 1.0, 200, response_id="chatcmpl-C"), "r1")
-    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.rewards_unjoined == 0
     [(rid, t)] = by_rollout(store).items()
     assert rid == "c" * 32 and t["rollout_reward"] == 1.0 and t["token_source"] == "gateway"
@@ -164,14 +165,14 @@ def test_a_correction_replaces_the_reward_of_a_converted_rollout(store: Path) ->
     put(store, "spans", spans_table(service_request("d" * 32, "chatcmpl-D")), "a")
     put(store, "rewards", side("fb-d", 1.0, 200, trace_id="d" * 32), "r1")
     put(store, "rewards", side("thumb-d", 1.0, 201, trace_id="d" * 32), "r1b")  # another reward: it adds up
-    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert by_rollout(store)["d" * 32]["rollout_reward"] == 2.0
     put(store, "rewards", side("fb-d", -1.0, 500, trace_id="d" * 32), "r2")  # the user changed their mind
-    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert again.rollouts_reconverted == 1
     assert by_rollout(store)["d" * 32]["rollout_reward"] == 0.0  # -1 + 1, not 1 + 1 - 1
     put(store, "rewards", side("fb-d", -1.0, 500, trace_id="d" * 32), "r3")  # the correction retried
-    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert by_rollout(store)["d" * 32]["rollout_reward"] == 0.0
 
 
@@ -180,21 +181,21 @@ def test_feedback_for_no_known_rollout_is_counted_then_joined_when_its_spans_arr
     put(store, "rewards", side("fb-e", 1.0, 200, trace_id="e" * 32), "r1")
     put(store, "rewards", side("fb-f", 1.0, 200, trace_id="f" * 32), "r2")  # its trace is not here (yet)
     put(store, "rewards", side("fb-g", 0.0, 200, response_id="chatcmpl-G"), "r3")
-    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.rewards_unjoined == 2 and "feedback matching no rollout" in stats.summary()
-    assert Ledger.load(store).unjoined == {
+    assert Ledger.load(parse_store(store)).unjoined == {
         "count": 2,
         "samples": ["trace_id=" + "f" * 32, "response_id=chatcmpl-G"],
     }
-    assert collect_status(str(store))["rewards_unjoined"]["count"] == 2  # what `tracerl status` prints
+    assert collect_status(parse_store(store))["rewards_unjoined"]["count"] == 2  # what `tracerl status` prints
     put(
         store,
         "spans",
         spans_table(service_request("f" * 32, "chatcmpl-F") + service_request("7" * 32, "chatcmpl-G")),
         "b",
     )
-    later = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
-    assert later.rewards_unjoined == 0 and Ledger.load(store).unjoined["count"] == 0
+    later = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert later.rewards_unjoined == 0 and Ledger.load(parse_store(store)).unjoined["count"] == 0
     assert {r: t["rollout_reward"] for r, t in by_rollout(store).items()} == {
         "e" * 32: 1.0,
         "f" * 32: 1.0,
@@ -266,7 +267,7 @@ def test_feedback_posted_to_a_real_collector_joins_by_response_and_trace_id(stor
         ]
         assert httpx.post(c.http_endpoint + "/v1/rewards", json=feedback).status_code == 200
         c.flush()
-        stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+        stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
         assert (stats.rollouts_converted, stats.rollouts_excluded_no_reward, stats.rewards_unjoined) == (
             3,
             1,
@@ -281,11 +282,11 @@ def test_feedback_posted_to_a_real_collector_joins_by_response_and_trace_id(stor
             == 200
         )
         c.flush()
-    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert again.rollouts_reconverted == 1
     got = {t["trace_id"]: t["rollout_reward"] for t in transitions(store)}
     assert got == {traces[0]: 1.0, traces[1]: 1.0, traces[3]: 0.25}
-    assert collect_status(str(store))["rewards_unjoined"] == {
+    assert collect_status(parse_store(store))["rewards_unjoined"] == {
         "count": 1,
         "samples": ["response_id=chatcmpl-never-served"],
     }

@@ -18,6 +18,7 @@ from tracerl_testing import wire_message
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import write_table_atomic
 from store.views import connect_readonly
 
@@ -38,9 +39,9 @@ def convert(name: str, tmp_path: Path, **config) -> list[dict]:
     write_table_atomic(traces, layout.partition("spans", "2026-11-24") / "f.parquet", "spans")
     if logs is not None:
         write_table_atomic(logs, layout.partition("logs", "2026-11-24") / "f.parquet", "logs")
-    stats = convert_store(tmp_path, ConvertConfig(missing_reward="fill", **config), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(missing_reward="fill", **config), now_ns=LATER)
     assert stats.problems == [], stats.problems
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     rows = con.sql("SELECT * EXCLUDE (started_at, ended_at) FROM transitions ORDER BY step").to_arrow_table().to_pylist()
     con.close()
     return rows

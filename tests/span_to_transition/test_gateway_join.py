@@ -15,6 +15,7 @@ from collector_exporter.testing import running_collector
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import read_table
 
 HERE = Path(__file__).parent
@@ -50,7 +51,7 @@ def test_gateway_token_ids_are_joined_to_the_agent_calls_and_not_counted_twice(t
     finally:
         engine.stop()
 
-    stats = convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill"))
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0, missing_reward="fill"))
     assert stats.problems == [] and stats.transitions_written == 2  # 2 agent calls; gateway spans joined
     rows = read_table(StoreLayout.at(store).table("transitions"), "transitions").drop_columns(
         ["started_at", "ended_at"]).to_pylist()

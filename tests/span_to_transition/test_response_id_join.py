@@ -6,6 +6,7 @@ from pathlib import Path
 
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
+from store.location import parse_store
 from store.views import connect_readonly
 
 from .factory import TraceBuilder, fixture_tables, spans_table, user
@@ -36,7 +37,7 @@ def test_a_gateway_span_in_its_own_trace_joins_the_call_with_its_response_id(tmp
     agent_run(tmp_path, "run-1", ["r1", "r2"])
     gateway_trace(tmp_path, "b", "r1", "gw1")
     gateway_trace(tmp_path, "c", "r2", "gw2")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.problems == []
     assert (stats.rollouts_seen, stats.transitions_written) == (1, 2)  # the gateway traces are not rollouts
     rows = sorted(transitions(tmp_path), key=lambda r: r["step"])
@@ -47,7 +48,7 @@ def test_a_gateway_span_in_its_own_trace_joins_the_call_with_its_response_id(tmp
 def test_the_join_needs_no_rollout_id_on_the_agent_either(tmp_path: Path) -> None:
     agent_run(tmp_path, None, ["r1"])  # rollout = the agent's trace id
     gateway_trace(tmp_path, "b", "r1", "gw")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     [row] = transitions(tmp_path)
     assert (stats.rollouts_seen, row["rollout_id"], row["token_source"]) == (1, "a" * 32, "gateway")
 
@@ -55,7 +56,7 @@ def test_the_join_needs_no_rollout_id_on_the_agent_either(tmp_path: Path) -> Non
 def test_a_call_with_no_matching_gateway_span_stays_retokenized_and_says_why(tmp_path: Path) -> None:
     agent_run(tmp_path, "run-1", ["r1", None])
     gateway_trace(tmp_path, "b", "r1", "gw")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     rows = sorted(transitions(tmp_path), key=lambda r: r["step"])
     assert [r["token_source"] for r in rows] == ["gateway", "retokenized"]
     [why] = stats.problems
@@ -65,7 +66,7 @@ def test_a_call_with_no_matching_gateway_span_stays_retokenized_and_says_why(tmp
 def test_a_gateway_span_whose_response_id_matches_no_call_stays_apart(tmp_path: Path) -> None:
     agent_run(tmp_path, "run-1", ["r1"])
     gateway_trace(tmp_path, "b", "elsewhere", "gw")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     assert stats.rollouts_seen == 2  # the run, and the lone gateway trace
     [row] = [r for r in transitions(tmp_path) if r["rollout_id"] == "run-1"]
     assert row["token_source"] == "retokenized"
@@ -77,9 +78,9 @@ def test_an_openinference_call_joins_by_the_response_id_inside_output_value(tmp_
     put(tmp_path, "spans", traces, "agent")
     for i, rid in enumerate(["chatcmpl-llamaindex-1", "chatcmpl-llamaindex-2"]):
         gateway_trace(tmp_path, "bc"[i], rid, f"gw{i}")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     assert stats.problems == [] and stats.rollouts_seen == 1
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     got = con.sql("SELECT agent_name, token_source FROM transitions ORDER BY step").fetchall()
     con.close()
     assert got == [("weather", "gateway"), ("weather", "gateway")]

@@ -12,6 +12,7 @@ from span_to_transition.convert import ConvertConfig
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.records import Span
 from span_to_transition.store import convert_store
+from store.location import parse_store
 
 from .factory import TraceBuilder, spans_table, user
 from .test_store import LATER, S, put, side_reward, transitions
@@ -56,7 +57,7 @@ def test_a_conversations_turns_form_one_rollout_rewarded_at_its_end(tmp_path: Pa
         + turn(4, "s1", 103, question="mine", reward=0.5, rollout_id="explicit-4")
     )  # tracerl.rollout_id wins
     put(store, "spans", spans_table(spans), "a")
-    stats = convert_store(store, ConvertConfig(quiet_s=0, rollout_key="session.id"), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0, rollout_key="session.id"), now_ns=LATER)
     assert (stats.rollouts_converted, stats.transitions_written) == (3, 4)
     rows = by_rollout(store)
     assert sorted(rows) == ["explicit-4", "session.id=s1", "session.id=s2"]
@@ -74,7 +75,7 @@ def test_a_conversations_turns_form_one_rollout_rewarded_at_its_end(tmp_path: Pa
 
     plain = tmp_path / "plain"
     put(plain, "spans", spans_table(spans), "a")
-    convert_store(plain, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(plain), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert len(by_rollout(plain)) == 3  # without the key each trace is a rollout (the first has no reward)
 
 
@@ -92,7 +93,7 @@ def test_a_later_turn_joins_its_conversation_and_feedback_keyed_by_its_trace_rew
         for s in turn(1, None, 100, question="hi")
     ]
     put(store, "spans", spans_table(first), "a")
-    early = convert_store(store, config, now_ns=110 * S)
+    early = convert_store(parse_store(store), config, now_ns=110 * S)
     assert (early.rollouts_pending, early.transitions_written) == (1, 0)
     second = [
         replace(s, attributes={**s.attributes, "gen_ai.conversation.id": "c-9"})
@@ -102,7 +103,7 @@ def test_a_later_turn_joins_its_conversation_and_feedback_keyed_by_its_trace_rew
     ]
     put(store, "spans", spans_table(second), "b")
     put(store, "rewards", side_reward("fb-1", 0.75, trace_id=f"{2:032x}"), "fb")
-    stats = convert_store(store, config, now_ns=LATER)
+    stats = convert_store(parse_store(store), config, now_ns=LATER)
     assert stats.rollouts_converted == 1
     [(rid, rows)] = by_rollout(store).items()
     assert rid == "gen_ai.conversation.id=c-9" and [r["step"] for r in rows] == [0, 1]

@@ -17,6 +17,7 @@ from span_to_transition.convert import ConvertConfig
 from span_to_transition.identity import link_rollouts
 from span_to_transition.store import convert_store
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import write_table_atomic
 from store.views import connect_readonly
 
@@ -32,7 +33,7 @@ def put(store: Path, table: str, data: pa.Table, name: str) -> None:
 
 def transitions(store: Path) -> list[dict]:
     """The rows the ``transitions`` view shows (each rollout's latest conversion), without the pass number."""
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     table = con.sql("SELECT * EXCLUDE (conversion, date) FROM transitions").to_arrow_table()
     con.close()
     for col in ("started_at", "ended_at"):  # ns timestamps: compare as ints (no pandas needed)
@@ -51,14 +52,14 @@ def load_fixtures(store: Path) -> None:
 
 def test_fixture_store_converts_every_dialect_and_rerunning_writes_nothing(store: Path) -> None:
     load_fixtures(store)
-    stats = convert_store(store, ConvertConfig(), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(), now_ns=LATER)
     assert (stats.rollouts_converted, stats.transitions_written, stats.problems) == (6, 12, [])
     rows = transitions(store)
     assert {r["token_source"] for r in rows} == {"retokenized"}
     assert len({(r["prompt_messages"], r["response_message"]) for r in rows}) == 2  # six dialects, two calls
     files = sorted(StoreLayout.at(store).table("transitions").rglob("*.parquet"))
 
-    again = convert_store(store, ConvertConfig(), now_ns=LATER)
+    again = convert_store(parse_store(store), ConvertConfig(), now_ns=LATER)
     assert (again.transitions_written, again.span_files_read) == (0, 0)
     assert sorted(StoreLayout.at(store).table("transitions").rglob("*.parquet")) == files
     assert transitions(store) == rows
@@ -66,8 +67,8 @@ def test_fixture_store_converts_every_dialect_and_rerunning_writes_nothing(store
 
 def test_rollouts_view_and_readme_queries(store: Path) -> None:
     load_fixtures(store)
-    convert_store(store, ConvertConfig(), now_ns=LATER)
-    con = connect_readonly(str(store))
+    convert_store(parse_store(store), ConvertConfig(), now_ns=LATER)
+    con = connect_readonly(parse_store(store))
     got = con.execute("SELECT reward, n_calls, agents, policy_version, token_coverage FROM rollouts").fetchall()
     assert got == [(1.0, 2, ["weather"], 3, 0.0)] * 6
     readme = (Path(__file__).parents[2] / "span_to_transition" / "README.md").read_text()
@@ -89,7 +90,7 @@ def rollout(trace_id: str, received_at_ns: int, *, reward: bool = True) -> list:
 def test_streaming_in_pieces_equals_one_batch(tmp_path: Path) -> None:
     batch = tmp_path / "batch"
     put(batch, "spans", spans_table([s for i in range(6) for s in rollout(f"{i:032x}", 1_000)]), "all")
-    convert_store(batch, ConvertConfig(quiet_s=5), now_ns=LATER)
+    convert_store(parse_store(batch), ConvertConfig(quiet_s=5), now_ns=LATER)
 
     # The collector's view: rollout i arrives in two pieces at 10i s and 10i+1 s, children before
     # parents and one span delivered twice; conversion runs after every piece.
@@ -102,9 +103,9 @@ def test_streaming_in_pieces_equals_one_batch(tmp_path: Path) -> None:
         for k, piece in enumerate([spans[: len(spans) // 2] + spans[:1], spans[len(spans) // 2:]]):
             at = (10 * i + k) * S
             put(stream, "spans", spans_table([replace(s, received_at_ns=at) for s in piece]), f"r{i}-{k}")
-            written += convert_store(stream, ConvertConfig(quiet_s=5), now_ns=at + S // 2).transitions_written
+            written += convert_store(parse_store(stream), ConvertConfig(quiet_s=5), now_ns=at + S // 2).transitions_written
         assert written == i  # rollout i is still in its quiet period; rollout i-1 is done
-    written += convert_store(stream, ConvertConfig(quiet_s=5), now_ns=LATER).transitions_written
+    written += convert_store(parse_store(stream), ConvertConfig(quiet_s=5), now_ns=LATER).transitions_written
     assert written == 6
     assert transitions(stream) == transitions(batch)
 
@@ -112,31 +113,31 @@ def test_streaming_in_pieces_equals_one_batch(tmp_path: Path) -> None:
 def test_pending_until_quiet_then_late_spans_are_counted_not_converted(store: Path) -> None:
     spans = rollout("f" * 32, received_at_ns=100 * S)
     put(store, "spans", spans_table(spans), "a")
-    early = convert_store(store, ConvertConfig(quiet_s=30), now_ns=110 * S)
+    early = convert_store(parse_store(store), ConvertConfig(quiet_s=30), now_ns=110 * S)
     assert (early.rollouts_pending, early.transitions_written) == (1, 0)
-    done = convert_store(store, ConvertConfig(quiet_s=30), now_ns=131 * S)
+    done = convert_store(parse_store(store), ConvertConfig(quiet_s=30), now_ns=131 * S)
     assert done.transitions_written == 1
 
     t = TraceBuilder("f" * 32, received_at_ns=140 * S)
     t._n = 50
     late = t.span("late tool", None)
     put(store, "spans", spans_table([late]), "late")
-    stats = convert_store(store, ConvertConfig(quiet_s=30), now_ns=200 * S)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=30), now_ns=200 * S)
     assert (stats.late_spans, stats.late_spans_total, stats.transitions_written) == (1, 1, 0)
     assert "late spans" in stats.summary()
-    again = convert_store(store, ConvertConfig(quiet_s=30), now_ns=300 * S)
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=30), now_ns=300 * S)
     assert (again.late_spans, again.late_spans_total) == (0, 1)
 
 
 def test_excluded_rollout_is_converted_once_its_side_channel_reward_arrives(store: Path) -> None:
     put(store, "spans", spans_table(rollout("e" * 32, 100 * S, reward=False)), "a")
-    first = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    first = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert (first.rollouts_excluded_no_reward, first.transitions_written) == (1, 0)
     assert "--missing-reward fill" in first.summary()
-    assert convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER).rollouts_excluded_no_reward == 0
+    assert convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER).rollouts_excluded_no_reward == 0
 
     put(store, "rewards", side_reward("x1", 0.25, trace_id="e" * 32), "r1")
-    later = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    later = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert later.transitions_written == 1
     [row] = transitions(store)
     assert (row["reward"], row["reward_source"]) == (0.25, "side_channel")
@@ -161,7 +162,7 @@ def test_explicit_end_marker_completes_a_rollout_without_waiting(store: Path) ->
     t.chat(root, [user("q")], "a")
     t.span("done", root, {"tracerl.rollout.end": True, "tracerl.reward": 1.0})
     put(store, "spans", spans_table([s for s in t.spans if s is not root]), "a")  # root not even here yet
-    stats = convert_store(store, ConvertConfig(quiet_s=3600), now_ns=100 * S)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=3600), now_ns=100 * S)
     assert stats.transitions_written == 1
 
 
@@ -177,7 +178,7 @@ def test_spans_without_the_rollout_id_join_the_rollout_their_trace_belongs_to(st
     gw_span = gw.span("gateway", call, {"tracerl.gateway": True, "gen_ai.response.id": "r1",
                                         "tracerl.prompt_token_ids": [5, 6], "tracerl.response_token_ids": [7]})
     put(store, "spans", spans_table([gw_span]), "gateway")
-    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert (stats.rollouts_seen, stats.transitions_written, stats.rollouts_pending) == (1, 1, 0)
     [row] = transitions(store)
     assert (row["rollout_id"], row["token_source"], row["prompt_token_ids"]) == ("run-7", "gateway", [5, 6])
@@ -185,7 +186,7 @@ def test_spans_without_the_rollout_id_join_the_rollout_their_trace_belongs_to(st
     late = TraceBuilder("9" * 32, rollout_id="9" * 32, received_at_ns=500 * S)
     late._n = 60
     put(store, "spans", spans_table([late.span("late gateway", call, {"tracerl.gateway": True})]), "late")
-    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert (again.late_spans, again.rollouts_pending, again.transitions_written) == (1, 0, 0)
 
 
@@ -196,7 +197,7 @@ def test_convert_loop_converts_in_the_background_and_on_stop(store: Path) -> Non
 
     put(store, "spans", spans_table(rollout("1" * 32, 1_000)), "a")
     seen = []
-    loop = ConvertLoop(store, ConvertConfig(quiet_s=0), every_s=60, on_stats=seen.append).start()
+    loop = ConvertLoop(parse_store(store), ConvertConfig(quiet_s=0), every_s=60, on_stats=seen.append).start()
     loop.poke()
     deadline = _time.monotonic() + 30
     while not seen and _time.monotonic() < deadline:
@@ -220,26 +221,26 @@ def raw_rows(store: Path) -> int:
 
 def test_a_reward_after_conversion_converts_the_rollout_again(store: Path) -> None:
     put(store, "spans", spans_table(rollout("a" * 32, 100 * S) + rollout("b" * 32, 100 * S)), "a")
-    first = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    first = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert first.transitions_written == 2
     before = {r["rollout_id"]: r for r in transitions(store)}
 
     put(store, "rewards", side_reward("j1", 0.5, trace_id="a" * 32), "late")  # the judge answers later
-    again = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    again = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert (again.rollouts_reconverted, again.transitions_written, again.late_spans) == (1, 1, 0)
     assert "converted again" in again.summary()
     after = {r["rollout_id"]: r for r in transitions(store)}
     assert (after["a" * 32]["reward"], after["a" * 32]["reward_source"]) == (1.5, "side_channel,span")
     assert after["b" * 32] == before["b" * 32]  # untouched
     assert raw_rows(store) == 3  # the superseded row stays in its file; the view hides it
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     assert con.execute("SELECT count(*), sum(reward) FROM transitions").fetchone() == (2, 2.5)
     assert con.execute("SELECT reward FROM rollouts WHERE rollout_id = ?", ["a" * 32]).fetchone() == (1.5,)
 
-    settled = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)  # the reward file is applied once
+    settled = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)  # the reward file is applied once
     assert (settled.rollouts_reconverted, settled.transitions_written) == (0, 0)
 
-    compacted = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER, rebuild=True)
+    compacted = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER, rebuild=True)
     assert (compacted.rollouts_reconverted, compacted.files_removed, raw_rows(store)) == (2, 1, 2)
     assert {r["rollout_id"]: r["reward"] for r in transitions(store)} == {"a" * 32: 1.5, "b" * 32: 1.0}
 
@@ -251,22 +252,22 @@ def test_rebuild_applies_changed_settings_to_converted_rows(store: Path) -> None
     t.chat(t.span("invoke_agent checker", root, agent="checker"), [user("check")], "ok", response_id="c1")
     t.reward(root, 1.0)
     put(store, "spans", spans_table(t.spans), "a")
-    convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert [r["trainable"] for r in transitions(store)] == [True, True]
 
     narrowed = ConvertConfig(quiet_s=0, agents="writer", credit="last_call")
-    kept = convert_store(store, narrowed, now_ns=LATER)  # without --rebuild: says so, changes nothing
+    kept = convert_store(parse_store(store), narrowed, now_ns=LATER)  # without --rebuild: says so, changes nothing
     assert kept.transitions_written == 0
     assert "--agents None -> 'writer'" in kept.settings_changed and "--credit 'identical' -> 'last_call'" in \
         kept.settings_changed and "--rebuild" in kept.summary()
 
-    rebuilt = convert_store(store, narrowed, now_ns=LATER, rebuild=True)
+    rebuilt = convert_store(parse_store(store), narrowed, now_ns=LATER, rebuild=True)
     assert (rebuilt.rollouts_reconverted, rebuilt.transitions_written) == (1, 2)
     rows = sorted(transitions(store), key=lambda r: r["step"])
     assert [(r["agent_name"], r["trainable"], r["reward"]) for r in rows] == [("writer", True, 0.0),
                                                                               ("checker", False, 1.0)]
     assert raw_rows(store) == 2  # the same rows' file (named by their ids) was replaced in place
-    assert convert_store(store, narrowed, now_ns=LATER).settings_changed is None  # the rows match again
+    assert convert_store(parse_store(store), narrowed, now_ns=LATER).settings_changed is None  # the rows match again
 
 
 @pytest.mark.slow
@@ -307,7 +308,7 @@ def test_traces_joined_by_span_links_convert_as_one_rollout(store: Path) -> None
     put(store, "spans", linked(a, None, call=None), "a")
     put(store, "spans", linked(c, (b, "0" * 15 + "1"), call="second", reward=True), "c")  # arrives before b
     put(store, "spans", linked(b, (a, "0" * 15 + "1"), call="first"), "b")
-    stats = convert_store(store, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert (stats.rollouts_converted, stats.transitions_written) == (1, 2)
     rows = sorted(transitions(store), key=lambda r: r["step"])
     assert [(r["rollout_id"], r["trace_id"], r["reward"]) for r in rows] == [(a, b, 1.0), (a, c, 1.0)]
@@ -316,5 +317,5 @@ def test_traces_joined_by_span_links_convert_as_one_rollout(store: Path) -> None
     for name, table in (("a", linked(a, None, call=None)), ("c", linked(c, (b, "1"), call="second", reward=True)),
                         ("b", linked(b, (a, "1"), call="first"))):
         put(apart, "spans", table, name)
-    split = convert_store(apart, ConvertConfig(quiet_s=0, follow_links=False), now_ns=LATER)
+    split = convert_store(parse_store(apart), ConvertConfig(quiet_s=0, follow_links=False), now_ns=LATER)
     assert (split.rollouts_converted, split.rollouts_excluded_no_reward) == (1, 1)  # b alone has no reward

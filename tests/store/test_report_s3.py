@@ -9,7 +9,7 @@ import pytest
 from tracerl_testing import tracerl
 
 from schemas.tables import ROUNDS_SCHEMA
-from store.layout import locate
+from store.location import parse_store
 from store.parquet import write_table_atomic
 from trainer.rounds import read_rounds
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fa
 
 
 def test_report_reads_the_rounds_of_a_bucket_store(s3_store, tmp_path):
-    loc = locate(s3_store)
+    loc = parse_store(s3_store)
     rows = [{"round": k, "policy_version": k, "base_model": "/m", "checkpoint_path": None, "adapter": False,
              "n_rollouts": 8, "n_transitions": 16, "mean_reward": 0.25 * k, "loss": 0.1, "kl": 0.0,
              "clip_fraction": 0.0, "timings": json.dumps({"train": 2.0}), "published_at": None,
@@ -28,7 +28,7 @@ def test_report_reads_the_rounds_of_a_bucket_store(s3_store, tmp_path):
         write_table_atomic(pa.Table.from_pylist([r], schema=ROUNDS_SCHEMA),
                            loc.path("rounds", "date=2026-11-25", f"round-{r['round']:06d}.parquet"), "rounds",
                            fs=loc.fs)
-    assert sorted(read_rounds(s3_store)) == [0, 1]
+    assert sorted(read_rounds(parse_store(s3_store))) == [0, 1]
     png = tmp_path / "report.png"
     out = tracerl("report", "--store", s3_store, "--out", str(png)).stdout
     assert "published" in out and "0.2500" in out

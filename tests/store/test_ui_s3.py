@@ -49,8 +49,8 @@ def local_store(real_store: Path, tmp_path_factory: pytest.TempPathFactory) -> P
                      [Quarantined("spans", "unsupported attribute value <b>kind</b>", 1, 1_764_000_000_000_000_000,
                                   b"\x0a\x00")])
     layout = StoreLayout.at(store)
-    for row in read_rounds(layout).values():
-        write_round(layout, {**row, "checkpoint_path": TRAINER_CACHE})
+    for row in read_rounds(layout.location).values():
+        write_round(layout.location, {**row, "checkpoint_path": TRAINER_CACHE})
     return store
 
 
@@ -129,11 +129,11 @@ def test_a_manifest_missing_from_the_bucket_is_read_from_the_rounds_checkpoint_p
     upload(local_store, s3_store, skip="checkpoints/policy-000001")
     loc = parse_store(s3_store)
     assert loc.fs.get_file_info(loc.path("checkpoints", "policy-000001", MANIFEST)).type == pafs.FileType.NotFound
-    reader = StoreReader(s3_store)
+    reader = StoreReader(parse_store(s3_store))
     try:
         assert pages.rounds_data(reader)["rounds"][0]["settings"] == {}  # TRAINER_CACHE is not on this host
         # the bucket's row names a checkpoint directory this host holds: the demo's own
-        row = read_rounds(s3_store)[0]
+        row = read_rounds(parse_store(s3_store))[0]
         write_round_to(loc, {**row, "checkpoint_path": str(real_store / "checkpoints" / "policy-000001")})
         reader.refresh(wait_s=None)
         got = pages.rounds_data(reader)["rounds"][0]

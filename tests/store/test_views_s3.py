@@ -68,11 +68,11 @@ def test_status_reports_the_wal_it_is_given_beside_a_bucket(s3_store, tmp_path):
 
 
 def test_status_names_who_holds_the_leases_of_a_bucket(s3_store):
-    from store.layout import locate
     from store.lease import ObjectLease
+    from store.location import parse_store
 
     _fill(s3_store)
-    held = ObjectLease.at(locate(s3_store), "checkpoints/.train", ttl_s=60.0, holder="trainer-host-1")
+    held = ObjectLease.at(parse_store(s3_store), "checkpoints/.train", ttl_s=60.0, holder="trainer-host-1")
     assert held.try_take()
     s = json.loads(tracerl("status", "--store", s3_store, "--json").stdout)
     assert list(s["leases"]) == ["trainer"] and s["leases"]["trainer"]["holder"] == "trainer-host-1"

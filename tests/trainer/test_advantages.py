@@ -130,7 +130,7 @@ def test_train_flag_choices_come_from_the_registry():
     assert list(field.metadata["choices"]) == ["auto", *ESTIMATORS]
     import argparse
 
-    from tracerl.options import add_options
+    from options import add_options
 
     parser = argparse.ArgumentParser()
     add_options(parser, TrainSettings)

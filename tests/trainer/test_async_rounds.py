@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import DatasetConfig, build_samples, load_transitions
@@ -37,7 +38,7 @@ def ids_row(make_row, tokenizer, rid: str, *, task: str, version: int, reward: f
 
 
 def loaded(store: Path, lo: int, hi: int):
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         return load_transitions(con, (lo, hi))
     finally:
@@ -109,10 +110,10 @@ def test_unused_rollouts_older_than_the_window_are_never_trained_and_are_counted
     out = run_once(s, log=lambda m: None)
     assert out.status == "trained" and out.round == 2
     layout = StoreLayout.at(store)
-    sel2 = json.loads(Path(selection_path(layout, 2)).read_text())
+    sel2 = json.loads(Path(selection_path(layout.location, 2)).read_text())
     assert sel2["versions"] == [1, 2]
     assert not any(rid.startswith("late-") for rid in sel2["rollout_ids"])
-    metrics = json.loads(read_rounds(layout)[2]["metrics"])
+    metrics = json.loads(read_rounds(layout.location)[2]["metrics"])
     assert metrics["n_rollouts_too_stale"] == len({r["rollout_id"] for r in late})
     assert metrics["staleness"] == {"0": metrics["n_samples"]}  # every v1 rollout was used by round 1
     assert metrics["is_tokens"] > 0 and 0 < metrics["is_weight_min"] <= metrics["is_weight_mean"] \
@@ -144,18 +145,18 @@ def test_kill_9_mid_round_with_staleness_then_resume_uses_each_rollout_exactly_o
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
     layout = StoreLayout.at(store)
-    picked = json.loads(Path(selection_path(layout, 1)).read_text())
+    picked = json.loads(Path(selection_path(layout.location, 1)).read_text())
     more_v1 = make_rollouts(1, n_tasks=2)  # arrive while the trainer is dead
     for r in more_v1:
         r["rollout_id"], r["task_id"] = "more-" + r["rollout_id"], "more-" + r["task_id"]
     write_rows(store, more_v1)
     assert run_once(s, log=lambda m: None).status == "trained"  # round 1, resumed on its own selection
-    assert json.loads(Path(selection_path(layout, 1)).read_text()) == picked
+    assert json.loads(Path(selection_path(layout.location, 1)).read_text()) == picked
     trained = read_manifest(checkpoint_dir(layout.checkpoints, 2))["selection"]["transition_ids"]
     assert trained == picked["transition_ids"]
     out = run_once(s, log=lambda m: None)  # round 2, window 1..2: the newcomers, one version stale
     assert out.status == "trained" and out.round == 2
-    sels = [set(json.loads(Path(selection_path(layout, k)).read_text())["rollout_ids"]) for k in range(3)]
+    sels = [set(json.loads(Path(selection_path(layout.location, k)).read_text())["rollout_ids"]) for k in range(3)]
     assert sels[2] == {r["rollout_id"] for r in more_v1}
     every = {r["rollout_id"] for r in v0 + late_v0 + v1 + more_v1}
     assert set().union(*sels) == every  # none lost
@@ -176,7 +177,7 @@ def test_report_plots_staleness_and_importance_weights_of_asynchronous_rounds(tm
                for r in make_rollouts(0, n_tasks=2)]
     write_rows(store, late_v0 + make_rollouts(1, n_tasks=1))
     run_once(s, log=lambda m: None)
-    rows = round_rows(str(store))
+    rows = round_rows(parse_store(store))
     assert rows[0]["staleness"] == {0: rows[0]["n_transitions"]}
     assert rows[1]["staleness"][1] > 0 and rows[1]["staleness"][0] > 0  # late policy@0 calls beside policy@1's
     lo, mean, hi = rows[1]["is_weight"]

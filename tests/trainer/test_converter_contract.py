@@ -14,6 +14,7 @@ import pytest
 
 from schemas.tables import SPANS_SCHEMA
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import read_table, write_table_atomic
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.rounds import read_rounds, run_once
@@ -59,7 +60,7 @@ def test_converted_agent_spans_train_a_round(tmp_path, train_settings):
          else pa.array(cols[f.name], f.type) for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
     layout = StoreLayout.at(store)
     write_table_atomic(table, layout.partition("spans", "2023-11-14") / "part-0.parquet", "spans")
-    stats = convert_store(store, ConvertConfig(quiet_s=0, workers=1), now_ns=T0 + 10**12)
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0, workers=1), now_ns=T0 + 10**12)
     assert stats.transitions_written == 12
 
     transitions = read_table(layout.table("transitions"), "transitions").to_pylist()
@@ -70,5 +71,5 @@ def test_converted_agent_spans_train_a_round(tmp_path, train_settings):
     man = read_manifest(checkpoint_dir(layout.checkpoints, 1))
     assert man["dataset"]["n_retokenized"] == 12 and man["dataset"]["n_groups"] == 3
     assert man["dataset"]["n_groups_zero_variance"] == 0
-    row = read_rounds(layout)[0]
+    row = read_rounds(layout.location)[0]
     assert row["n_rollouts"] == 12 and row["mean_reward"] == 0.5

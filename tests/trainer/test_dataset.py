@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from store.location import parse_store
 from store.views import connect_readonly
 from trainer.dataset import DatasetConfig, build_samples, load_transitions
 
@@ -21,7 +22,7 @@ def test_load_filters_versions_trainable_agents_and_dedupes_replays(tmp_path, ma
     ]
     write_rows(tmp_path, rows)
     write_rows(tmp_path, [rows[0]])  # the converter replayed r1's call: same transition_id
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     got = load_transitions(con, (1, 1))
     assert sorted(got.column("rollout_id").to_pylist()) == ["r1", "r2"]
     got = load_transitions(con, (1, 1), agents="^solver$")
@@ -34,7 +35,7 @@ def test_a_tasks_regex_keeps_held_out_tasks_out_of_training(tmp_path, make_row, 
     ids = {"r1": "train-a", "r2": "heldout-a", "r3": "train-b"}
     write_rows(tmp_path, [make_row(rid, task_id=task, version=0, reward=1.0, prompt_ids=_ids(3),
                                    response_ids=_ids(2)) for rid, task in ids.items()])
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     assert sorted(load_transitions(con, (0, 0), tasks="^train-").column("rollout_id").to_pylist()) == ["r1", "r3"]
     assert len(load_transitions(con, (0, 0))) == 3
 
@@ -50,7 +51,7 @@ def test_incomplete_rollouts_are_skipped_and_rollout_reward_is_copied_to_every_c
         make_row("r3", task_id="t", reward=1.0, is_last=False, prompt_ids=_ids(3), response_ids=_ids(4)),
     ]
     write_rows(tmp_path, rows)
-    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    table = load_transitions(connect_readonly(parse_store(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig(estimator="reinforce_baseline"))
     assert stats.n_rollouts == 3 and stats.n_rollouts_incomplete == 1
     assert [(s.rollout_id, s.advantage) for s in samples] == [("r1", 0.5), ("r1", 0.5), ("r2", -0.5)]
@@ -67,7 +68,7 @@ def test_missing_token_ids_are_retokenized_with_the_chat_template_and_counted(
     rows = [make_row("a", reward=1.0, prompt="what is 2+2?", response="4"),
             make_row("b", reward=0.0, prompt="what is 2+2?", response="5")]
     write_rows(tmp_path, rows)
-    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    table = load_transitions(connect_readonly(parse_store(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig())
     assert stats.n_retokenized == 2 and all(s.retokenized and s.rollout_logprobs is None for s in samples)
     a = samples[0]
@@ -84,7 +85,7 @@ def test_truncation_keeps_the_end_of_the_prompt_and_the_start_of_the_response(
                      logprobs=[-0.1 * i for i in range(10)]),
             make_row("b", reward=0.0, prompt_ids=list(range(10, 13)), response_ids=list(range(50, 53)))]
     write_rows(tmp_path, rows)
-    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    table = load_transitions(connect_readonly(parse_store(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig(max_prompt_tokens=5, max_response_tokens=4))
     a = next(s for s in samples if s.rollout_id == "a")
     assert a.prompt_ids == list(range(25, 30))
@@ -98,7 +99,7 @@ def test_zero_variance_groups_are_dropped_and_counted(tmp_path, make_row, write_
     rows = [make_row(f"r{i}", task_id="same", reward=1.0, prompt_ids=_ids(3), response_ids=_ids(3))
             for i in range(3)]
     write_rows(tmp_path, rows)
-    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    table = load_transitions(connect_readonly(parse_store(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig())
     assert samples == [] and stats.n_groups_zero_variance == 1 and stats.n_rollouts_zero_variance == 3
 
@@ -115,7 +116,7 @@ def test_retokenized_rows_render_tools_with_the_chat_template(tmp_path, make_row
     rows[0]["tools"] = rows[1]["tools"] = json.dumps(tools)
     rows[0]["response_message"] = json.dumps(call)
     write_rows(tmp_path, rows)
-    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    table = load_transitions(connect_readonly(parse_store(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig())
     assert stats.n_retokenized == 2
     a = next(s for s in samples if s.rollout_id == "a")
@@ -130,7 +131,7 @@ def test_calls_without_a_version_count_as_the_base_model(tmp_path, make_row, wri
     rows[0]["policy_version"] = None  # served as plain "policy" before anything was published
     rows[0]["model"] = "policy"
     write_rows(tmp_path, rows)
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     assert load_transitions(con, (0, 0)).column("rollout_id").to_pylist() == ["base"]
     assert load_transitions(con, (0, 0), unversioned=-1).num_rows == 0
     assert load_transitions(con, (1, 1)).column("rollout_id").to_pylist() == ["v1"]
@@ -144,6 +145,6 @@ def test_rows_with_nanosecond_timestamps_build_samples(tmp_path, make_row, write
     for i, r in enumerate(rows):
         r["started_at"], r["ended_at"] = t0 + i, t0 + 1000 + i
     write_rows(tmp_path, rows)
-    table = load_transitions(connect_readonly(str(tmp_path)), (0, 0))
+    table = load_transitions(connect_readonly(parse_store(tmp_path)), (0, 0))
     samples, stats = build_samples(table, tokenizer, DatasetConfig())
     assert stats.n_rollouts == 2 and sorted(s.rollout_id for s in samples) == ["r0", "r1"]

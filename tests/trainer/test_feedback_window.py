@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.views import connect_readonly
 from trainer.dataset import load_transitions
 from trainer.feedback_window import RolloutEnd, feedback_split, parse_duration, rollout_ends, split_by_window
@@ -86,7 +87,7 @@ def test_the_trainer_sees_a_rollouts_latest_conversion(tmp_path: Path, write_row
         store,
         [_row(make_row, "late-fb", ended=NOW - 2 * HOUR, source="side_channel", conversion=2, reward=1.0)],
     )
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     rows = load_transitions(con, (0, 0))
     con.close()
     ends = {r.rollout_id: r for r in rollout_ends(rows)}
@@ -137,7 +138,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     assert not any(
         t.startswith("silent-") for t in sel["transition_ids"]
     )  # left out, not trained on the fill
-    m0 = json.loads(read_rounds(layout)[0]["metrics"])
+    m0 = json.loads(read_rounds(layout.location)[0]["metrics"])
     n_wait, n_silent = len({r["rollout_id"] for r in waiting}), len({r["rollout_id"] for r in silent})
     assert (m0["n_rollouts_feedback_waiting"], m0["n_rollouts_unrewarded_at_close"]) == (n_wait, n_silent)
     assert f"feedback_waiting={n_wait} unrewarded_at_close={n_silent}" in lines[-1]
@@ -153,7 +154,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     assert out.status == "trained" and out.round == 1
     sel1 = read_selection(layout, 1)
     assert {r["rollout_id"] for r in waiting} <= set(sel1["rollout_ids"])
-    m1 = json.loads(read_rounds(layout)[1]["metrics"])
+    m1 = json.loads(read_rounds(layout.location)[1]["metrics"])
     stale_calls = len(waiting)  # every call of the policy@0 rollouts, one version behind round 1
     assert m1["staleness"] == {"0": len(done1), "1": stale_calls}  # trained, and as stale: not dropped
     assert m1["n_stale_no_logprobs"] == 0 and m1["n_rollouts_feedback_waiting"] == len(

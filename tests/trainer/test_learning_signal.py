@@ -90,7 +90,7 @@ def test_expected_reward_rises_over_rounds(tmp_path: Path, tiny_model_dir, token
     final = AutoModelForCausalLM.from_pretrained(policy_dir).eval()
     history.append(expected_reward(final, p_ids, target_mask(final.config.vocab_size)))
     print("expected reward per policy version:", [round(h, 4) for h in history])
-    rounds = read_rounds(layout)
+    rounds = read_rounds(layout.location)
     assert [r["policy_version"] for r in rounds.values()] == list(range(ROUNDS))
     assert history[-1] >= history[0] + MARGIN, history
     # the sampled reward recorded in the manifest moves the same way as the exact one

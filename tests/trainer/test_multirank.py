@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from store.layout import StoreLayout
+from store.location import parse_store
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import Sample, assign_weights
 from trainer.distributed import step_plan
@@ -96,7 +97,7 @@ def test_two_ranks_train_the_same_round_as_one_process(tmp_path, write_rows, mak
         assert m2["metrics"][key] == pytest.approx(m1["metrics"][key], rel=1e-4, abs=1e-7), key
     assert not list(StoreLayout.at(stores[2]).checkpoints.glob(".policy-*"))  # the work dir is gone
 
-    row = read_rounds(StoreLayout.at(stores[2]))[0]
+    row = read_rounds(StoreLayout.at(stores[2]).location)[0]
     metrics = json.loads(row["metrics"])
     assert metrics["nproc"] == 2 and metrics["tokens"] == m1["metrics"]["tokens"] > 0
     assert metrics["tokens_per_s"] > 0 and metrics["n_retokenized"] == 0 and metrics["n_samples"] == len(rows)
@@ -126,8 +127,8 @@ def test_a_failing_rank_is_a_train_error_naming_its_error(tmp_path, write_rows, 
     assert err.count("Error: Target modules {'no_such_proj'}") <= 1
 
     layout = StoreLayout.at(store)
-    assert read_rounds(layout)[0]["status"] == "failed" and read_rounds(layout)[0]["metrics"] is None
-    assert Path(selection_path(layout, 0)).exists() and not checkpoint_dir(layout.checkpoints, 1).exists()
+    assert read_rounds(layout.location)[0]["status"] == "failed" and read_rounds(layout.location)[0]["metrics"] is None
+    assert Path(selection_path(layout.location, 0)).exists() and not checkpoint_dir(layout.checkpoints, 1).exists()
     assert not list(layout.checkpoints.glob(".policy-*"))  # the work dir is removed on failure too
 
 
@@ -201,14 +202,14 @@ def test_kill_during_a_multirank_round_stops_the_ranks_and_the_rerun_resumes(
     layout = StoreLayout.at(store)
     # had the ranks outlived the parent, they would have finished: rank 0 writes result.json last
     assert not list(layout.checkpoints.glob(".policy-*/result.json"))
-    assert read_rounds(layout)[0]["status"] == "started"
+    assert read_rounds(layout.location)[0]["status"] == "started"
     assert not checkpoint_dir(layout.checkpoints, 1).exists()
-    selection = Path(selection_path(layout, 0)).read_text()
+    selection = Path(selection_path(layout.location, 0)).read_text()
 
     logs: list[str] = []
     out = run_once(train_settings(store, nproc=2, **FAST), log=logs.append)
     assert out.status == "trained" and any("(resumed)" in m for m in logs)
-    assert Path(selection_path(layout, 0)).read_text() == selection  # the same rollouts, not a new pick
+    assert Path(selection_path(layout.location, 0)).read_text() == selection  # the same rollouts, not a new pick
     assert read_manifest(checkpoint_dir(layout.checkpoints, 1))["metrics"]["optimizer_steps"] == 2
     assert not list(layout.checkpoints.glob(".policy-*"))  # the killed run's work dir is cleaned up
 
@@ -234,9 +235,9 @@ def test_rounds_files_written_before_the_metrics_column_still_read(tmp_path):
     path = StoreLayout.at(store).partition("rounds", "2026-01-01") / "round-000000.parquet"
     path.parent.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([row], schema=old_schema), path)
-    got = read_rounds(StoreLayout.at(store))[0]
+    got = read_rounds(StoreLayout.at(store).location)[0]
     assert got["metrics"] is None and got["loss"] == 0.1
-    assert "trained" in format_table(round_rows(str(store)))
+    assert "trained" in format_table(round_rows(parse_store(store)))
 
 
 def param_names(model_dir: Path) -> list[str]:

@@ -38,7 +38,7 @@ def test_a_round_is_published_to_the_embedded_server(tmp_path, server, tiny_mode
                      server=server.url)
     out = run_once(s, publisher=server_publisher(server.url), log=lambda m: None)
     assert out.status == "published"
-    assert read_rounds(StoreLayout.at(store))[0]["published_at"] is not None
+    assert read_rounds(StoreLayout.at(store).location)[0]["published_at"] is not None
 
     models = [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
     assert ("policy@1" in models) == lora

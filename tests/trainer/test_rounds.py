@@ -45,7 +45,7 @@ def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, w
     assert (first.status, first.round, second.status, second.round) == ("published", 0, "published", 1)
 
     layout = StoreLayout.at(store)
-    rounds = read_rounds(layout)
+    rounds = read_rounds(layout.location)
     assert [r["status"] for r in rounds.values()] == ["published", "published"]
     assert [r["policy_version"] for r in rounds.values()] == [0, 1]
     assert rounds[1]["n_rollouts"] == 12 and rounds[1]["n_transitions"] == len(v1)
@@ -60,7 +60,7 @@ def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, w
         assert man["round"] == k and man["publishes"] == f"policy@{k + 1}" and man["adapter"] is False
         assert "git_sha" in man and man["settings"]["lr"] == 1e-3
     # the second round trained on version-1 rollouts only
-    sel1 = json.loads(Path(selection_path(layout, 1)).read_text())
+    sel1 = json.loads(Path(selection_path(layout.location, 1)).read_text())
     assert set(sel1["rollout_ids"]) == {r["rollout_id"] for r in v1}
     assert set(sel1["transition_ids"]) == {r["transition_id"] for r in v1}
     assert [(p.name, p.version, p.adapter) for p in published] == [("policy@1", 1, False), ("policy@2", 2, False)]
@@ -86,7 +86,7 @@ def test_two_rounds_end_to_end_then_rerun_is_a_no_op(tmp_path, tiny_model_dir, w
     write_rows(store, more_v2)
     third = run_once(s, publisher=published.append, log=lambda m: None)
     assert (third.status, third.round) == ("published", 2)
-    sel2 = json.loads(Path(selection_path(layout, 2)).read_text())
+    sel2 = json.loads(Path(selection_path(layout.location, 2)).read_text())
     assert set(sel2["rollout_ids"]) == {r["rollout_id"] for r in v2 + more_v2}
     assert published[-1].name == "policy@3"
 
@@ -111,16 +111,16 @@ def test_kill_during_a_round_then_rerun_resumes_and_finishes(tmp_path, tiny_mode
     assert proc.returncode == -9, proc.stderr
     assert "killing after optimizer step 1" in proc.stdout
     layout = StoreLayout.at(store)
-    assert read_rounds(layout)[0]["status"] == "started"
+    assert read_rounds(layout.location)[0]["status"] == "started"
     assert not checkpoint_dir(layout.checkpoints, 1).exists()
-    selection = Path(selection_path(layout, 0)).read_text()
+    selection = Path(selection_path(layout.location, 0)).read_text()
 
     logs: list[str] = []
     out = run_once(train_settings(store, pack_tokens=64, steps_per_epoch=3), log=logs.append)
     assert out.status == "trained" and out.round == 0 and out.trained
     assert any("(resumed)" in m for m in logs)
-    assert Path(selection_path(layout, 0)).read_text() == selection  # the same rollouts, not a new pick
-    assert read_rounds(layout)[0]["status"] == "trained"
+    assert Path(selection_path(layout.location, 0)).read_text() == selection  # the same rollouts, not a new pick
+    assert read_rounds(layout.location)[0]["status"] == "trained"
     assert read_manifest(checkpoint_dir(layout.checkpoints, 1))["metrics"]["optimizer_steps"] == 3
     assert not list(layout.checkpoints.glob(".policy-*"))  # no temp dirs left behind
 
@@ -133,15 +133,15 @@ def test_checkpoint_renamed_before_the_kill_is_adopted_not_retrained(tmp_path, w
     s = train_settings(store)
     run_once(s, log=lambda m: None)
     layout = StoreLayout.at(store)
-    row = read_rounds(layout)[0]
-    write_round(layout, {**row, "status": "started"})  # as if killed between rename and manifest update
+    row = read_rounds(layout.location)[0]
+    write_round(layout.location, {**row, "status": "started"})  # as if killed between rename and manifest update
     ckpt = checkpoint_dir(layout.checkpoints, 1)
     mtime = (ckpt / "model.safetensors").stat().st_mtime_ns
     logs: list[str] = []
     out = run_once(s, log=logs.append)
     assert out.status == "trained" and any("adopting checkpoint" in m for m in logs)
     assert (ckpt / "model.safetensors").stat().st_mtime_ns == mtime
-    assert read_rounds(layout)[0]["loss"] == pytest.approx(row["loss"])
+    assert read_rounds(layout.location)[0]["loss"] == pytest.approx(row["loss"])
 
 
 @pytest.mark.slow
@@ -157,21 +157,21 @@ def test_a_trained_but_unpublished_round_is_published_by_the_next_run(tmp_path, 
     with pytest.raises(ConnectionError):
         run_once(s, publisher=down, log=lambda m: None)
     layout = StoreLayout.at(store)
-    assert read_rounds(layout)[0]["status"] == "trained"
+    assert read_rounds(layout.location)[0]["status"] == "trained"
     got: list[PublishRequest] = []
     out = run_once(s, publisher=got.append, log=lambda m: None)
     assert out.status == "published" and not out.trained and [g.name for g in got] == ["policy@1"]
-    assert read_rounds(layout)[0]["published_at"] is not None
+    assert read_rounds(layout.location)[0]["published_at"] is not None
 
 
 @pytest.mark.slow
 def test_a_held_lock_makes_once_a_no_op(tmp_path, write_rows, make_rollouts, train_settings):
     store = tmp_path / "store"
     write_rows(store, make_rollouts(0))
-    with train_lock(StoreLayout.at(store)) as got:
+    with train_lock(StoreLayout.at(store).location) as got:
         assert got
         out = run_once(train_settings(store), log=lambda m: None)
-    assert out.status == "locked" and read_rounds(StoreLayout.at(store)) == {}
+    assert out.status == "locked" and read_rounds(StoreLayout.at(store).location) == {}
 
 
 @pytest.mark.slow
@@ -188,7 +188,7 @@ def test_lora_rounds_write_adapters_and_chain(tmp_path, write_rows, make_rollout
         assert (ckpt / "adapter_config.json").exists() and (ckpt / "adapter_model.safetensors").exists()
         assert not (ckpt / "model.safetensors").exists()
     assert [g.adapter for g in got] == [True, True]
-    rounds = read_rounds(layout)
+    rounds = read_rounds(layout.location)
     assert rounds[1]["kl"] > 0.0  # round 1 starts from round 0's adapter: it has moved away from the base
 
     from safetensors.torch import load_file
@@ -242,7 +242,7 @@ def test_watch_trains_each_version_as_its_transitions_arrive(tmp_path, write_row
               log=lambda m: None, sleep=sleep)
     assert n == 2 and naps == [0.5]
     assert [g.name for g in got] == ["policy@1", "policy@2"]
-    rounds = read_rounds(StoreLayout.at(store))
+    rounds = read_rounds(StoreLayout.at(store).location)
     assert [(r["round"], r["status"]) for r in rounds.values()] == [(0, "published"), (1, "published")]
 
 
@@ -262,8 +262,8 @@ def test_staleness_lets_a_round_use_unused_older_rollouts_once(tmp_path, write_r
     write_rows(store, late_v0 + v1)
     run_once(s, log=lambda m: None)
     layout = StoreLayout.at(store)
-    sel0 = set(json.loads(Path(selection_path(layout, 0)).read_text())["rollout_ids"])
-    sel1 = set(json.loads(Path(selection_path(layout, 1)).read_text())["rollout_ids"])
+    sel0 = set(json.loads(Path(selection_path(layout.location, 0)).read_text())["rollout_ids"])
+    sel1 = set(json.loads(Path(selection_path(layout.location, 1)).read_text())["rollout_ids"])
     assert sel0 == {r["rollout_id"] for r in v0}
     assert sel1 == {r["rollout_id"] for r in late_v0 + v1}  # old-but-unused in, already-used out
     assert not sel0 & sel1

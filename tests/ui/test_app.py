@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 from tracerl_testing import BIN
 from ui_testing import XSS_PROMPT, XSS_ROLLOUT, XSS_TASK, ensure_hostile_rollout, store_sql
 
+from store.location import parse_store
 from store.views import connect_readonly
 from ui.app import COOKIE, UiConfig, make_app
 
@@ -33,7 +34,7 @@ def store(real_store: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def client(store: Path) -> TestClient:
-    return TestClient(make_app(UiConfig(store=str(store))), follow_redirects=False)
+    return TestClient(make_app(UiConfig(store=parse_store(store))), follow_redirects=False)
 
 
 def _files(store: Path) -> dict[str, tuple[int, int]]:
@@ -62,7 +63,7 @@ def test_every_page_answers_from_the_store_and_never_writes_to_it(client, store)
 def test_a_rollouts_calls_are_the_transitions_views_rows(store):
     from ui.pages import CALLS_SQL
 
-    con = connect_readonly(str(store))
+    con = connect_readonly(parse_store(store))
     try:
         for (rid,) in con.execute("SELECT DISTINCT rollout_id FROM transitions").fetchall():
             view = con.execute("SELECT transition_id FROM transitions WHERE rollout_id = ? ORDER BY step, "
@@ -99,7 +100,7 @@ def test_strings_from_spans_reach_the_html_escaped(client):
 
 
 def test_the_token_works_from_a_browser_once_then_as_an_httponly_cookie(store):
-    c = TestClient(make_app(UiConfig(store=str(store), token="s3cret")), follow_redirects=False)
+    c = TestClient(make_app(UiConfig(store=parse_store(store), token="s3cret")), follow_redirects=False)
     assert c.get("/rounds").status_code == 401
     assert c.get("/rounds?token=wrong").status_code == 401
     assert c.get("/healthz").status_code == 200
@@ -109,7 +110,7 @@ def test_the_token_works_from_a_browser_once_then_as_an_httponly_cookie(store):
     assert cookie.startswith(f"{COOKIE}=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
     assert "s3cret" not in cookie
     assert c.get("/rollouts?version=1").status_code == 200  # the client now sends the cookie
-    fresh = TestClient(make_app(UiConfig(store=str(store), token="s3cret")))
+    fresh = TestClient(make_app(UiConfig(store=parse_store(store), token="s3cret")))
     assert fresh.get("/rounds", headers={"authorization": "Bearer s3cret"}).status_code == 200
     assert fresh.get("/rounds", headers={"authorization": "Bearer nope"}).status_code == 401
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from ui_testing import XSS_PROMPT, XSS_REPLY, XSS_TASK, add_rollout, ensure_hostile_rollout, store_sql
 
+from store.location import parse_store
 from ui.app import UiConfig, serve
 from ui.colors import ADVANTAGE_SCALE, LOGPROB_SCALE, advantage_bucket, logprob_bucket
 
@@ -38,7 +39,7 @@ def _rgb(hex_colour: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(real_store: Path) -> Iterator[str]:
-    running = serve(UiConfig(store=str(real_store), poll_s=0.5), port=0)
+    running = serve(UiConfig(store=parse_store(real_store), poll_s=0.5), port=0)
     yield running.url
     running.stop(grace_s=1)
 
@@ -248,7 +249,7 @@ def test_the_doctor_page_shows_what_doctor_finds_with_each_fix(server, browser, 
     from span_to_transition.doctor import diagnose
     from span_to_transition.survey import gather
 
-    findings = diagnose(gather(str(real_store)))
+    findings = diagnose(gather(parse_store(real_store)))
     d = browser
     d.get(server + "/doctor")
     d.find_element(By.TAG_NAME, "h1")  # the page is there

@@ -10,14 +10,13 @@ next start replays the log, so nothing acknowledged is lost.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from dataclasses import dataclass
 
+from options import UsageError, add_options, from_args, from_fields, opt
 from span_to_transition.convert import ConvertConfig
 from store.layout import default_store
 from store.location import is_uri
-from tracerl.options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\
@@ -64,12 +63,11 @@ def run(args: argparse.Namespace) -> int:
     http_addr = None if cfg.http == "off" else cfg.http
     if not grpc_addr and not http_addr:
         raise UsageError("both receivers are off; enable --grpc or --http")
-    settings = CollectorSettings(
-        store=cfg.store, wal=cfg.wal, grpc=grpc_addr, http=http_addr, token=cfg.token, tls_cert=cfg.tls_cert,
-        tls_key=cfg.tls_key, max_segment_age_s=cfg.segment_age_s,
+    settings = from_fields(  # store, wal, token, tls_*: by name; the rest in the collector's units
+        CollectorSettings, cfg, grpc=grpc_addr, http=http_addr, max_segment_age_s=cfg.segment_age_s,
         max_backlog_bytes=cfg.max_backlog_mb << 20, min_free_disk_bytes=cfg.min_free_disk_mb << 20,
     )
-    convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
+    convert_cfg = from_fields(ConvertConfig, cfg)
     try:
         convert_cfg.validate()
     except ValueError as e:
@@ -82,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if cfg.convert:
         from span_to_transition.store import ConvertLoop
 
-        loop = ConvertLoop(cfg.store, convert_cfg, every_s=cfg.convert_every_s).start()
+        loop = ConvertLoop(collector.compactor.out, convert_cfg, every_s=cfg.convert_every_s).start()
     parts = []
     if grpc_addr:
         parts.append(f"OTLP/gRPC {collector.grpc_endpoint}")

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from options import UsageError, add_options, from_args, from_fields, opt
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.store import convert_store
 from store.layout import default_store
 from store.location import parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:
@@ -53,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(ConvertCommandConfig, args)
-    convert_cfg = ConvertConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(ConvertConfig)})
+    convert_cfg = from_fields(ConvertConfig, cfg)
     try:
         convert_cfg.validate()
     except ValueError as e:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if loc.fs.get_file_info(loc.table("spans")).type != pafs.FileType.Directory:
         raise UsageError(f"--store {cfg.store} has no spans/ directory; point --store (or TRACERL_STORE) at the "
                          "directory (or s3://bucket/prefix) `tracerl collect --store` writes")
-    stats = convert_store(cfg.store, convert_cfg, rebuild=cfg.rebuild)
+    stats = convert_store(loc, convert_cfg, rebuild=cfg.rebuild)
     if cfg.json:
         print(json.dumps(dataclasses.asdict(stats), indent=2))
     else:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-from tracerl.options import add_options, from_args
+from options import add_options, from_args
 
 EPILOG = """\
 examples:

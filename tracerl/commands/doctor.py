@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from options import UsageError, add_options, from_args, opt
 from span_to_transition.convert import ConvertConfig
 from store.layout import default_store
 from store.location import parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 from trainer.advantages import AUTO, ESTIMATORS
 from trainer.config import TrainSettings
 
@@ -81,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     facts = gather(
-        cfg.store,
+        loc,
         cfg.quiet_s,
         cfg.max_wait_s,
-        wal_backlog_bytes=collect_status(cfg.store)["wal"]["backlog_bytes"],
+        wal_backlog_bytes=collect_status(loc)["wal"]["backlog_bytes"],
         estimator=cfg.estimator,
         feedback_window_s=window_s,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from tracerl.options import UsageError, add_options, from_args, opt
+from options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\

@@ -17,10 +17,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from options import UsageError, add_options, from_args, opt
 from serving.models.pretrained import (
     SOURCES,  # names only: the module imports no ML library until it converts
 )
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:

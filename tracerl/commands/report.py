@@ -12,8 +12,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.layout import default_store, locate
-from tracerl.options import add_options, from_args, opt
+from options import add_options, from_args, opt
+from store.layout import default_store
+from store.location import parse_store
 
 
 @dataclass
@@ -34,16 +35,16 @@ def run(args: argparse.Namespace) -> int:
     from trainer.report import format_table, plot, round_rows
 
     cfg = from_args(ReportConfig, args)
-    rows = round_rows(cfg.store)
-    judged = format_judge(judge_report(cfg.store, cfg.judge_name, cfg.pass_threshold))
+    where = parse_store(cfg.store)
+    rows = round_rows(where)
+    judged = format_judge(judge_report(where, cfg.judge_name, cfg.pass_threshold))
     if judged:
         print(judged + "\n")
     if not rows:
-        print(f"no rounds in {locate(cfg.store).table('rounds')} yet; run 'tracerl train --once' first")
+        print(f"no rounds in {where.table('rounds')} yet; run 'tracerl train --once' first")
         return 0
     print(format_table(rows))
     if cfg.plot:
-        where = locate(cfg.store)
         out = Path(cfg.out) if cfg.out else Path(where.root) / "report.png" if where.is_local else Path("report.png")
         print(f"wrote {plot(rows, out)}")
     return 0

@@ -13,11 +13,12 @@ import argparse
 import sys
 import threading
 
+from options import UsageError, add_options, from_args, from_fields
 from rollout.driver import Driver, RolloutConfig, run_rollouts
 from rollout.records import format_summary, summarize
 from rollout.rewards import load_reward_fn
 from rollout.tasks import load_tasks
-from tracerl.options import UsageError, add_options, from_args
+from store.location import parse_store
 from tracerl.signals import drain_then_interrupt, interrupt_on_signals
 
 EPILOG = """\
@@ -56,11 +57,13 @@ def run(args: argparse.Namespace) -> int:
                          "tracerl rollout --tasks tasks.jsonl -- opentelemetry-instrument python agent.py")
     tasks = load_tasks(cfg.tasks)
     reward_fn = load_reward_fn(cfg.reward) if cfg.reward else None
-    driver = Driver(command=command, tasks=tasks, n=cfg.n, concurrency=cfg.concurrency, collector=cfg.collector,
-                    otlp=cfg.otlp, otlp_protocol=cfg.otlp_protocol, gateway=cfg.gateway, reward_fn=reward_fn,
-                    reward_name=cfg.reward_name, reward_retries=cfg.reward_retries,
-                    timeout_s=cfg.timeout_s, retries=cfg.retries, task_via=cfg.task_via, store=cfg.store,
-                    continuous=cfg.continuous, max_rollouts=cfg.max_rollouts)
+    try:  # --store parsed once, here: the driver writes its records through this location
+        store = parse_store(cfg.store)
+    except (OSError, ValueError) as e:  # pyarrow's: an unknown scheme, a malformed URI
+        raise UsageError(f"--store {cfg.store}: {str(e).strip().splitlines()[0]}; give a directory or "
+                         "s3://bucket/prefix") from None
+    # every flag of the same name by name; the ones the command turned into another form, given
+    driver = from_fields(Driver, cfg, command=command, tasks=tasks, reward_fn=reward_fn, store=store)
     if cfg.continuous:  # stopping is how a continuous run ends: let the running agents finish
         stop = threading.Event()
 

@@ -18,7 +18,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracerl.options import UsageError, add_options, from_args, opt
+from options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
 
 EPILOG = """\

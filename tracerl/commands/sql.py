@@ -13,8 +13,8 @@ import json
 import sys
 from dataclasses import dataclass
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import default_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:
@@ -70,16 +70,17 @@ def run(args: argparse.Namespace) -> int:
     from store.views import connect_readonly, view_sql
 
     cfg = from_args(SqlConfig, args)
+    loc = parse_store(cfg.store)  # --store parsed once
     if cfg.views:
-        print(view_sql(cfg.store))
+        print(view_sql(loc))
         return 0
     query = sys.stdin.read() if args.query == "-" else args.query
     if not query:
         raise UsageError('give a query, e.g. tracerl sql "SELECT count(*) FROM spans"')
-    if not parse_store(cfg.store).exists():
+    if not loc.exists():
         raise UsageError(f"no store at {cfg.store}; pass --store DIR (or set TRACERL_STORE) to the directory "
                          "or s3://bucket/prefix `tracerl collect` writes")
-    con = connect_readonly(cfg.store)
+    con = connect_readonly(loc)
     try:
         kinds = {s.type.name for s in con.extract_statements(query)}
         if kinds - READ_ONLY_STATEMENTS:

@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import StoreLayout, default_store
-from store.location import parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
+from store.location import StoreLocation, parse_store
 
 
 @dataclass
@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_options(parser, StatusConfig)
 
 
-def collect_status(store: str, wal: str = "") -> dict:
+def collect_status(loc: StoreLocation, wal: str = "") -> dict:
     import time
 
     from collector_exporter.compactor import COMPACTION_ERROR
@@ -37,13 +37,12 @@ def collect_status(store: str, wal: str = "") -> dict:
     from store.lease import lease_states
     from store.views import connect_readonly
 
-    loc = parse_store(store)
-    con = connect_readonly(store)
+    con = connect_readonly(loc)
     counts = {name: con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in TABLES}
     last_received, last_end = con.execute("SELECT max(received_at), max(end_time_ns) FROM spans").fetchone()
     writers, segments, backlog, errors, oldest = [], 0, 0, {}, None
     # the WAL is on each collector's local disk: the store's own when it is local, else the one named
-    wal_root = Path(wal).expanduser() if wal else StoreLayout.at(store).wal if loc.is_local else None
+    wal_root = Path(wal).expanduser() if wal else StoreLayout.at(loc.root).wal if loc.is_local else None
     for d in iter_wal_dirs(wal_root) if wal_root is not None else ():
         segs = list(d.glob("seg-*"))
         writers.append(d.name)
@@ -82,9 +81,10 @@ def _has_boto3() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(StatusConfig, args)
-    if not parse_store(cfg.store).exists():
+    loc = parse_store(cfg.store)  # --store parsed once
+    if not loc.exists():
         raise UsageError(f"no store at {cfg.store}; start `tracerl collect --store {cfg.store}` or pass --store")
-    s = collect_status(cfg.store, cfg.wal)
+    s = collect_status(loc, cfg.wal)
     if cfg.json:
         print(json.dumps(s))
         return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from tracerl.options import UsageError, add_options, from_args
+from options import UsageError, add_options, from_args
 
 EPILOG = """\
 examples:

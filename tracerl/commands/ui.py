@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from options import UsageError, add_options, from_args, opt
 from store.layout import default_store
 from store.location import StoreLocation, parse_store
-from tracerl.options import UsageError, add_options, from_args, opt
 
 EPILOG = """\
 examples:
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     try:
-        server = serve(UiConfig(store=where(loc), token=cfg.api_key or None, tokenizer=cfg.tokenizer or None,
+        server = serve(UiConfig(store=loc, token=cfg.api_key or None, tokenizer=cfg.tokenizer or None,
                                 poll_s=cfg.poll_s), host, port)
     except OSError as e:
         raise UsageError(f"cannot listen on {cfg.listen}: {e.strerror or e}; pick another --listen port") from None

@@ -6,8 +6,10 @@ namespace. Defaults shown by ``--help`` are the dataclass defaults.
 
 ``opt`` is the one settings helper: the stages' own configs (``trainer.config.TrainSettings``,
 ``span_to_transition.convert.ConvertConfig``, ``rollout.driver.RolloutConfig``) declare their fields
-with it too. This module imports only the standard library, so a stage that does pulls in nothing
-else of the CLI.
+with it too. It is the ground floor (DESIGN.md's package table): it imports only the standard
+library and nothing of ours, so every stage and the CLI import it and no arrow runs up into
+``tracerl/``. ``UsageError`` lives here for the same reason: a stage raises it for bad user input
+and the CLI turns it into exit status 2.
 """
 
 from __future__ import annotations
@@ -26,8 +28,15 @@ class UsageError(Exception):
     """Bad input from the user: the CLI exits 2 and prints the message, which names the fix."""
 
 
-def opt(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None,
-        choices: list[str] | None = None, env: str | None = None) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    choices: list[str] | None = None,
+    env: str | None = None,
+) -> Any:
     """A dataclass field with its CLI help; ``env`` names an environment variable default."""
     meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "env": env}
     if isinstance(default, (list, dict, set)):
@@ -55,13 +64,17 @@ def add_options(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, 
         if meta.get("env"):
             help_text += f" [env {meta['env']}]"
         if tp is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=default, help=help_text)
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
             continue
         # a help text that says its own default (or "unset: ...") is not followed by a second one
         says_default = default is None or "default:" in help_text or "unset:" in help_text
-        kw: dict[str, Any] = {"dest": f.name, "default": default,
-                              "help": help_text + ("" if says_default else " (default: %(default)s)")}
+        kw: dict[str, Any] = {
+            "dest": f.name,
+            "default": default,
+            "help": help_text + ("" if says_default else " (default: %(default)s)"),
+        }
         if meta.get("metavar"):
             kw["metavar"] = meta["metavar"]
         if meta.get("choices"):
@@ -83,5 +96,22 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
         default = f.default if f.default is not dataclasses.MISSING else None
         if env and values.get(f.name, default) == default and os.environ.get(env):
             values[f.name] = os.environ[env]
+    values.update(overrides)
+    return cls(**values)
+
+
+def from_fields(cls: type[T], source: Any, **overrides: Any) -> T:
+    """``cls`` built from the same-named fields of another settings object, plus ``overrides``.
+
+    A command's config holds the flags; the stage it runs takes its own settings dataclass. Building
+    one from the other by name (``from_fields(Driver, cfg, tasks=parsed_tasks)``) keeps a new flag from
+    being dropped by a hand-written copy; ``overrides`` give the fields whose value the command turns
+    into another form (a parsed ``--store``, the loaded tasks) or that are named differently.
+    """
+    values = {
+        f.name: getattr(source, f.name)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.init and hasattr(source, f.name)
+    }
     values.update(overrides)
     return cls(**values)
