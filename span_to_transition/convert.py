@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from options import opt
+from schemas.attributes import TASK_ID
 from span_to_transition.agents import CallAgents, compile_agents, is_trainable
 from span_to_transition.chat_messages import message
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
@@ -76,7 +77,7 @@ class ConvertConfig:
 
     def attribute_keys(self) -> tuple[str, ...]:
         """The attributes conversion reads besides the dialects': ``tracerl.task_id`` and ``--task-key``."""
-        return ("tracerl.task_id", *((self.task_key,) if self.task_key else ()))
+        return (TASK_ID, *((self.task_key,) if self.task_key else ()))
 
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""
@@ -174,7 +175,7 @@ def task_id_of(tree: SpanTree, calls: list[LLMCall], task_key: str | None = None
     turns before it, so hashing a part of the prompt (the first user message, say) groups different
     questions by accident; the whole prompt groups exactly the reruns of one request.
     """
-    for key in ("tracerl.task_id", *((task_key,) if task_key else ())):
+    for key in (TASK_ID, *((task_key,) if task_key else ())):
         value = attribute_of(tree, key)
         if value is not None:
             return value
