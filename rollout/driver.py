@@ -27,10 +27,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 from options import UsageError, opt
 from rollout.agent_env import TASK_VIA, agent_argv, agent_env
@@ -225,6 +226,92 @@ def validate(d: Driver) -> None:
                          f"--otlp {d.collector or 'http://127.0.0.1:4318'}")
 
 
+@dataclass
+class _Run:
+    """One driver run's shared state: what every job reads, and the switch that stops new agents."""
+
+    d: Driver
+    run_id: str
+    running: _Running
+    client: Any  # httpx.Client for posting rewards, or None
+    stopping: threading.Event = field(default_factory=threading.Event)  # Ctrl-C or a driver error
+
+
+def _attempts(run: _Run, job: Job, task_json: str) -> tuple[str, AgentResult, list[str], float]:
+    """Run the agent for ``job``, again under a new rollout id while ``--retries`` allows; the last
+    attempt's rollout id and result, the ids retried, and the time all attempts took."""
+    d, tried, attempt, total_s = run.d, [], 0, 0.0
+    while True:
+        if run.stopping.is_set():
+            raise RuntimeError("driver stopping")
+        rid = rollout_id_for(run.run_id, job, attempt)
+        env = agent_env(d.base_env, rollout_id=rid, task_id=job.task.id, task_json=task_json,
+                        otlp=d.otlp, gateway=d.gateway, otlp_protocol=d.otlp_protocol)
+        res = run_agent(agent_argv(d.command, task_json, d.task_via), env,
+                        task_json + "\n" if d.task_via == "stdin" else None, d.timeout_s, run.running)
+        total_s += res.duration_s
+        if not should_retry(res.status, attempt, d.retries):
+            return rid, res, tried, total_s
+        tried.append(rid)
+        attempt += 1
+
+
+def _one(run: _Run, job: Job) -> RolloutRecord:
+    """One (task, sample): the agent's attempts, then its reward scored and posted to the collector."""
+    d = run.d
+    task_json = json.dumps(job.task.data, ensure_ascii=False)
+    started = datetime.now(timezone.utc).isoformat()
+    rid, res, tried, total_s = _attempts(run, job, task_json)
+    rec = RolloutRecord(rollout_id=rid, task_id=job.task.id, sample=job.sample, status=res.status,
+                        exit_code=res.exit_code, duration_s=round(total_s, 4), attempts=len(tried) + 1,
+                        stderr_tail=res.stderr[-STDERR_TAIL_CHARS:], retried_rollout_ids=tried,
+                        run_id=run.run_id, started_at=started)
+    if res.status == "ok" and d.reward_fn is not None:
+        rec.reward, rec.error = compute_reward(d.reward_fn, job.task.data, res.stdout)
+        if rec.reward is not None and run.client is not None:
+            post_error = post_reward(run.client, d.collector, rid, rec.reward, d.reward_name,
+                                     reward_post_delays(d.reward_retries + 1))
+            rec.reward_posted = post_error is None
+            rec.error = post_error
+    return rec
+
+
+def _schedule(run: _Run, jobs: Iterator[Job], on_done: Callable[[RolloutRecord], None],
+              stop: threading.Event, abort: threading.Event | None) -> dict[tuple[str, int], int]:
+    """Keep ``concurrency`` agents running until the jobs run out (or ``stop``); each finished record
+    goes to ``on_done``. Any error, ``abort`` included, kills the running agents and propagates.
+    Returns each (task, sample)'s position in the plan, to order the records by."""
+    d, order = run.d, {}
+    with ThreadPoolExecutor(max_workers=d.concurrency) as pool:
+        in_flight: set[Future] = set()
+
+        def fill() -> None:
+            while len(in_flight) < d.concurrency and not stop.is_set() and not run.stopping.is_set():
+                job = next(jobs, None)
+                if job is None:
+                    return
+                order[(job.task.id, job.sample)] = job.index
+                in_flight.add(pool.submit(_one, run, job))
+
+        try:
+            fill()
+            while in_flight:
+                done, _ = wait(in_flight, timeout=0.5, return_when=FIRST_COMPLETED)
+                if abort is not None and abort.is_set():
+                    raise RuntimeError("rollouts aborted: their owner stopped")
+                for fut in done:
+                    in_flight.discard(fut)
+                    on_done(fut.result())
+                fill()
+        except BaseException:
+            run.stopping.set()
+            for fut in in_flight:
+                fut.cancel()
+            run.running.kill_all()
+            raise
+    return order
+
+
 def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
                  abort: threading.Event | None = None) -> tuple[list[RolloutRecord], str]:
     """Run every (task, sample), or with ``d.continuous`` the tasks over and over; append a record per
@@ -241,91 +328,29 @@ def run_rollouts(d: Driver, out=None, stop: threading.Event | None = None,
 
     validate(d)
     out = out or sys.stdout
-    stop = stop or threading.Event()
-    run_id = new_run_id()
-    log = JsonLines(d.store, "rollouts", f"driver-{run_id}")  # through store/: a local file, or a bucket's objects
+    run = _Run(d, new_run_id(), _Running(), httpx.Client(timeout=10.0) if d.collector and d.reward_fn else None)
+    log = JsonLines(d.store, "rollouts", f"driver-{run.run_id}")  # through store/: a local file, or a bucket's objects
     jobs: Iterator[Job] = job_stream(d.tasks, d.n, d.max_rollouts) if d.continuous else iter(plan_jobs(d.tasks, d.n))
-    total = (d.max_rollouts or None) if d.continuous else len(d.tasks) * d.n
-    running = _Running()
-    client = httpx.Client(timeout=10.0) if d.collector and d.reward_fn else None
-    lock = threading.Lock()
-    records: list[RolloutRecord] = []
-    order: dict[tuple[str, int], int] = {}
-    stopping = threading.Event()  # set on Ctrl-C or a driver error: start no new agent
-
-    def one(job: Job) -> RolloutRecord:
-        task_json = json.dumps(job.task.data, ensure_ascii=False)
-        started = datetime.now(timezone.utc).isoformat()
-        tried: list[str] = []
-        attempt = 0
-        total_s = 0.0
-        while True:
-            if stopping.is_set():
-                raise RuntimeError("driver stopping")
-            rid = rollout_id_for(run_id, job, attempt)
-            env = agent_env(d.base_env, rollout_id=rid, task_id=job.task.id, task_json=task_json,
-                            otlp=d.otlp, gateway=d.gateway, otlp_protocol=d.otlp_protocol)
-            res = run_agent(agent_argv(d.command, task_json, d.task_via), env,
-                            task_json + "\n" if d.task_via == "stdin" else None, d.timeout_s, running)
-            total_s += res.duration_s
-            if not should_retry(res.status, attempt, d.retries):
-                break
-            tried.append(rid)
-            attempt += 1
-        rec = RolloutRecord(rollout_id=rid, task_id=job.task.id, sample=job.sample, status=res.status,
-                            exit_code=res.exit_code, duration_s=round(total_s, 4), attempts=attempt + 1,
-                            stderr_tail=res.stderr[-STDERR_TAIL_CHARS:], retried_rollout_ids=tried,
-                            run_id=run_id, started_at=started)
-        if res.status == "ok" and d.reward_fn is not None:
-            rec.reward, rec.error = compute_reward(d.reward_fn, job.task.data, res.stdout)
-            if rec.reward is not None and client is not None:
-                post_error = post_reward(client, d.collector, rid, rec.reward, d.reward_name,
-                                         reward_post_delays(d.reward_retries + 1))
-                rec.reward_posted = post_error is None
-                rec.error = post_error
-        return rec
-
-    bar = tqdm(total=total, unit="rollout", desc="rollouts", file=sys.stderr,
+    bar = tqdm(total=(d.max_rollouts or None) if d.continuous else len(d.tasks) * d.n, unit="rollout",
+               desc="rollouts", file=sys.stderr,
                disable=(not sys.stderr.isatty()) if d.progress is None else not d.progress)
+    records: list[RolloutRecord] = []
     tally = Tally()
+
+    def done(rec: RolloutRecord) -> None:  # on the driver's thread: no lock needed
+        records.append(rec)
+        log.append(asdict(rec))
+        tally.add(rec)
+        bar.set_postfix(ok=tally.ok, failed=tally.failed,
+                        reward="n/a" if tally.mean_reward is None else f"{tally.mean_reward:.3f}")
+        bar.update(1)
+
     try:
-        with log, ThreadPoolExecutor(max_workers=d.concurrency) as pool:
-            in_flight: set[Future] = set()
-
-            def fill() -> None:
-                while len(in_flight) < d.concurrency and not stop.is_set() and not stopping.is_set():
-                    job = next(jobs, None)
-                    if job is None:
-                        return
-                    order[(job.task.id, job.sample)] = job.index
-                    in_flight.add(pool.submit(one, job))
-
-            try:
-                fill()
-                while in_flight:
-                    done, _ = wait(in_flight, timeout=0.5, return_when=FIRST_COMPLETED)
-                    if abort is not None and abort.is_set():
-                        raise RuntimeError("rollouts aborted: their owner stopped")
-                    for fut in done:
-                        in_flight.discard(fut)
-                        rec = fut.result()
-                        with lock:
-                            records.append(rec)
-                            log.append(asdict(rec))
-                        tally.add(rec)
-                        bar.set_postfix(ok=tally.ok, failed=tally.failed,
-                                        reward="n/a" if tally.mean_reward is None else f"{tally.mean_reward:.3f}")
-                        bar.update(1)
-                    fill()
-            except BaseException:
-                stopping.set()
-                for fut in in_flight:
-                    fut.cancel()
-                running.kill_all()
-                raise
+        with log:
+            order = _schedule(run, jobs, done, stop or threading.Event(), abort)
     finally:
         bar.close()
-        if client is not None:
-            client.close()
+        if run.client is not None:
+            run.client.close()
     records.sort(key=lambda r: order[(r.task_id, r.sample)])
     return records, log.path
