@@ -1,0 +1,178 @@
+"""Canary routing: a share of rollouts to the candidate, sticky per rollout, the arm on every span."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from serving.gateway.canary import (
+    ARM_ATTRIBUTE,
+    CANDIDATE,
+    SERVING,
+    arm_for,
+    canary_route,
+    parse_upstream_for,
+    session_from_baggage,
+)
+from serving.gateway.proxy import Gateway, GatewayConfig
+
+from .helpers import chat_answer, scripted_upstream, wait_for
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def within_binomial(hits: int, n: int, p: float, z: float = 4.0) -> bool:
+    return abs(hits - n * p) <= z * math.sqrt(n * p * (1 - p))
+
+
+def trace_ids(n: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [f"{rng.getrandbits(128):032x}" for _ in range(n)]
+
+
+def test_the_split_holds_within_binomial_tolerance_and_each_key_keeps_its_arm():
+    keys = trace_ids(20000, 0)
+    for fraction in (0.05, 0.2, 0.5):
+        arms = [arm_for(k, fraction) for k in keys]
+        assert within_binomial(arms.count(CANDIDATE), len(keys), fraction), (fraction, arms.count(CANDIDATE))
+        assert arms == [arm_for(k, fraction) for k in keys]  # sticky: a pure function of the key
+    # nested: raising the share only moves keys to the candidate
+    small, large = ({k for k in keys if arm_for(k, f) == CANDIDATE} for f in (0.1, 0.3))
+    assert small < large
+    assert {arm_for(k, 0.0) for k in keys[:100]} == {SERVING} and {arm_for(k, 1.0) for k in keys[:100]} == {
+        CANDIDATE
+    }
+    # no key: each call draws its own
+    assert (
+        arm_for(None, 0.5, rand=lambda: 0.1) == CANDIDATE and arm_for(None, 0.5, rand=lambda: 0.9) == SERVING
+    )
+
+
+def test_route_and_flags_parse_with_errors_that_name_the_fix():
+    route = canary_route(parse_upstream_for(["policy@6=http://b", "policy@5=http://a"]), 0.2)
+    assert (route.serving.version, route.candidate.version, route.base) == ("policy@5", "policy@6", "policy")
+    assert (
+        route.routes("policy")
+        and route.for_model("policy") is None
+        and route.for_model("policy@6") == CANDIDATE
+    )
+    assert not route.routes("other")
+    with pytest.raises(ValueError, match="VERSION=URL"):
+        parse_upstream_for(["policy=http://a"])
+    with pytest.raises(ValueError, match="exactly two"):
+        canary_route(parse_upstream_for(["policy@5=http://a"]), 0.2)
+    with pytest.raises(ValueError, match="one name"):
+        canary_route(parse_upstream_for(["a@5=http://a", "b@6=http://b"]), 0.2)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        route.with_fraction(1.5)
+    assert session_from_baggage("userId=1,session.id=s%201;p=1") == "s 1"
+    assert session_from_baggage("gen_ai.conversation.id=c,session.id=s") == "c"
+    assert session_from_baggage("userId=1") is None
+
+
+def identifying_upstream(delay_s: float = 0.0):
+    """A real HTTP upstream that records the trace id of each call it serves."""
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def handle(h, body):
+        time.sleep(delay_s)
+        with lock:
+            seen.append(h.headers["traceparent"].split("-")[1])
+        h.send_json(200, chat_answer(body["model"]))
+
+    server = scripted_upstream(handle)
+    server.seen = seen  # type: ignore[attr-defined]
+    return server
+
+
+def traceparent(tid: str) -> str:
+    return f"00-{tid}-{secrets.token_hex(8)}-01"
+
+
+def canary_gateway(spans, a, b, fraction: float) -> Gateway:
+    cfg = GatewayConfig(canary=fraction, upstream_for={"policy@5": a.url, "policy@6": b.url})
+    return Gateway(("127.0.0.1", 0), cfg, spans.provider).start_background()
+
+
+def test_gateway_splits_rollouts_sticks_every_call_of_a_trace_and_labels_arm_and_version(spans):
+    a, b = identifying_upstream(), identifying_upstream()
+    gw = canary_gateway(spans, a, b, 0.3)
+    tids = trace_ids(240, 1)
+    try:
+        with httpx.Client(timeout=30) as c:
+
+            def rollout(tid: str) -> None:
+                for _ in range(3):  # a multi-call rollout: one trace
+                    r = c.post(
+                        gw.url + "/v1/chat/completions",
+                        json={"model": "policy", "messages": MSGS},
+                        headers={"traceparent": traceparent(tid)},
+                    )
+                    assert r.status_code == 200, r.text
+
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(rollout, tids))
+        n_calls = 3 * len(tids)
+        got = wait_for(lambda: len(spans.get_finished_spans()) >= n_calls and spans.get_finished_spans())
+    finally:
+        gw.stop()
+        a.shutdown()
+        b.shutdown()
+    on_a, on_b = set(a.seen), set(b.seen)
+    assert not on_a & on_b  # sticky: no trace was served by both arms
+    assert len(a.seen) + len(b.seen) == n_calls and len(on_a | on_b) == len(tids)
+    assert within_binomial(len(on_b), len(tids), 0.3), len(on_b)
+    assert on_b == {t for t in tids if arm_for(t, 0.3) == CANDIDATE}
+    for s in got:
+        arm, up, v = (
+            s.attributes[ARM_ATTRIBUTE],
+            s.attributes["tracerl.upstream"],
+            s.attributes["tracerl.policy_version"],
+        )
+        assert (arm, up, v) in ((SERVING, a.url, 5), (CANDIDATE, b.url, 6))
+        assert (format(s.context.trace_id, "032x") in on_b) == (arm == CANDIDATE)
+
+
+def test_a_promote_in_the_middle_of_calls_loses_none_and_labels_each_where_it_ran(spans):
+    a, b = identifying_upstream(0.3), identifying_upstream(0.3)
+    gw = canary_gateway(spans, a, b, 0.2)
+    tids = trace_ids(40, 2)
+    try:
+        with httpx.Client(timeout=30) as c, ThreadPoolExecutor(40) as pool:
+            post = lambda tid: c.post(  # noqa: E731
+                gw.url + "/v1/chat/completions",
+                json={"model": "policy", "messages": MSGS},
+                headers={"traceparent": traceparent(tid)},
+            )
+            first = [pool.submit(post, t) for t in tids]
+            time.sleep(0.1)  # in flight on both arms
+            r = c.post(gw.url + "/v1/canary", json={"fraction": 1.0})
+            assert r.status_code == 200 and r.json()["fraction"] == 1.0
+            after = list(pool.map(post, tids))
+            assert all(f.result().status_code == 200 for f in first) and all(
+                x.status_code == 200 for x in after
+            )
+            assert c.post(gw.url + "/v1/canary", json={"fraction": "x"}).status_code == 400
+        got = wait_for(lambda: len(spans.get_finished_spans()) >= 80 and spans.get_finished_spans())
+    finally:
+        gw.stop()
+        a.shutdown()
+        b.shutdown()
+    assert len(a.seen) + len(b.seen) == 80  # none lost
+    before_promote = {t for t in tids if arm_for(t, 0.2) == SERVING}
+    assert before_promote and set(a.seen) == before_promote  # the serving arm got only calls sent before
+    for s in got:  # and every span says where its call actually ran
+        arm, up = s.attributes[ARM_ATTRIBUTE], s.attributes["tracerl.upstream"]
+        assert (arm, up, s.attributes["tracerl.policy_version"]) in (
+            (SERVING, a.url, 5),
+            (CANDIDATE, b.url, 6),
+        )
