@@ -176,3 +176,99 @@ def test_a_promote_in_the_middle_of_calls_loses_none_and_labels_each_where_it_ra
             (SERVING, a.url, 5),
             (CANDIDATE, b.url, 6),
         )
+
+
+def test_a_conversation_of_many_traces_stays_on_one_arm(spans):
+    a, b = identifying_upstream(), identifying_upstream()
+    gw = canary_gateway(spans, a, b, 0.5)
+    sessions = [f"conv-{i}" for i in range(30)]
+    session_of = {tid: sid for i, sid in enumerate(sessions) for tid in trace_ids(3, 100 + i)}
+    try:
+        with httpx.Client(timeout=30) as c:
+            for tid, sid in session_of.items():  # each turn its own trace
+                r = c.post(
+                    gw.url + "/v1/chat/completions",
+                    json={"model": "policy", "messages": MSGS},
+                    headers={"traceparent": traceparent(tid), "baggage": f"session.id={sid}"},
+                )
+                assert r.status_code == 200
+        got = wait_for(lambda: len(spans.get_finished_spans()) >= 90 and spans.get_finished_spans())
+    finally:
+        gw.stop()
+        a.shutdown()
+        b.shutdown()
+    arms: dict[str, set[str]] = {}
+    for span in got:
+        arms.setdefault(session_of[format(span.context.trace_id, "032x")], set()).add(
+            span.attributes[ARM_ATTRIBUTE]
+        )
+    assert arms == {sid: {arm_for(sid, 0.5)} for sid in sessions}  # one arm per conversation, by its id
+
+
+@pytest.mark.slow  # loads the tiny model into two servers
+def test_two_real_model_servers_behind_the_canary_each_call_labelled_with_the_weights_that_served_it(
+    spans, tiny_model_dir
+):
+    from serving.embedded.server import EmbeddedServer
+
+    servers = [EmbeddedServer.start(str(tiny_model_dir)) for _ in range(2)]
+    a, b = servers
+    for server, version in ((a, "5"), (b, "6")):  # what the publisher sets after a full-weight reload
+        assert (
+            httpx.post(server.url + "/update_weight_version", json={"new_version": version}).status_code
+            == 200
+        )
+    cfg = GatewayConfig(canary=0.3, upstream_for={"policy@5": a.url, "policy@6": b.url})
+    gw = Gateway(("127.0.0.1", 0), cfg, spans.provider).start_background()
+    tids = trace_ids(80, 3)
+    try:
+        with httpx.Client(timeout=60) as c:
+
+            def rollout(tid: str) -> None:
+                for turn in range(2):
+                    r = c.post(
+                        gw.url + "/v1/chat/completions",
+                        headers={"traceparent": traceparent(tid)},
+                        json={
+                            "model": "policy",
+                            "max_tokens": 3,
+                            "stream": turn == 1,
+                            "messages": [{"role": "user", "content": f"turn {turn}"}],
+                        },
+                    )
+                    assert r.status_code == 200, r.text
+
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(rollout, tids))
+            got = list(
+                wait_for(lambda: len(spans.get_finished_spans()) >= 160 and spans.get_finished_spans(), 30)
+            )
+            # the label is the server's own weight version, not the map's: re-tag b, call a candidate trace
+            httpx.post(b.url + "/update_weight_version", json={"new_version": "9"})
+            time.sleep(0.3)  # past the gateway's version cache (version_max_age_s)
+            tid = next(t for t in tids if arm_for(t, 0.3) == CANDIDATE)
+            c.post(
+                gw.url + "/v1/chat/completions",
+                headers={"traceparent": traceparent(tid)},
+                json={"model": "policy", "max_tokens": 2, "messages": MSGS},
+            )
+            last = wait_for(lambda: len(spans.get_finished_spans()) >= 161 and spans.get_finished_spans()[-1])
+            assert (last.attributes[ARM_ATTRIBUTE], last.attributes["tracerl.policy_version"]) == (
+                CANDIDATE,
+                9,
+            )
+    finally:
+        gw.stop()
+        for s in servers:
+            s.stop()
+    by_trace: dict[str, set[tuple]] = {}
+    for s in got:
+        at = s.attributes
+        seen = (at[ARM_ATTRIBUTE], at["tracerl.upstream"], at["tracerl.policy_version"])
+        assert seen in ((SERVING, a.url, 5), (CANDIDATE, b.url, 6)), (
+            seen
+        )  # exact version from the server itself
+        by_trace.setdefault(format(s.context.trace_id, "032x"), set()).add(seen)
+    assert set(by_trace) == set(tids) and all(len(v) == 1 for v in by_trace.values())  # sticky
+    on_candidate = sum(next(iter(v))[0] == CANDIDATE for v in by_trace.values())
+    assert within_binomial(on_candidate, len(tids), 0.3), on_candidate
