@@ -23,9 +23,15 @@ thread-per-connection server (``--gateway-root`` of an older checkout) gets a sh
 CPU ms per call (``gw cpu``, all gateway processes together) is the figure that does not depend on
 the neighbours.
 
+3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
+   ``--canary`` (both arms on the same upstream, so only the routing differs), measured in the same run
+   after the plain gateway at each client count; each client is one rollout (a fixed ``traceparent``), as
+   an agent's calls are. Target: the routing adds <= 0.5 ms p50 over plain proxying at 64 clients.
+
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
     python bench/gateway.py --calls 0 --workers 2         # sweep, two gateway processes
+    python bench/gateway.py --calls 0 --sweep 64 --canary 0.2   # canary routing vs plain, 64 streams
 """
 
 from __future__ import annotations
@@ -200,8 +206,9 @@ def serve_process(args: argparse.Namespace) -> int:
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
             provider, exporter = recording_provider()  # after the fork: each process exports its own
+            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if args.canary else {}
             config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS,
-                                   reuse_port=args.workers > 1)
+                                   reuse_port=args.workers > 1, canary=args.canary or None, upstream_for=arms)
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
             calm_gc()
     got = []
@@ -261,12 +268,15 @@ async def stream_call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 
 def stream_request(url: str) -> tuple[str, int, bytes]:
-    """(host, port, the bytes of one streaming chat call) for ``url``."""
+    """(host, port, the bytes of one streaming chat call) for ``url``; each client's calls share a trace id
+    (one rollout), so the canary gateway routes them by it."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     payload = json.dumps({"model": "policy", "stream": True, "max_tokens": 16,
                           "messages": [{"role": "user", "content": "Say something."}]}).encode()
+    tp = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01".encode()
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(payload), payload))
+               b"traceparent: %s\r\nContent-Length: %d\r\n\r\n%s"
+               % (f"{host}:{port}".encode(), tp, len(payload), payload))
     return host, int(port), request
 
 
@@ -300,10 +310,11 @@ async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Ph
     return phase
 
 
-def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "") -> tuple[subprocess.Popen, str]:
+def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "",
+                 canary: float = 0.0) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", role, "--tokens", str(args.tokens),
-           "--token-ms", str(args.token_ms), "--upstream", upstream,
-           "--workers", str(1 if root or role == "upstream" else args.workers)]
+           "--token-ms", str(args.token_ms), "--upstream", upstream, "--canary", str(canary),
+           "--workers", str(1 if root or canary or role == "upstream" else args.workers)]
     env = dict(os.environ)
     if root:
         env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
@@ -347,6 +358,8 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     gateways = {"gateway": start_server("gateway", args, up_url)}
     if args.gateway_root:
         gateways["other"] = start_server("gateway", args, up_url, args.gateway_root)
+    if args.canary:
+        gateways["canary"] = start_server("gateway", args, up_url, canary=args.canary)
     rows = []
     try:
         for n in levels:
@@ -367,10 +380,11 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
           f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
           f"gateway spans recorded: {rows[0]['spans'] if rows else {}}")
-    names = [k for k in ("gateway", "other") if rows and k in rows[0]]
+    names = [k for k in ("gateway", "other", "canary") if rows and k in rows[0]]
     for name in names:
         procs = f" ({args.workers} processes)" if args.workers > 1 else ""
-        label = f"this gateway{procs}" if name == "gateway" else f"gateway of {args.gateway_root}"
+        label = (f"this gateway{procs}" if name == "gateway" else f"gateway of {args.gateway_root}"
+                 if name == "other" else f"this gateway routing a canary share of {args.canary:g} (1 process)")
         print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
               f"gw %: the gateway process's share of one core during the phase)")
         print(f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
@@ -387,6 +401,13 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
                   f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}")
             for e in sorted(set(d.errors + g.errors))[:3]:
                 print(f"        error: {e}")
+    if "canary" in names:
+        print("\ncanary routing vs plain proxying, same run (+p50: canary gateway p50 - plain gateway p50)")
+        for r in rows:
+            g, c = r["gateway"], r["canary"]
+            print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms, canary p50 {c.p(0.5):.2f} ms, "
+                  f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64); "
+                  f"gw cpu per call {g.cpu[1] / max(1, g.calls) * 1e3:.2f} vs {c.cpu[1] / max(1, c.calls) * 1e3:.2f} ms")
     print("targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
           "no errors at 1024")
 
@@ -404,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep: gateway processes on one port, as `tracerl gateway --workers` (default: %(default)s)")
     ap.add_argument("--gateway-root", default="", metavar="DIR",
                     help="sweep: run the gateway of another checkout (e.g. the last release) in the same run")
+    ap.add_argument("--canary", type=float, default=0.0, metavar="FRACTION",
+                    help="sweep: also a gateway routing this canary share, to measure the routing (0: skip)")
     ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
     ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -180,3 +180,14 @@ def test_cli_promote_once_tells_a_real_gateway_and_says_when_it_cannot(tmp_path,
     assert main(["promote", "--store", str(store)]) == 2  # --once is required
     assert main(["report", "--store", str(store), "--no-plot"]) == 0
     assert "canary v1 vs v0: rolled_back" in capsys.readouterr().out
+
+
+def test_the_viewer_shows_the_decision_with_its_numbers(tmp_path):
+    from starlette.testclient import TestClient
+
+    from ui.app import UiConfig, make_app
+
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    promote_once(store, log=lambda m: None)
+    html = TestClient(make_app(UiConfig(store=str(store)))).get("/rounds").text
+    assert "rolled_back" in html and "policy@1 0.050 (n=40) vs policy@0 0.250 (n=160)" in html
