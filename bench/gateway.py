@@ -24,9 +24,12 @@ CPU ms per call (``gw cpu``, all gateway processes together) is the figure that 
 the neighbours.
 
 3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
-   ``--canary`` (both arms on the same upstream, so only the routing differs), measured in the same run
-   after the plain gateway at each client count; each client is one rollout (a fixed ``traceparent``), as
-   an agent's calls are. Target: the routing adds <= 0.5 ms p50 over plain proxying at 64 clients.
+   ``--canary`` (both arms on the same upstream, so only the routing differs); each client is one
+   rollout (a fixed ``traceparent``), as an agent's calls are. Measured twice at each client count: as
+   a phase after the plain gateway's (as the sweep measures every path), and interleaved (``canary_ab``:
+   each client alternates its calls between the plain and the canary gateway, so both see the same
+   moment's load; on a shared machine this is the figure to read). Target: the routing adds <= 0.5 ms
+   p50 over plain proxying at 64 clients.
 
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
@@ -352,6 +355,67 @@ def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.
     return phase
 
 
+def routing_cost_us(calls: int = 100_000) -> float:
+    """CPU microseconds per call of the canary's routing decision (``Gateway.canary_arm``: headers to
+    arm), the only work a canary adds to a call: a floor for the routing's added latency that load on
+    the machine does not blur."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from starlette.datastructures import Headers
+
+    from serving.gateway.proxy import Gateway, GatewayConfig
+
+    arms = {"policy@5": "http://127.0.0.1:1", "policy@6": "http://127.0.0.1:2"}
+    gw = Gateway(("127.0.0.1", 0), GatewayConfig(canary=0.2, upstream_for=arms), TracerProvider())
+    headers = Headers({"traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
+                       "content-type": "application/json"})
+    t = time.process_time()
+    for _ in range(calls):
+        gw.canary_arm("policy", headers)
+    return (time.process_time() - t) / calls * 1e6
+
+
+async def alternate(urls: list[str], phases: list[Phase], start: float, end: float) -> None:
+    """One client: calls to each url in turn, each on its own kept-alive connection."""
+    conns: list[Any] = [None] * len(urls)
+    reqs = [stream_request(u) for u in urls]
+    i = 0
+    while time.perf_counter() < end:
+        k, i = i % len(urls), i + 1
+        host, port, request = reqs[k]
+        try:
+            if conns[k] is None:
+                conns[k] = await asyncio.open_connection(host, port, limit=1 << 20)
+            t = time.perf_counter()
+            await stream_call(*conns[k], request)
+            phases[k].calls += 1
+            if t >= start:
+                phases[k].latencies.append(time.perf_counter() - t)
+        except Exception as e:  # counted; the connection is reopened
+            phases[k].errors.append(f"{type(e).__name__}: {e}"[:200])
+            if conns[k] is not None:
+                conns[k][1].close()
+            conns[k] = None
+            await asyncio.sleep(0.05)
+    for c in conns:
+        if c is not None:
+            c[1].close()
+
+
+def canary_ab(plain: str, canary: str, clients: int, args: argparse.Namespace) -> tuple[Phase, Phase]:
+    """``clients`` streams, each alternating between the plain and the canary gateway (same moments)."""
+    phases = [Phase(clients, args.seconds), Phase(clients, args.seconds)]
+    warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
+
+    async def run_all() -> None:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(alternate([plain, canary] if c % 2 else [canary, plain],
+                                         phases if c % 2 else phases[::-1], t0 + warm, t0 + warm + args.seconds)
+                               for c in range(clients)))
+
+    asyncio.run(run_all())
+    return phases[0], phases[1]
+
+
 def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     """Direct, then through the gateway (then through --gateway-root's), at each client count."""
     up, up_url = start_server("upstream", args)
@@ -366,6 +430,8 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
             row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up])}
             for name, (proc, url) in gateways.items():
                 row[name] = measured(url, n, args, [up, proc])
+            if args.canary:
+                row["ab"] = canary_ab(gateways["gateway"][1], gateways["canary"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:
@@ -408,6 +474,13 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
             print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms, canary p50 {c.p(0.5):.2f} ms, "
                   f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64); "
                   f"gw cpu per call {g.cpu[1] / max(1, g.calls) * 1e3:.2f} vs {c.cpu[1] / max(1, c.calls) * 1e3:.2f} ms")
+        print(f"routing decision: {routing_cost_us():.1f} us CPU per call (Gateway.canary_arm, in process)")
+        print("interleaved (each client alternates its calls between the two gateways; the same moments' load)")
+        for r in rows:
+            g, c = r["ab"]
+            print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms ({len(g.latencies)} calls, "
+                  f"{len(g.errors)} err), canary p50 {c.p(0.5):.2f} ms ({len(c.latencies)} calls, {len(c.errors)} err), "
+                  f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64)")
     print("targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
           "no errors at 1024")
 

@@ -272,3 +272,42 @@ def test_two_real_model_servers_behind_the_canary_each_call_labelled_with_the_we
     assert set(by_trace) == set(tids) and all(len(v) == 1 for v in by_trace.values())  # sticky
     on_candidate = sum(next(iter(v))[0] == CANDIDATE for v in by_trace.values())
     assert within_binomial(on_candidate, len(tids), 0.3), on_candidate
+
+
+@pytest.mark.slow  # starts the bench's upstream and gateway processes
+def test_the_gateway_bench_measures_canary_routing_against_plain_proxying():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "gateway.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--calls",
+            "0",
+            "--sweep",
+            "8",
+            "--canary",
+            "0.5",
+            "--seconds",
+            "1",
+            "--tokens",
+            "2",
+            "--token-ms",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert "routing decision:" in out and "us CPU per call" in out
+    ab = next(
+        line
+        for line in out.splitlines()
+        if line.strip().startswith("8 clients: plain p50") and "err)" in line
+    )
+    assert " 0 err)" in ab and ab.count(" 0 err") == 2, ab
