@@ -485,6 +485,15 @@ class Gateway(ShellServer):
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             if call.arm is not None:  # the arm's version by name where the upstream serves it (LoRA)
                 alias = call.arm.version if call.arm.version in state.names else None
+                if alias is None and latest_version_name(body.get("model"), state.names):
+                    # it serves other versions by name: the base name would be neither arm's weights
+                    raise _UpstreamFailure(
+                        502,
+                        "canary_version_missing",
+                        "canary_version_missing",
+                        f"upstream {upstream} serves {body.get('model')}@k versions but not "
+                        f"{call.arm.version} (the {call.arm.name} arm): load it there, or fix --upstream-for",
+                    )
             call.watch = None
             if state.weight_version is not None and parse_policy_version(alias or body.get("model")) is None:
                 call.watch = self.watch(upstream, headers)

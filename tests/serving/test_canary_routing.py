@@ -311,3 +311,33 @@ def test_the_gateway_bench_measures_canary_routing_against_plain_proxying():
         if line.strip().startswith("8 clients: plain p50") and "err)" in line
     )
     assert " 0 err)" in ab and ab.count(" 0 err") == 2, ab
+
+
+def test_an_arm_whose_upstream_serves_other_versions_but_not_its_own_is_refused_not_mislabelled(spans):
+    def handle(h, body):
+        h.send_json(200, chat_answer(body["model"]))
+
+    up = scripted_upstream(handle)
+    up.handler_class.do_GET = lambda h: h.send_json(  # lists policy@6 only (policy@5 unloaded)
+        200,
+        {
+            "object": "list",
+            "data": [{"id": "policy", "object": "model"}, {"id": "policy@6", "object": "model"}],
+        },
+    )
+    gw = canary_gateway(spans, up, up, 0.0)  # everything to the serving arm, policy@5
+    try:
+        r = httpx.post(
+            gw.url + "/v1/chat/completions", json={"model": "policy", "messages": MSGS}, timeout=30
+        )
+        assert r.status_code == 502 and "policy@5" in r.json()["error"]["message"]
+        ok = httpx.post(
+            gw.url + "/v1/chat/completions", json={"model": "policy@6", "messages": MSGS}, timeout=30
+        )
+        assert ok.status_code == 200 and up.handler_class.bodies[-1]["model"] == "policy@6"
+        got = wait_for(lambda: len(spans.get_finished_spans()) >= 2 and spans.get_finished_spans())
+    finally:
+        gw.stop()
+        up.shutdown()
+    assert got[0].attributes["error.type"] == "canary_version_missing"
+    assert (got[1].attributes[ARM_ATTRIBUTE], got[1].attributes["tracerl.policy_version"]) == (CANDIDATE, 6)
