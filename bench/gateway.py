@@ -209,9 +209,10 @@ def serve_process(args: argparse.Namespace) -> int:
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
             provider, exporter = recording_provider()  # after the fork: each process exports its own
-            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if args.canary else {}
+            canary = getattr(args, "canary", 0.0)
+            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
             config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS,
-                                   reuse_port=args.workers > 1, canary=args.canary or None, upstream_for=arms)
+                                   reuse_port=args.workers > 1, canary=canary or None, upstream_for=arms)
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
             calm_gc()
     got = []
@@ -422,15 +423,16 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     gateways = {"gateway": start_server("gateway", args, up_url)}
     if args.gateway_root:
         gateways["other"] = start_server("gateway", args, up_url, args.gateway_root)
-    if args.canary:
-        gateways["canary"] = start_server("gateway", args, up_url, canary=args.canary)
+    canary = getattr(args, "canary", 0.0)  # a Namespace built by hand (tests) may lack it
+    if canary:
+        gateways["canary"] = start_server("gateway", args, up_url, canary=canary)
     rows = []
     try:
         for n in levels:
             row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up])}
             for name, (proc, url) in gateways.items():
                 row[name] = measured(url, n, args, [up, proc])
-            if args.canary:
+            if canary:
                 row["ab"] = canary_ab(gateways["gateway"][1], gateways["canary"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
