@@ -492,7 +492,7 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     write_round(loc, row)
     log(f"round {k}: published {req.name} from {req.checkpoint_path}")
     if keep_checkpoints:
-        for gone in ckpts.prune(keep_checkpoints):
+        for gone in ckpts.prune(keep_checkpoints, protect=frozenset({v})):
             log(f"round {k}: removed old checkpoint {ckpts.name(gone)} (--keep-checkpoints {keep_checkpoints})")
     return row
 

@@ -341,3 +341,19 @@ def test_an_arm_whose_upstream_serves_other_versions_but_not_its_own_is_refused_
         up.shutdown()
     assert got[0].attributes["error.type"] == "canary_version_missing"
     assert (got[1].attributes[ARM_ATTRIBUTE], got[1].attributes["tracerl.policy_version"]) == (CANDIDATE, 6)
+
+
+def test_gateway_command_refuses_a_half_configured_canary_with_the_fix(capsys):
+    from tracerl.cli import main
+
+    arms = ["--upstream-for", "policy@5=http://127.0.0.1:1", "policy@6=http://127.0.0.1:2"]
+    assert main(["gateway", "--canary", "0.2", "--upstream-for", "policy@5=http://127.0.0.1:1"]) == 2
+    assert "exactly two versions" in capsys.readouterr().err
+    assert main(["gateway", *arms]) == 2
+    assert "--canary FRACTION and --upstream-for" in capsys.readouterr().err
+    assert main(["gateway", "--canary", "1.5", *arms]) == 2
+    assert "[0, 1]" in capsys.readouterr().err
+    assert main(["gateway", "--canary", "0.2", "--workers", "2", *arms]) == 2
+    assert "--workers 1" in capsys.readouterr().err
+    assert main(["gateway", "--canary", "0.2", "--upstream-for", "policy=http://127.0.0.1:1"]) == 2
+    assert "NAME@k" in capsys.readouterr().err
