@@ -357,3 +357,55 @@ def test_gateway_command_refuses_a_half_configured_canary_with_the_fix(capsys):
     assert "--workers 1" in capsys.readouterr().err
     assert main(["gateway", "--canary", "0.2", "--upstream-for", "policy=http://127.0.0.1:1"]) == 2
     assert "NAME@k" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts `tracerl gateway` as a process
+def test_the_gateway_command_routes_a_canary_and_takes_the_promote_from_its_endpoint():
+    from tracerl_testing import free_port, start_tracerl
+
+    a, b = identifying_upstream(), identifying_upstream()
+    port = free_port()
+    gw = start_tracerl(
+        "gateway",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--canary",
+        "0.25",
+        "--upstream-for",
+        f"policy@5={a.url}",
+        f"policy@6={b.url}",
+        "--otlp",
+        f"http://127.0.0.1:{free_port()}",
+        health=f"http://127.0.0.1:{port}/health",
+    )
+    url = f"http://127.0.0.1:{port}"
+    tids = trace_ids(120, 4)
+    try:
+        with httpx.Client(timeout=30) as c:
+            for tid in tids:
+                for _ in range(2):
+                    r = c.post(
+                        url + "/v1/chat/completions",
+                        json={"model": "policy", "messages": MSGS},
+                        headers={"traceparent": traceparent(tid)},
+                    )
+                    assert r.status_code == 200, r.text
+            state = c.get(url + "/v1/canary").json()
+            assert state["fraction"] == 0.25 and state["candidate"]["version"] == "policy@6"
+            assert c.post(url + "/v1/canary", json={"fraction": 1.0}).json()["fraction"] == 1.0
+            before = len(b.seen)
+            for tid in tids[:10]:
+                c.post(
+                    url + "/v1/chat/completions",
+                    json={"model": "policy", "messages": MSGS},
+                    headers={"traceparent": traceparent(tid)},
+                )
+            assert len(b.seen) == before + 10  # promoted: every new call to the candidate
+    finally:
+        gw.terminate()
+        gw.wait(timeout=30)
+        a.shutdown()
+        b.shutdown()
+    on_b = set(b.seen[:before])
+    assert not on_b & set(a.seen) and on_b == {t for t in tids if arm_for(t, 0.25) == CANDIDATE}
+    assert within_binomial(len(on_b), len(tids), 0.25)
