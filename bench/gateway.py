@@ -23,9 +23,18 @@ thread-per-connection server (``--gateway-root`` of an older checkout) gets a sh
 CPU ms per call (``gw cpu``, all gateway processes together) is the figure that does not depend on
 the neighbours.
 
+3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
+   ``--canary`` (both arms on the same upstream, so only the routing differs); each client is one
+   rollout (a fixed ``traceparent``), as an agent's calls are. Measured twice at each client count: as
+   a phase after the plain gateway's (as the sweep measures every path), and interleaved (``canary_ab``:
+   each client alternates its calls between the plain and the canary gateway, so both see the same
+   moment's load; on a shared machine this is the figure to read). Target: the routing adds <= 0.5 ms
+   p50 over plain proxying at 64 clients.
+
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
     python bench/gateway.py --calls 0 --workers 2         # sweep, two gateway processes
+    python bench/gateway.py --calls 0 --sweep 64 --canary 0.2   # canary routing vs plain, 64 streams
 """
 
 from __future__ import annotations
@@ -200,8 +209,10 @@ def serve_process(args: argparse.Namespace) -> int:
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
             provider, exporter = recording_provider()  # after the fork: each process exports its own
+            canary = getattr(args, "canary", 0.0)
+            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
             config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS,
-                                   reuse_port=args.workers > 1)
+                                   reuse_port=args.workers > 1, canary=canary or None, upstream_for=arms)
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
             calm_gc()
     got = []
@@ -261,12 +272,15 @@ async def stream_call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 
 
 def stream_request(url: str) -> tuple[str, int, bytes]:
-    """(host, port, the bytes of one streaming chat call) for ``url``."""
+    """(host, port, the bytes of one streaming chat call) for ``url``; each client's calls share a trace id
+    (one rollout), so the canary gateway routes them by it."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     payload = json.dumps({"model": "policy", "stream": True, "max_tokens": 16,
                           "messages": [{"role": "user", "content": "Say something."}]}).encode()
+    tp = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01".encode()
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(payload), payload))
+               b"traceparent: %s\r\nContent-Length: %d\r\n\r\n%s"
+               % (f"{host}:{port}".encode(), tp, len(payload), payload))
     return host, int(port), request
 
 
@@ -300,10 +314,11 @@ async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Ph
     return phase
 
 
-def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "") -> tuple[subprocess.Popen, str]:
+def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "",
+                 canary: float = 0.0) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", role, "--tokens", str(args.tokens),
-           "--token-ms", str(args.token_ms), "--upstream", upstream,
-           "--workers", str(1 if root or role == "upstream" else args.workers)]
+           "--token-ms", str(args.token_ms), "--upstream", upstream, "--canary", str(canary),
+           "--workers", str(1 if root or canary or role == "upstream" else args.workers)]
     env = dict(os.environ)
     if root:
         env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
@@ -341,18 +356,84 @@ def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.
     return phase
 
 
+def routing_cost_us(calls: int = 100_000) -> float:
+    """CPU microseconds per call of the canary's routing decision (``Gateway.canary_arm``: headers to
+    arm), the only work a canary adds to a call: a floor for the routing's added latency that load on
+    the machine does not blur."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from starlette.datastructures import Headers
+
+    from serving.gateway.proxy import Gateway, GatewayConfig
+
+    arms = {"policy@5": "http://127.0.0.1:1", "policy@6": "http://127.0.0.1:2"}
+    gw = Gateway(("127.0.0.1", 0), GatewayConfig(canary=0.2, upstream_for=arms), TracerProvider())
+    headers = Headers({"traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
+                       "content-type": "application/json"})
+    t = time.process_time()
+    for _ in range(calls):
+        gw.canary_arm("policy", headers)
+    return (time.process_time() - t) / calls * 1e6
+
+
+async def alternate(urls: list[str], phases: list[Phase], start: float, end: float) -> None:
+    """One client: calls to each url in turn, each on its own kept-alive connection."""
+    conns: list[Any] = [None] * len(urls)
+    reqs = [stream_request(u) for u in urls]
+    i = 0
+    while time.perf_counter() < end:
+        k, i = i % len(urls), i + 1
+        host, port, request = reqs[k]
+        try:
+            if conns[k] is None:
+                conns[k] = await asyncio.open_connection(host, port, limit=1 << 20)
+            t = time.perf_counter()
+            await stream_call(*conns[k], request)
+            phases[k].calls += 1
+            if t >= start:
+                phases[k].latencies.append(time.perf_counter() - t)
+        except Exception as e:  # counted; the connection is reopened
+            phases[k].errors.append(f"{type(e).__name__}: {e}"[:200])
+            if conns[k] is not None:
+                conns[k][1].close()
+            conns[k] = None
+            await asyncio.sleep(0.05)
+    for c in conns:
+        if c is not None:
+            c[1].close()
+
+
+def canary_ab(plain: str, canary: str, clients: int, args: argparse.Namespace) -> tuple[Phase, Phase]:
+    """``clients`` streams, each alternating between the plain and the canary gateway (same moments)."""
+    phases = [Phase(clients, args.seconds), Phase(clients, args.seconds)]
+    warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
+
+    async def run_all() -> None:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(alternate([plain, canary] if c % 2 else [canary, plain],
+                                         phases if c % 2 else phases[::-1], t0 + warm, t0 + warm + args.seconds)
+                               for c in range(clients)))
+
+    asyncio.run(run_all())
+    return phases[0], phases[1]
+
+
 def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     """Direct, then through the gateway (then through --gateway-root's), at each client count."""
     up, up_url = start_server("upstream", args)
     gateways = {"gateway": start_server("gateway", args, up_url)}
     if args.gateway_root:
         gateways["other"] = start_server("gateway", args, up_url, args.gateway_root)
+    canary = getattr(args, "canary", 0.0)  # a Namespace built by hand (tests) may lack it
+    if canary:
+        gateways["canary"] = start_server("gateway", args, up_url, canary=canary)
     rows = []
     try:
         for n in levels:
             row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up])}
             for name, (proc, url) in gateways.items():
                 row[name] = measured(url, n, args, [up, proc])
+            if canary:
+                row["ab"] = canary_ab(gateways["gateway"][1], gateways["canary"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:
@@ -367,10 +448,11 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
           f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
           f"gateway spans recorded: {rows[0]['spans'] if rows else {}}")
-    names = [k for k in ("gateway", "other") if rows and k in rows[0]]
+    names = [k for k in ("gateway", "other", "canary") if rows and k in rows[0]]
     for name in names:
         procs = f" ({args.workers} processes)" if args.workers > 1 else ""
-        label = f"this gateway{procs}" if name == "gateway" else f"gateway of {args.gateway_root}"
+        label = (f"this gateway{procs}" if name == "gateway" else f"gateway of {args.gateway_root}"
+                 if name == "other" else f"this gateway routing a canary share of {args.canary:g} (1 process)")
         print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
               f"gw %: the gateway process's share of one core during the phase)")
         print(f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
@@ -387,6 +469,20 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
                   f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}")
             for e in sorted(set(d.errors + g.errors))[:3]:
                 print(f"        error: {e}")
+    if "canary" in names:
+        print("\ncanary routing vs plain proxying, same run (+p50: canary gateway p50 - plain gateway p50)")
+        for r in rows:
+            g, c = r["gateway"], r["canary"]
+            print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms, canary p50 {c.p(0.5):.2f} ms, "
+                  f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64); "
+                  f"gw cpu per call {g.cpu[1] / max(1, g.calls) * 1e3:.2f} vs {c.cpu[1] / max(1, c.calls) * 1e3:.2f} ms")
+        print(f"routing decision: {routing_cost_us():.1f} us CPU per call (Gateway.canary_arm, in process)")
+        print("interleaved (each client alternates its calls between the two gateways; the same moments' load)")
+        for r in rows:
+            g, c = r["ab"]
+            print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms ({len(g.latencies)} calls, "
+                  f"{len(g.errors)} err), canary p50 {c.p(0.5):.2f} ms ({len(c.latencies)} calls, {len(c.errors)} err), "
+                  f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64)")
     print("targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
           "no errors at 1024")
 
@@ -404,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep: gateway processes on one port, as `tracerl gateway --workers` (default: %(default)s)")
     ap.add_argument("--gateway-root", default="", metavar="DIR",
                     help="sweep: run the gateway of another checkout (e.g. the last release) in the same run")
+    ap.add_argument("--canary", type=float, default=0.0, metavar="FRACTION",
+                    help="sweep: also a gateway routing this canary share, to measure the routing (0: skip)")
     ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
     ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -45,6 +45,8 @@ RESPONSE_TOKEN_IDS = "tracerl.response_token_ids"
 """Choice 0's exact response token ids (choice i > 0: under ``choice_prefix(i)``)."""
 RESPONSE_LOGPROBS = "tracerl.response_logprobs"
 """Choice 0's sampled-token logprobs from the serving engine (choice i > 0: under ``choice_prefix(i)``)."""
+CANARY_ARM = "tracerl.canary.arm"
+"""Gateway call span: the canary arm (``serving`` or ``candidate``) the call's rollout was routed to."""
 
 
 def choice_prefix(index: int) -> str:

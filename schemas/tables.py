@@ -160,7 +160,9 @@ ROUNDS_SCHEMA = pa.schema(
         pa.field("clip_fraction", pa.float64()),
         pa.field("timings", pa.string()),  # JSON {phase: seconds}
         pa.field("published_at", TS),
-        pa.field("status", pa.string()),  # started|trained|published|failed
+        # started|trained|published|failed, and with a canary (tracerl train --canary, tracerl promote):
+        # canary (policy@k+1 serves a share beside its parent) -> promoted | rolled_back
+        pa.field("status", pa.string()),
         # JSON: the round's TrainMetrics + DatasetStats + tokens_per_s, nproc (trainer.rounds.metrics_json);
         # null while started/failed, and in files written before it existed (read_table fills in null)
         pa.field("metrics", pa.string()),
@@ -168,6 +170,11 @@ ROUNDS_SCHEMA = pa.schema(
         # written before these columns existed (read_table fills in null), as for metrics
         pa.field("estimator", pa.string()),
         pa.field("estimator_reason", pa.string()),
+        # the version the round started from and trained on: k, or after a rolled-back round the
+        # version that kept serving (null in files written before it existed: read as k)
+        pa.field("parent_version", pa.int64()),
+        # JSON: the canary decision and its numbers (loop.canary.CanaryDecision + the rule), last look
+        pa.field("canary", pa.string()),
     ]
 )
 

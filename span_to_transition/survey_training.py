@@ -100,9 +100,9 @@ def gather_training(
                 rid in used,
             )
         )
-    done = con.execute("SELECT max(round) FROM rounds WHERE status IN ('trained', 'published')").fetchall()[
-        0
-    ][0]
+    done = con.execute(
+        "SELECT max(round) FROM rounds WHERE status IN ('trained', 'published', 'canary', 'promoted', 'rolled_back')"
+    ).fetchall()[0][0]
     t.next_version = 0 if done is None else int(done) + 1
     if ledger.excluded:
         for _, v in con.execute(_EXCLUDED_SQL, [sorted(ledger.excluded)]).fetchall():

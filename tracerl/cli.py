@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tracerl.commands.serve", "embedded CPU server with vLLM's OpenAI-compatible API subset"),
     "gateway": ("tracerl.commands.gateway", "OpenAI-compatible proxy that records exact token ids as spans"),
     "train": ("tracerl.commands.train", "train the policy on its transitions: on-policy rounds, checkpoint, publish"),
+    "promote": ("tracerl.commands.promote", "decide a canary round: promote policy@k+1, roll it back, or wait (cron-safe)"),
     "report": ("tracerl.commands.report", "per-round reward/loss/KL table and a PNG plot of the rounds manifest"),
     "rollout": ("tracerl.commands.rollout", "run an unmodified agent per task and sample, pointed at tracerl by env vars"),
     "demo": ("tracerl.commands.demo", "the whole loop on this machine: serve, collect, rollouts, train, repeat"),

@@ -116,16 +116,18 @@ class CheckpointStore:
                         found.add(v)
         return sorted(found)
 
-    def prune(self, keep: int) -> list[int]:
+    def prune(self, keep: int, protect: frozenset[int] = frozenset()) -> list[int]:
         """Remove complete checkpoints older than the ``keep`` newest, here and in the bucket; returns their versions.
 
         A 50-round run of SmolLM2 would otherwise hold 50 adapters and 50 merged models (270 MB each).
         The newest is the next round's parent and the serving policy; the one before it is what a
         failed reload restores; so ``keep`` is at least 2. Incomplete ones are the temp-dir sweep's.
+        ``protect``: versions kept whatever their age (a canary's parent, which serves beside it and is
+        the next round's parent if the canary is rolled back, however many rollbacks came since).
         """
         if keep < 2:
             raise ValueError(f"keep must be >= 2 (the serving policy and the one a failed reload restores), got {keep}")
-        gone = self.versions()[:-keep]
+        gone = [v for v in self.versions()[:-keep] if v not in protect]
         for v in gone:
             self.remove(v)
         return gone

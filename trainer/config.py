@@ -57,6 +57,9 @@ class TrainSettings:
     unversioned_as: int = opt(0, "policy version of calls recorded without one (the base model served as "
                                  "plain 'policy' is policy@0); -1 never trains on them", metavar="K")
     served_name: str = opt("policy", "served model name; round k publishes <served-name>@<k+1>", metavar="NAME")
+    canary: bool = opt(False, "publish each round as a canary (status 'canary'): it serves the gateway's "
+                              "--canary share beside the version it trained from, and the next round waits "
+                              "until `tracerl promote --once` promotes or rolls it back")
     agents: str | None = opt(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
     tasks: str | None = opt(None, "train only rollouts whose task_id matches this regex; keeps evaluation "
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")

@@ -22,6 +22,7 @@ def round_rows(store: StoreLocation) -> list[dict[str, Any]]:
         rows.append({**{c: r.get(c) for c in COLUMNS if c != "seconds"},
                      "seconds": sum(json.loads(r["timings"] or "{}").values()),
                      "estimator_reason": r.get("estimator_reason"),
+                     "canary": json.loads(r["canary"]) if r.get("canary") else None,
                      "staleness": {int(d): n for d, n in (m.get("staleness") or {}).items()},
                      "too_stale": m.get("n_rollouts_too_stale") or 0,
                      "is_weight": (m.get("is_weight_min"), m.get("is_weight_mean"), m.get("is_weight_max"))
@@ -76,7 +77,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         if r.get("estimator_reason") and (r["estimator"], r["estimator_reason"]) != last:
             lines.append(f"round {r['round']}: estimator {r['estimator']}: {r['estimator_reason']}")
             last = (r["estimator"], r["estimator_reason"])
+    lines += [canary_line(r["round"], r["status"], r["canary"]) for r in rows if r.get("canary")]
     return "\n".join(lines)
+
+
+def canary_line(k: int, status: str, c: dict[str, Any]) -> str:
+    """A canary decision with its numbers (the ``canary`` column, written by ``tracerl promote``)."""
+    return (f"round {k}: canary v{c['candidate_version']} vs v{c['serving_version']}: {status}: candidate "
+            f"{c['mean_candidate']:.3f} (n={c['n_candidate']}) vs serving {c['mean_serving']:.3f} "
+            f"(n={c['n_serving']}), difference {c['diff']:+.3f} in [{c['lower']:+.3f}, {c['upper']:+.3f}] "
+            f"(alpha {c['alpha']}, margin {c['margin']}); {c['reason']}")
 
 
 def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, int]] | None = None) -> Path:

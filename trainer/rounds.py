@@ -70,7 +70,7 @@ from trainer.feedback_window import WindowSplit, feedback_split, parse_duration
 from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
 
-DONE = ("trained", "published")
+DONE = ("trained", "published", "canary", "promoted", "rolled_back")
 
 
 class TrainError(Exception):
@@ -123,6 +123,16 @@ def read_rounds(loc: StoreLocation) -> dict[int, dict[str, Any]]:
     through the store's file system, so ``tracerl report`` also reads a bucket."""
     rows = read_table(loc.table("rounds"), "rounds", loc.fs).to_pylist()
     return {r["round"]: r for r in sorted(rows, key=lambda r: r["round"])}
+
+
+def start_version(rounds: dict[int, dict[str, Any]], k: int) -> int:
+    """The version round k starts from and trains on: k, unless round k-1's policy@k was rolled back,
+    then the version that kept serving (what round k-1 started from), never rolled-back weights."""
+    prev = rounds.get(k - 1)
+    if prev is None or prev["status"] != "rolled_back":
+        return k
+    p = prev.get("parent_version")
+    return k - 1 if p is None else int(p)
 
 
 def write_round(loc: StoreLocation, row: dict[str, Any]) -> Path | str:
@@ -257,11 +267,17 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     last = max(done) if done else None
     if last is not None and rounds[last]["status"] == "trained" and publisher is not None:
         row = _publish(loc, ckpts, held, rounds[last], base_model, publisher, log, settings.served_name,
-                       settings.keep_checkpoints)
+                       settings.keep_checkpoints, settings.canary)
         return RoundOutcome("published", last, row=row,
                             message=f"published {version_name(settings.served_name, last + 1)} (left unannounced by an earlier run)")
+    if last is not None and rounds[last]["status"] == "canary":
+        msg = (f"round {last + 1}: waiting: {version_name(settings.served_name, last + 1)} is a canary not yet decided; "
+               "`tracerl promote --once` promotes or rolls it back")
+        log(msg)
+        return RoundOutcome("waiting", last + 1, message=msg)
     k = 0 if last is None else last + 1
-    parent = ckpts.ensure_local(k) if k > 0 else None
+    v = start_version(rounds, k)  # k, or the serving version after a rollback
+    parent = ckpts.ensure_local(v) if v > 0 else None
     if parent is not None and not is_complete(parent):
         where = f" or {ckpts.name(k)}" if ckpts.mirror is not None else ""
         raise TrainError(f"round {k} starts from {parent}{where}, which is missing or incomplete; restore it, "
@@ -274,9 +290,9 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     t = time.perf_counter()
     selection = read_selection(loc, k)
     resuming = selection is not None  # a run of round k was interrupted: redo it on the same rollouts
-    lo = selection["versions"][0] if selection is not None else max(0, k - settings.max_staleness)
+    lo = selection["versions"][0] if selection is not None else max(0, v - settings.max_staleness)
     con = connect_readonly(loc)
-    rows = load_transitions(con, (lo, k), agents=settings.agents, tasks=settings.tasks,
+    rows = load_transitions(con, (lo, v), agents=settings.agents, tasks=settings.tasks,
                             unversioned=settings.unversioned_as)
     con.close()
     if selection is not None:
@@ -290,7 +306,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
               if selection is None else WindowSplit())
     exclude = used | set(window.waiting) | window.unrewarded
     samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
-                                   trained_version=k)
+                                   trained_version=v)
     stats.n_rollouts_feedback_waiting = len(window.waiting)
     stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
     if lo > 0 and selection is None:
@@ -303,21 +319,21 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         usable = stats.n_rollouts - stats.n_rollouts_incomplete - stats.n_rollouts_no_reward
         due = usable >= settings.min_rollouts or _every_due(settings, loc, last, usable)
         if not due or not samples:
-            why = (f"{usable} complete rewarded rollouts of policy@{k} (need --min-rollouts {settings.min_rollouts})"
-                   if not due else f"all {usable} rollouts of policy@{k} are in zero-reward-variance groups "
+            why = (f"{usable} complete rewarded rollouts of policy@{v} (need --min-rollouts {settings.min_rollouts})"
+                   if not due else f"all {usable} rollouts of policy@{v} are in zero-reward-variance groups "
                                    f"(estimator {stats.estimator}; {stats.estimator_reason})")
             msg = f"round {k}: waiting: {why}" + (f"; {window.note()}" if window.note() else "") + "; nothing written"
             log(msg)
             return RoundOutcome("waiting", k, message=msg)
         # consumed: the trained, those whose group had no signal, and those closed without feedback
         rollout_ids = sorted({s.rollout_id for s in samples} | _usable_rollouts(rows, exclude) | window.unrewarded)
-        selection = {"round": k, "versions": [lo, k], "rollout_ids": rollout_ids,
+        selection = {"round": k, "versions": [lo, v], "rollout_ids": rollout_ids,
                      "transition_ids": sorted(s.transition_id for s in samples), "created_at": _now().isoformat()}
         held.confirm()
         write_json_atomic(selection_path(loc, k), selection, loc.fs)
 
     row = {
-        "round": k, "policy_version": k, "base_model": str(base_model), "checkpoint_path": None,
+        "round": k, "policy_version": v, "parent_version": v, "base_model": str(base_model), "checkpoint_path": None,
         "adapter": None, "n_rollouts": len({s.rollout_id for s in samples}), "n_transitions": len(samples),
         "mean_reward": stats.mean_reward, "loss": None, "kl": None, "clip_fraction": None,
         "timings": json.dumps(timings), "published_at": None, "status": "started", "metrics": None,
@@ -349,7 +365,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                                                 timings, stack, threads_now)
                 t = time.perf_counter()
                 manifest = {
-                    "round": k, "trained_on_version": k, "publishes": version_name(settings.served_name, k + 1),
+                    "round": k, "trained_on_version": v, "publishes": version_name(settings.served_name, k + 1),
                     "version": k + 1, "base_model": str(base_model),
                     "parent": str(parent) if parent else None, "adapter": adapter,
                     "backend": settings.backend, "settings": dataclasses.asdict(settings),
@@ -376,7 +392,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     write_round(loc, row)
     if publisher is not None:
         row = _publish(loc, ckpts, held, row, base_model, publisher, log, settings.served_name,
-                       settings.keep_checkpoints)
+                       settings.keep_checkpoints, settings.canary)
     log(metrics_line(row, stats, metrics))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
@@ -455,10 +471,11 @@ def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, us
 
 def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[str, Any], base_model: Path,
              publisher: Publisher, log: Callable[[str], None], served_name: str = "policy",
-             keep_checkpoints: int = 0) -> dict[str, Any]:
+             keep_checkpoints: int = 0, canary: bool = False) -> dict[str, Any]:
     k = row["round"]
-    prev = read_rounds(loc).get(k - 1) if k > 0 else None
-    previous = served_weights(ckpts.ensure_local(k) if prev and prev["checkpoint_path"] else None,
+    v = row["parent_version"] if row.get("parent_version") is not None else k
+    prev = read_rounds(loc).get(v - 1) if v > 0 else None
+    previous = served_weights(ckpts.ensure_local(v) if prev and prev["checkpoint_path"] else None,
                               bool(prev and prev["adapter"]), base_model)
     req = PublishRequest(name=version_name(served_name, k + 1), version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
                          adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
@@ -466,12 +483,13 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
     timings["publish"] = time.perf_counter() - t
-    row = {**row, "status": "published", "published_at": _now(), "timings": json.dumps(timings)}
+    # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py)
+    row = {**row, "status": "canary" if canary else "published", "published_at": _now(), "timings": json.dumps(timings)}
     held.confirm()
     write_round(loc, row)
     log(f"round {k}: published {req.name} from {req.checkpoint_path}")
     if keep_checkpoints:
-        for gone in ckpts.prune(keep_checkpoints):
+        for gone in ckpts.prune(keep_checkpoints, protect=frozenset({v})):
             log(f"round {k}: removed old checkpoint {ckpts.name(gone)} (--keep-checkpoints {keep_checkpoints})")
     return row
 

@@ -86,6 +86,8 @@ def rounds_data(reader: StoreReader) -> dict[str, Any]:
         r["estimator"] = r.get("estimator") or settings.get("estimator", "grpo")
         r["seconds"] = sum(json.loads(r["timings"] or "{}").values())
         r["settings_json"] = json.dumps(settings, indent=1, sort_keys=True) if settings else ""
+        # the canary decision and its numbers (tracerl promote), null for rounds published without one
+        r["canary_info"] = json.loads(r["canary"]) if r.get("canary") else None
         tasks_re = tasks_re or settings.get("tasks")
     ks = tuple(r["round"] for r in rounds)
     stale = reader.memo(f"staleness{ks}", lambda: staleness(reader, ks))

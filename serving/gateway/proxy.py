@@ -69,6 +69,15 @@ from serving.asgi import (
     parse_json,
     stream_out,
 )
+from serving.gateway.canary import (
+    ARM_ATTRIBUTE,
+    Arm,
+    CanaryRoute,
+    arm_for,
+    canary_route,
+    check_fraction,
+    session_from_baggage,
+)
 from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name, is_timeout
 from serving.gateway.versions import VersionLabel, Watch, label
 from serving.protocol import (
@@ -117,6 +126,8 @@ class GatewayConfig:
     models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
     version_max_age_s: float = 0.25  # a weight-version read this fresh is reused before sending a call
     reuse_port: bool = False  # other processes serve the same port (--workers, serving/gateway/workers.py)
+    canary: float | None = None  # the candidate's share of new rollouts (canary.py); needs upstream_for
+    upstream_for: dict[str, str] = field(default_factory=dict)  # "policy@5" -> URL: the canary's two arms
 
 
 def normalise_upstream(url: str) -> str:
@@ -165,7 +176,16 @@ class Gateway(ShellServer):
     """The proxy, an ASGI app. ``tracer_provider`` is injected so tests can read spans in memory."""
 
     def __init__(self, address: tuple[str, int], config: GatewayConfig, tracer_provider: TracerProvider):
-        if not config.upstreams:
+        self.route: CanaryRoute | None = None
+        if (config.canary is None) != (not config.upstream_for):
+            raise ValueError(
+                "a canary needs both its share and its arms: --canary FRACTION with "
+                "--upstream-for policy@k=URL --upstream-for policy@k+1=URL"
+            )
+        if config.canary is not None:
+            arms = {v: normalise_upstream(u) for v, u in config.upstream_for.items()}
+            self.route = canary_route(arms, config.canary)
+        if not config.upstreams and not config.upstream_for:
             raise ValueError("no upstreams configured; pass --upstream URL[,URL...]")
         super().__init__(
             ServerOptions(
@@ -181,6 +201,9 @@ class Gateway(ShellServer):
         )
         self.config = config
         self.upstreams = [normalise_upstream(u) for u in config.upstreams]
+        for u in (self.route.serving.upstream, self.route.candidate.upstream) if self.route else ():
+            if u not in self.upstreams:
+                self.upstreams.append(u)
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("tracerl.gateway")
         self.client = UpstreamClient(config.timeout_s, config.connect_timeout_s, config.max_connections)
@@ -259,6 +282,8 @@ class Gateway(ShellServer):
             replace_auth = self._auth(request.headers)
             if method == "GET" and path == "/health":
                 response: Response = Response(b"", 200, media_type="application/json")
+            elif path == "/v1/canary" and method in ("GET", "POST"):
+                response = await self._canary(request)
             elif method == "GET" and path == "/v1/models":
                 response = await self._passthrough_get(request.headers, replace_auth, "/v1/models")
             elif method == "POST" and path in OPERATIONS:
@@ -277,6 +302,46 @@ class Gateway(ShellServer):
                 500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500)
             )
         await response(scope, receive, send)
+
+    async def _canary(self, request: Request) -> Response:
+        """``GET /v1/canary``: the route; ``POST {"fraction": f}``: a new share (1 promotes, 0 rolls back).
+
+        The route is replaced whole, so a call in flight keeps the arm it started on (canary.py)."""
+        if self.route is None:
+            raise HTTPError(
+                404,
+                "no canary configured; start the gateway with --canary and --upstream-for",
+                "NotFoundError",
+            )
+        if request.method == "POST":
+            body = parse_json(await request.body())
+            try:
+                self.route = self.route.with_fraction(check_fraction(float(body.get("fraction"))))
+            except (TypeError, ValueError) as e:
+                raise HTTPError(
+                    400, f'POST /v1/canary needs {{"fraction": 0..1}}: {e}', "BadRequestError"
+                ) from e
+            log.warning("canary share of %s is now %g", self.route.candidate.version, self.route.fraction)
+        r = self.route
+        return json_response(
+            200, {"fraction": r.fraction, "serving": r.serving.__dict__, "candidate": r.candidate.__dict__}
+        )
+
+    def canary_arm(self, model: str | None, client: Headers) -> Arm | None:
+        """The call's arm when the canary routes its model (read once: a switch never splits a call)."""
+        route = self.route
+        if route is None or not route.routes(model):
+            return None
+        name = route.for_model(model)
+        if name is None:
+            key = (
+                client.get(ROLLOUT_HEADER)
+                or rollout_from_baggage(client.get("baggage"))
+                or session_from_baggage(client.get("baggage"))
+                or trace_id_from_traceparent(client.get("traceparent"))
+            )
+            name = arm_for(key, route.fraction)
+        return route.arm(name)
 
     # -- auth and headers ------------------------------------------------------------------
 
@@ -356,7 +421,10 @@ class Gateway(ShellServer):
                 or trace_id_from_traceparent(client_headers.get("traceparent"))
             )
             last: Exception | None = None
-            for i in self.upstream_order(key):
+            call.arm = self.canary_arm(model, client_headers)
+            # an arm's calls never fail over to the other arm: that would serve (and label) another version
+            order = [self.upstreams.index(call.arm.upstream)] if call.arm else self.upstream_order(key)
+            for i in order:
                 call.upstream = self.upstreams[i]
                 try:
                     resp = await self._send(call, path, body, up_body, headers)
@@ -415,6 +483,17 @@ class Gateway(ShellServer):
                 upstream, headers, refreshed
             )  # cached; also feeds the span's version
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
+            if call.arm is not None:  # the arm's version by name where the upstream serves it (LoRA)
+                alias = call.arm.version if call.arm.version in state.names else None
+                if alias is None and latest_version_name(body.get("model"), state.names):
+                    # it serves other versions by name: the base name would be neither arm's weights
+                    raise _UpstreamFailure(
+                        502,
+                        "canary_version_missing",
+                        "canary_version_missing",
+                        f"upstream {upstream} serves {body.get('model')}@k versions but not "
+                        f"{call.arm.version} (the {call.arm.name} arm): load it there, or fix --upstream-for",
+                    )
             call.watch = None
             if state.weight_version is not None and parse_policy_version(alias or body.get("model")) is None:
                 call.watch = self.watch(upstream, headers)
@@ -468,6 +547,7 @@ class _Call:
         self.watch: Watch | None = None  # set when the call's version is the upstream's weight version
         self.before: str | None = None
         self.version = VersionLabel()
+        self.arm: Arm | None = None  # the canary arm, when the canary routed the call
 
     async def read_version(self) -> None:
         """Read the upstream's version again, now that the call's last chunk has arrived, and label the call."""
@@ -485,7 +565,13 @@ class _Call:
     def end(self) -> None:
         """Record the call on its span and end it (the version only as ``read_version`` labelled it)."""
         rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
-        self.span.set_attributes(span_attributes(rec, self.upstream, weight_version=self.version.version))
+        attrs = span_attributes(rec, self.upstream, weight_version=self.version.version)
+        if self.arm is not None:
+            attrs[ARM_ATTRIBUTE] = self.arm.name
+            if "tracerl.policy_version" not in attrs and not self.version.ambiguous:
+                # the upstream named no version: the one the operator mapped it to (--upstream-for)
+                attrs["tracerl.policy_version"] = parse_policy_version(self.arm.version)
+        self.span.set_attributes(attrs)
         if self.version.ambiguous:
             self.span.set_attribute(POLICY_VERSION_AMBIGUOUS, True)
             self.span.set_attribute(POLICY_VERSION_CANDIDATES, list(self.version.candidates))
@@ -557,8 +643,12 @@ class _Stream:
         self.failure: _UpstreamFailure | None = None
         self.read_all = False  # the upstream's answer was read to its end: its connection can be kept
         n = call.body.get("n")
-        self.unfinished = set(range(n if isinstance(n, int) and n > 0 else 1))  # choices without a finish_reason
-        self.version_read: asyncio.Task[None] | None = None  # started at the last token, before usage and [DONE]
+        self.unfinished = set(
+            range(n if isinstance(n, int) and n > 0 else 1)
+        )  # choices without a finish_reason
+        self.version_read: asyncio.Task[None] | None = (
+            None  # started at the last token, before usage and [DONE]
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = self.call

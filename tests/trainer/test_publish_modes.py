@@ -57,3 +57,11 @@ def test_pruning_keeps_the_newest_checkpoints_and_the_round_files(tmp_path):
     assert CheckpointStore(tmp_path).prune(keep=3) == []
     with pytest.raises(ValueError, match=">= 2"):
         CheckpointStore(tmp_path).prune(keep=1)
+
+
+def test_pruning_never_removes_a_protected_version_the_serving_parent_of_a_canary(tmp_path):
+    for v in range(1, 6):
+        _checkpoint(tmp_path, v)
+    # policy@2 kept serving through rolled-back canaries 3 and 4; 5 is the new canary, trained from 2
+    assert CheckpointStore(tmp_path).prune(keep=2, protect=frozenset({2})) == [1, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy-000002", "policy-000004", "policy-000005"]

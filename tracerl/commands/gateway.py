@@ -18,6 +18,9 @@ EPILOG = """\
 example:
   tracerl gateway --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8100 --otlp http://127.0.0.1:4317
   OPENAI_BASE_URL=http://127.0.0.1:8100/v1 opentelemetry-instrument python agent.py
+
+canary (a fifth of new rollouts to policy@6, sticky per rollout; `tracerl promote --once` decides):
+  tracerl gateway --canary 0.2 --upstream-for policy@5=http://127.0.0.1:8000 policy@6=http://127.0.0.1:8001
 """
 
 
@@ -59,6 +62,19 @@ class GatewayCommandConfig:
     models_ttl_s: float = opt(
         2.0, "how long the upstream's /v1/models list is trusted for the alias, seconds"
     )
+    canary: float | None = opt(
+        None,
+        "send this share of new rollouts (sticky per rollout id, conversation or trace) to the "
+        "candidate, the higher of the two --upstream-for versions, the rest to the serving one; "
+        "each call's span says its arm (tracerl.canary.arm). unset: no canary",
+        metavar="FRACTION",
+    )
+    upstream_for: list[str] = opt(  # noqa: RUF009 (opt makes a default_factory for lists)
+        [],
+        "the canary's arms: the upstream serving each version (two of one name, NAME@k and NAME@k+1); "
+        "calls for NAME are split, calls for NAME@k go to their arm",
+        metavar="VERSION=URL",
+    )
     workers: int = opt(
         1,
         "gateway processes serving the port (SO_REUSEPORT); one process relays what one core "
@@ -73,6 +89,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
     from serving.asgi import parse_listen
+    from serving.gateway.canary import canary_route, parse_upstream_for
     from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
     from serving.gateway.workers import calm_gc, fork_workers
 
@@ -80,6 +97,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         for u in upstreams:
             normalise_upstream(u)
+        upstream_for = parse_upstream_for(cfg.upstream_for)
+        if (cfg.canary is None) != (not upstream_for):
+            raise ValueError("--canary FRACTION and --upstream-for VERSION=URL (two) go together")
+        if cfg.canary is not None:
+            canary_route({v: normalise_upstream(u) for v, u in upstream_for.items()}, cfg.canary)
+            if cfg.workers > 1:
+                raise ValueError(
+                    "--canary runs in one gateway process (--workers 1): promote switches one route"
+                )
         host, port = parse_listen(cfg.listen, 8100)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -109,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
             latest_alias=cfg.latest_alias,
             models_ttl_s=cfg.models_ttl_s,
             reuse_port=cfg.workers > 1,
+            canary=cfg.canary,
+            upstream_for=upstream_for,
         ),
         provider,
     )

@@ -1,0 +1,169 @@
+"""``tracerl promote --once``: decide the newest canary round from the store, record it, tell the gateway.
+
+A round published with ``tracerl train --canary`` has status ``canary``: its ``policy@k+1`` serves the
+gateway's ``--canary`` share beside ``policy@v`` (the version the round trained from). Each run:
+
+1. takes the store's training lock once (the manifest's one writer at a time; cron-safe: a held lock
+   is "nothing done", not a wait);
+2. reads each arm's rollouts *over the same window*: rollouts of ``policy@v`` or ``policy@k+1`` whose
+   first call started at or after the canary was published, one reward per rollout
+   (``rollout_reward``), as count, mean and sample variance (DuckDB over the transitions view);
+3. decides (``loop.canary.decide``: an always-valid test, so running it every minute is sound) and
+   writes the round's row: ``promoted`` or ``rolled_back`` with the numbers in its ``canary`` column,
+   or still ``canary`` with the latest look's numbers;
+4. then, with a gateway, sets its share: 1 on promote, 0 on rollback. The manifest is written first,
+   so a run killed after it is finished by the next run, which pushes the recorded decision again.
+
+Everything it decides is a function of the store, so a trainer or cron job killed between canary and
+decision resumes by running this again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from loop.canary import PROMOTE, ROLL_BACK, WAIT, ArmStats, CanaryDecision, CanaryRule, decide
+from store.location import StoreLocation
+from store.views import connect_readonly
+from trainer.rounds import read_rounds, start_version, train_lock, write_round
+
+DECIDED = {PROMOTE: "promoted", ROLL_BACK: "rolled_back"}
+SHARE = {"promoted": 1.0, "rolled_back": 0.0}  # the gateway's candidate share once decided
+
+
+@dataclass
+class PromoteOutcome:
+    """What one run did: ``status`` is the round's status after it (or locked / nothing)."""
+
+    status: str
+    round: int | None = None
+    decision: CanaryDecision | None = None
+    message: str = ""
+
+
+_ARMS_SQL = """
+WITH r AS (
+    SELECT policy_version AS v, rollout_id, max(rollout_reward) AS reward, min(started_at) AS began
+    FROM transitions
+    WHERE policy_version IN (?, ?) AND rollout_reward IS NOT NULL
+    GROUP BY 1, 2
+)
+SELECT v, count(*), avg(reward), coalesce(var_samp(reward), 0)
+FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? GROUP BY v
+"""
+
+
+def arm_stats(loc: StoreLocation, serving: int, candidate: int, since: datetime) -> tuple[ArmStats, ArmStats]:
+    """Each arm's rewarded rollouts that began at or after ``since`` (the canary's publish)."""
+    con = connect_readonly(loc)
+    try:
+        rows = con.execute(_ARMS_SQL, [serving, candidate, since]).fetchall()
+    finally:
+        con.close()
+    got = {int(v): ArmStats(int(n), float(m), float(s)) for v, n, m, s in rows}
+    empty = ArmStats(0, 0.0, 0.0)
+    return got.get(serving, empty), got.get(candidate, empty)
+
+
+def newest_canary(rounds: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest round that was published as a canary (decided or not), or None."""
+    for k in sorted(rounds, reverse=True):
+        r = rounds[k]
+        if r["status"] in ("canary", *DECIDED.values()):
+            return r
+        if r["status"] in ("published", "trained"):
+            return None  # a newer round was published without a canary
+    return None
+
+
+def canary_json(d: CanaryDecision, rule: CanaryRule, serving: int, candidate: int) -> str:
+    return json.dumps(
+        {
+            **asdict(d),
+            "serving_version": serving,
+            "candidate_version": candidate,
+            "alpha": rule.alpha,
+            "margin": rule.margin,
+            "min_per_arm": rule.min_per_arm,
+            "tau": rule.tau,
+            "at": datetime.now(timezone.utc).isoformat(),
+        }
+    )
+
+
+def promote_once(
+    loc: StoreLocation,
+    rule: CanaryRule | None = None,
+    *,
+    served_name: str = "policy",
+    set_share: Callable[[float], None] | None = None,
+    log: Callable[[str], None] = print,
+) -> PromoteOutcome:
+    """One cron-safe look at the newest canary (module docstring). ``set_share(f)`` tells the gateway."""
+    rule = rule or CanaryRule()
+    with train_lock(loc) as held:
+        if held is None:
+            msg = "another 'tracerl train' or 'tracerl promote' holds the lock on this store; nothing done"
+            log(msg)
+            return PromoteOutcome("locked", message=msg)
+        rounds = read_rounds(loc)
+        row = newest_canary(rounds)
+        if row is None:
+            msg = "no canary round in the store (publish with `tracerl train --canary`); nothing to decide"
+            log(msg)
+            return PromoteOutcome("nothing", message=msg)
+        k = row["round"]
+        serving, candidate = start_version(rounds, k), k + 1
+        if row["status"] == "canary":
+            s, c = arm_stats(loc, serving, candidate, row["published_at"])
+            d = decide(s, c, rule)
+            status = DECIDED.get(d.action, "canary")
+            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate)}
+            held.confirm()
+            write_round(loc, row)
+            log(f"round {k}: {served_name}@{candidate} vs {served_name}@{serving}: {describe(d)}")
+        else:
+            d = None
+            log(
+                f"round {k}: {served_name}@{candidate} was {row['status']} earlier; the gateway is told again"
+            )
+    status = row["status"]
+    if status in SHARE and set_share is not None:
+        set_share(SHARE[status])
+    return PromoteOutcome(status, k, d, message=f"round {k} {status}")
+
+
+def describe(d: CanaryDecision) -> str:
+    """One line with the decision's numbers (for logs and ``tracerl report``)."""
+    head = {PROMOTE: "promoted", ROLL_BACK: "rolled back", WAIT: "waiting"}[d.action]
+    bounds = "" if d.lower != d.lower else f" in [{d.lower:+.3f}, {d.upper:+.3f}]"
+    return (
+        f"{head}: candidate {d.mean_candidate:.3f} (n={d.n_candidate}) vs serving {d.mean_serving:.3f} "
+        f"(n={d.n_serving}), difference {d.diff:+.3f}{bounds}; {d.reason}"
+    )
+
+
+def gateway_share(url: str, token: str | None = None, timeout_s: float = 10.0) -> Callable[[float], None]:
+    """``set_share`` for a running ``tracerl gateway --canary``: ``POST /v1/canary``."""
+    import httpx
+
+    def set_share(fraction: float) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            with contextlib.closing(httpx.Client(timeout=timeout_s)) as c:
+                r = c.post(
+                    url.rstrip("/").removesuffix("/v1") + "/v1/canary",
+                    json={"fraction": fraction},
+                    headers=headers,
+                )
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"gateway {url} unreachable ({type(e).__name__}: {e})") from e
+        if r.status_code != 200:
+            raise RuntimeError(f"gateway {url} answered {r.status_code} to POST /v1/canary: {r.text[:200]}")
+
+    return set_share

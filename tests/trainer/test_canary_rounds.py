@@ -1,0 +1,65 @@
+"""Rounds with a canary: a rolled-back round's data is kept and the next round trains from the version
+that kept serving, never from the rolled-back weights (real store, tiny model, CPU)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from loop.promote import promote_once
+from store.location import parse_store
+from trainer.checkpoint import checkpoint_dir, read_manifest
+from trainer.rounds import PublishRequest, read_rounds, run_once
+
+pytestmark = pytest.mark.slow  # builds the tiny model and trains it
+
+
+def dated(rows: list[dict], at) -> list[dict]:
+    return [{**r, "started_at": at + timedelta(milliseconds=i)} for i, r in enumerate(rows)]
+
+
+def renamed(rows: list[dict], reward: float | None = None) -> list[dict]:
+    """The rows as new rollouts (ids of their own), scoring ``reward`` when given."""
+    score = {} if reward is None else {"reward": reward, "rollout_reward": reward}
+    return [{**r, "rollout_id": "w-" + r["rollout_id"], **score} for r in rows]
+
+
+def test_rolled_back_round_is_kept_and_the_next_round_trains_from_the_serving_version(
+    tmp_path, write_rows, make_rollouts, train_settings
+):
+    store = tmp_path / "store"
+    published: list[PublishRequest] = []
+    write_rows(store, make_rollouts(0))
+    assert (
+        run_once(train_settings(store), publisher=published.append, log=print).status == "published"
+    )  # policy@1
+    write_rows(store, make_rollouts(1))
+    s = train_settings(store, canary=True)
+    assert run_once(s, publisher=published.append, log=print).status == "canary"  # round 1: policy@2 canary
+    assert run_once(s, publisher=published.append, log=print).status == "waiting"  # undecided: no round 2 yet
+    at = read_rounds(parse_store(store))[1]["published_at"]
+    # the canary window: policy@1 keeps its rewards (mean about 0.5), policy@2 collapsed to 0
+    write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5)), at + timedelta(seconds=1)))
+    write_rows(store, dated(renamed(make_rollouts(2, n_tasks=6, per_task=5), 0.0), at + timedelta(seconds=1)))
+    shares: list[float] = []
+    assert promote_once(parse_store(store), set_share=shares.append, log=print).status == "rolled_back"
+    assert shares == [0.0]
+    rounds = read_rounds(parse_store(store))
+    assert rounds[1]["status"] == "rolled_back" and json.loads(rounds[1]["canary"])["n_candidate"] >= 20
+    assert checkpoint_dir(store / "checkpoints", 2).exists()  # the rolled-back weights and data are kept
+    # round 2 trains from policy@1's checkpoint on policy@1's rollouts, and publishes policy@3
+    out = run_once(train_settings(store, min_rollouts=4, canary=True), publisher=published.append, log=print)
+    assert out.status == "canary" and out.round == 2
+    row = read_rounds(parse_store(store))[2]
+    assert (row["policy_version"], row["parent_version"]) == (1, 1)
+    man = read_manifest(checkpoint_dir(store / "checkpoints", 3))
+    assert man["parent"] == str(checkpoint_dir(store / "checkpoints", 1)) and man["trained_on_version"] == 1
+    assert man["publishes"] == "policy@3" and [p.name for p in published] == [
+        "policy@1",
+        "policy@2",
+        "policy@3",
+    ]
+    chosen = set(man["selection"]["rollout_ids"])
+    assert chosen and all(r.startswith("w-v1-") for r in chosen)  # the window's serving rollouts
