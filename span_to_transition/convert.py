@@ -18,7 +18,7 @@ from typing import Any
 from options import opt
 from schemas.attributes import TASK_ID
 from span_to_transition.agents import CallAgents, compile_agents, is_trainable
-from span_to_transition.chat_messages import message
+from span_to_transition.chat_messages import chat_problem, message
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call
@@ -119,6 +119,7 @@ class RolloutOutput:
     calls_without_content: int = 0
     duplicate_calls: int = 0
     filled_reward: bool = False
+    untrainable_reasons: dict[str, int] = field(default_factory=dict)  # malformed chat: reason -> calls
 
 
 def transition_id(rollout_id: str, trace_id: str, span_id: str) -> str:
@@ -236,6 +237,19 @@ def unjoined_reason(call: LLMCall) -> str:
     return (where + "no gateway span is below it (its client sent no traceparent) and it records no "
             "gen_ai.response.id to join by; propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
             "which records the response id too) or use an instrumentation that records the response id")
+
+
+def malformed_reason(call: LLMCall, out: RolloutOutput) -> str | None:
+    """Why this call is not well-formed chat (``chat_messages.chat_problem``), as ``untrainable_reason`` says it:
+    ``malformed chat (<dialect>): <problem>``; counted and reported with where, or None when it is well-formed."""
+    found = chat_problem(call.messages, call.response)
+    if found is None:
+        return None
+    reason = f"malformed chat ({call.dialect}): {found.problem}"
+    out.untrainable_reasons[reason] = out.untrainable_reasons.get(reason, 0) + 1
+    out.problems.append(f"LLM call span {call.span_id} ({call.dialect}) in trace {call.trace_id}: {found.problem} "
+                        f"({found.where}); marked untrainable, never trained; run tracerl doctor for the fix")
+    return reason
 
 
 def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
@@ -379,6 +393,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if gateways and tokens.source == "retokenized":
             out.problems.append(unjoined_reason(call))
         agent = found[0] if found else None
+        untrainable = malformed_reason(call, out)
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens
         if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it
@@ -395,7 +410,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 span_id=call.span_id,
                 step=step,
                 agent_name=agent,
-                trainable=is_trainable(agent, selector),
+                trainable=untrainable is None and is_trainable(agent, selector),
                 model=model,
                 policy_version=tokens.policy_version,
                 prompt_messages=_dumps(call.messages),
@@ -414,6 +429,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 ended_at=call.end_time_ns,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
+                untrainable_reason=untrainable,
             )
         )
     out.status = "converted"

@@ -37,6 +37,7 @@ class ConvertStats:
     pending_waits: dict[str, int] = field(default_factory=dict)  # waiting_quiet / waiting_root -> rollouts
     without_calls_reasons: dict[str, int] = field(default_factory=dict)  # reason -> rollouts without calls
     excluded_reasons: dict[str, int] = field(default_factory=dict)  # reason -> rollouts excluded
+    untrainable_reasons: dict[str, int] = field(default_factory=dict)  # malformed chat: reason -> calls
     files_written: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -63,6 +64,11 @@ class ConvertStats:
             )
         if self.rollouts_filled_reward:
             lines.append(f"rollouts given the fill reward: {self.rollouts_filled_reward}")
+        if self.untrainable_reasons:
+            lines.append(
+                f"untrainable (malformed chat; written with trainable=false and untrainable_reason, never trained): "
+                f"{sum(self.untrainable_reasons.values())}{_why(self.untrainable_reasons)}; see tracerl doctor"
+            )
         if self.calls_without_content:
             lines.append(f"LLM calls without message content (not converted): {self.calls_without_content}")
         if self.rollouts_reconverted:

@@ -351,6 +351,8 @@ def _record(
         stats.orphan_spans += o.orphans
         stats.calls_without_content += o.calls_without_content
         stats.duplicate_calls += o.duplicate_calls
+        for reason, n in o.untrainable_reasons.items():
+            stats.untrainable_reasons[reason] = stats.untrainable_reasons.get(reason, 0) + n
         stats.problems.extend(o.problems[: MAX_PROBLEMS - len(stats.problems)])
         if o.reason:
             reasons = (

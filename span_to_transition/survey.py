@@ -21,6 +21,7 @@ from schemas.tables import SPANS_SCHEMA
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.dialects.registry import VALUE_KEYS, classify, parse_call
+from span_to_transition.doctor_chat import Untrainable
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span
@@ -77,6 +78,7 @@ class StoreFacts:
     gateway_roots: int = 0  # gateway spans with no parent: the agent did not propagate traceparent
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
+    untrainable: list[Untrainable] = field(default_factory=list)  # malformed chat, by reason
     pending: list[Pending] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
     quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
@@ -218,6 +220,7 @@ def gather(
             con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
         )
         f.transitions = sum(f.token_sources.values())
+        f.untrainable = _untrainable(con)
         f.training = gather_training(
             con,
             layout,
@@ -238,6 +241,20 @@ def gather(
         bool(settings.get("follow_links", True)),
     )
     return f
+
+
+_UNTRAINABLE_SQL = """
+SELECT t.reason, t.n, t.span_id, any_value(s.scope_name) AS scope
+FROM (SELECT untrainable_reason AS reason, count(*) AS n, min(span_id) AS span_id
+      FROM transitions WHERE untrainable_reason IS NOT NULL GROUP BY 1) t
+LEFT JOIN spans s ON s.span_id = t.span_id
+GROUP BY ALL ORDER BY t.n DESC, t.reason
+"""
+
+
+def _untrainable(con: duckdb.DuckDBPyConnection) -> list[Untrainable]:
+    """Transitions the converter marked untrainable (malformed chat), by reason, with a sample span and its scope."""
+    return [Untrainable(*row) for row in con.execute(_UNTRAINABLE_SQL).fetchall()]
 
 
 def _pending(

@@ -1,0 +1,107 @@
+"""Findings about the shape of what was converted: transitions that are not well-formed chat (pure).
+
+The converter marks a call whose messages a chat template cannot render faithfully (an assistant turn with
+neither content nor tool calls, a tool result with no content or no ``tool_call_id`` an earlier call issued)
+untrainable with its reason (``convert.malformed_reason``); ``survey`` groups those rows by reason, with a
+sample span and its instrumentation scope. Here each group becomes a finding that names the dialect, the
+attribute that should have held the data, and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from span_to_transition.chat_messages import (
+    ASSISTANT_EMPTY,
+    CALL_NO_NAME,
+    RESPONSE_EMPTY,
+    TOOL_NO_CONTENT,
+    TOOL_NO_ID,
+    TOOL_UNKNOWN_ID,
+)
+from span_to_transition.doctor_finding import Finding, plural
+
+
+@dataclass(frozen=True)
+class Untrainable:
+    """Transitions sharing one ``untrainable_reason``, with one sample call span and its scope."""
+
+    reason: str  # "malformed chat (<dialect>): <problem>"
+    count: int
+    span_id: str | None = None
+    scope: str | None = None
+
+
+FIELDS: dict[str, dict[str, str]] = {
+    "openinference": {
+        "calls": "llm.input_messages.{i}.message.tool_calls.{j}.tool_call.{id,function.name,function.arguments}",
+        "result": "llm.input_messages.{i}.message.content and message.tool_call_id",
+        "response": "llm.output_messages.0.message.content / message.tool_calls",
+    },
+    "semconv": {
+        "calls": "gen_ai.input.messages[i].parts[{type: tool_call, id, name, arguments}]",
+        "result": "gen_ai.input.messages[i].parts[{type: tool_call_response, id, response}]",
+        "response": "gen_ai.output.messages[0].parts",
+    },
+    "openllmetry": {
+        "calls": "gen_ai.prompt.{i}.tool_calls.{j}.{id,name,arguments}",
+        "result": "gen_ai.prompt.{i}.content and gen_ai.prompt.{i}.tool_call_id",
+        "response": "gen_ai.completion.0.content / gen_ai.completion.0.tool_calls.{j}.*",
+    },
+    "vercel_ai": {
+        "calls": "ai.prompt.messages[i].content[{type: tool-call, toolCallId, toolName, input}]",
+        "result": "ai.prompt.messages[i].content[{type: tool-result, toolCallId, output}]",
+        "response": "ai.response.text / ai.response.toolCalls",
+    },
+    "attributes_only": {
+        "calls": "the gen_ai.assistant.message event's tool_calls[{id, function}]",
+        "result": "the gen_ai.tool.message event's content and id",
+        "response": "the gen_ai.choice event's message",
+    },
+}
+"""Where each dialect records the parts a malformed call lacks (the attribute the fix is about)."""
+
+_WHICH = {
+    ASSISTANT_EMPTY: "calls",
+    CALL_NO_NAME: "calls",
+    TOOL_NO_CONTENT: "result",
+    TOOL_NO_ID: "result",
+    TOOL_UNKNOWN_ID: "calls",
+    RESPONSE_EMPTY: "response",
+}
+
+CLIENT_FIX = (
+    "instrument the LLM client library under the framework instead of (or beside) the framework's instrumentor: "
+    "pip install opentelemetry-instrumentation-openai (OpenLLMetry) or openinference-instrumentation-openai, "
+    "which record every message's tool calls and tool_call_id as the request sent them; a framework span that "
+    "wraps the client's is then dropped as the same call recorded twice; or report the attribute keys of the "
+    "sample span so the dialect can read where the framework keeps them"
+)
+
+
+def _dialect_and_problem(reason: str) -> tuple[str, str]:
+    head, _, problem = reason.partition("): ")
+    return head.removeprefix("malformed chat (") or "?", problem or reason
+
+
+def chat_findings(groups: list[Untrainable]) -> list[Finding]:
+    """One finding per reason: which dialect, which field, and the fix."""
+    out = []
+    for g in groups:
+        dialect, problem = _dialect_and_problem(g.reason)
+        field = FIELDS.get(dialect, {}).get(_WHICH.get(problem, "calls"), "the message attributes")
+        sample = f" (e.g. span {g.span_id}" + (f", scope {g.scope})" if g.scope else ")") if g.span_id else ""
+        out.append(
+            Finding(
+                f"malformed chat ({dialect}): {problem}",
+                f"{plural(g.count, 'transition')}{sample} whose messages, as the {dialect} dialect recorded them, "
+                f"lack {field}",
+                "a chat template would render a turn the model never saw (an empty assistant turn, a tool result "
+                "answering no call), so these calls are written with trainable=false and untrainable_reason, and "
+                "never trained on; the rest of each rollout still trains",
+                f"record {field}: {CLIENT_FIX}; the converter recovers the messages itself where the span holds "
+                "the request as JSON (OpenInference input.value with input.mime_type application/json), never from "
+                "a Python repr",
+            )
+        )
+    return out
