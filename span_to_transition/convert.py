@@ -19,6 +19,7 @@ from options import opt
 from schemas.attributes import TASK_ID
 from span_to_transition.agents import CallAgents, compile_agents, is_trainable
 from span_to_transition.chat_messages import chat_problem, message
+from span_to_transition.content_join import REQUEST_MESSAGES, match_by_content
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call
@@ -120,6 +121,9 @@ class RolloutOutput:
     duplicate_calls: int = 0
     filled_reward: bool = False
     untrainable_reasons: dict[str, int] = field(default_factory=dict)  # malformed chat: reason -> calls
+    content_joined: int = 0  # calls joined to their gateway span by content (content_join.py)
+    content_ties: int = 0  # gateway spans whose content matched several calls (or shared one): not joined
+    content_near_misses: int = 0  # gateway spans equal to a call on the request or the response only
 
 
 def transition_id(rollout_id: str, trace_id: str, span_id: str) -> str:
@@ -234,9 +238,31 @@ def unjoined_reason(call: LLMCall) -> str:
     if call.response_id:
         return (where + f"no gateway span is below it and none records its gen_ai.response.id {call.response_id!r}; "
                 "was this call sent through the gateway (OPENAI_BASE_URL)?")
-    return (where + "no gateway span is below it (its client sent no traceparent) and it records no "
-            "gen_ai.response.id to join by; propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
+    return (where + "no gateway span is below it (its client sent no traceparent), it records no "
+            "gen_ai.response.id to join by, and no gateway span of its rollout recorded the same request and "
+            "response in its time window alone (a tie, a near-miss, or a gateway too old to record "
+            "tracerl.request.messages); propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
             "which records the response id too) or use an instrumentation that records the response id")
+
+
+def _join_by_content(calls: list[LLMCall], claimed: dict[str, Span], unclaimed: list[Span],
+                     out: RolloutOutput) -> list[Span]:
+    """Gateway spans left by the parent and response-id joins, joined to the calls still without one by equal
+    request and response (``content_join``); ties and near-misses are counted and named, never joined. Returns
+    the gateway spans still unclaimed."""
+    joined = match_by_content([c for c in calls if c.span_id not in claimed], unclaimed)
+    claimed.update({span_id: g for (_, span_id), g in joined.pairs.items()})
+    out.content_joined += len(joined.pairs)
+    out.content_ties += len(joined.ties)
+    out.content_near_misses += len(joined.near_misses)
+    for what, ids in (("matches several calls (or shares one with another gateway span) by content: a tie",
+                       joined.ties), ("equals a call on the request or on the response only: a near-miss",
+                                      joined.near_misses)):
+        out.problems.extend(f"gateway span {g} in rollout {out.rollout_id} {what}; not joined, the call stays "
+                            "retokenized" for g in ids)
+    taken = {g.span_id for g in joined.pairs.values()}
+    refused = {*joined.ties, *joined.near_misses}
+    return [g for g in unclaimed if g.span_id not in taken and f"{g.trace_id}/{g.span_id}" not in refused]
 
 
 def malformed_reason(call: LLMCall, out: RolloutOutput) -> str | None:
@@ -337,6 +363,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     if gateways:
         parent_of = {k[1]: p[1] if p else None for k, p in tree.parent.items()}
         claimed, unclaimed = match_gateways(unique, gateways, parent_of)
+        if unclaimed:
+            unclaimed = _join_by_content(unique, claimed, unclaimed, out)
     for g in unclaimed:
         if classify(g.attributes) == "semconv":
             gcall = parse_semconv(g)
@@ -344,9 +372,11 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 unique.append(gcall)
                 claimed[g.span_id] = g
                 continue
+        content = ("no call of its rollout has its request and response" if REQUEST_MESSAGES in g.attributes
+                   else "records no gen_ai.input.messages/gen_ai.output.messages")
         out.problems.append(
             f"gateway span {g.span_id} in trace {g.trace_id} matches no LLM call span (no parent call span, "
-            "no call with its gen_ai.response.id) and records no gen_ai.input.messages/gen_ai.output.messages; "
+            f"no call with its gen_ai.response.id) and {content}; "
             "not converted. Instrument the agent's OpenAI client, or propagate traceparent to the gateway"
         )
 

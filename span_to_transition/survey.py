@@ -269,7 +269,7 @@ def _pending(
     if not files:
         return []
     spans = ds.dataset(files, schema=SPANS_SCHEMA, format="parquet", filesystem=layout.fs).to_table(
-        columns=["trace_id", "span_id", "parent_span_id", "rollout_id", "received_at", "attributes", "links"]
+        columns=[*SPAN_COLUMNS, "links"]  # (all a content join of gateway traces reads)
     )
     statuses = rollout_statuses(assign_rollouts(spans, dict(ledger.traces), follow_links)[0])
     quiet_ns, wait_ns = int(quiet_s * 1e9), int(max_wait_s * 1e9)
