@@ -19,6 +19,7 @@ from span_to_transition.chat_messages import (
     TOOL_NO_ID,
     TOOL_UNKNOWN_ID,
 )
+from span_to_transition.content_join import ContentJoin
 from span_to_transition.doctor_finding import Finding, plural
 
 
@@ -105,3 +106,27 @@ def chat_findings(groups: list[Untrainable]) -> list[Finding]:
             )
         )
     return out
+
+
+def content_join_findings(joins: ContentJoin | None) -> list[Finding]:
+    """Gateway spans the content join refused to guess about: their calls stay retokenized."""
+    if joins is None or not (joins.ties or joins.near_misses):
+        return []
+    samples = ", ".join([*joins.ties, *joins.near_misses][:3])
+    return [
+        Finding(
+            "gateway spans not joined to a call by content (ties or near-misses)",
+            f"{plural(len(joins.ties), 'gateway span')} in a trace of their own match several agent calls with the "
+            "same request and response in their time window, or share one with another gateway span (a tie: e.g. "
+            f"concurrent rollouts asking the same question); {plural(len(joins.near_misses), 'gateway span')} "
+            "equal a call on the request or on the response only (a near-miss); joined by content: "
+            f"{len(joins.pairs)}; e.g. {samples}",
+            "a content join never guesses, so these calls stay retokenized (no exact token ids or sampling "
+            "logprobs); a near-miss also means the agent's span records messages that differ from what went over "
+            "the wire",
+            "let the agent's client send traceparent to the gateway (instrument the OpenAI client with "
+            "opentelemetry-instrumentation-openai, which also records gen_ai.response.id), or use an instrumentation "
+            "that records the response id; for a near-miss, compare the sample gateway span's "
+            "tracerl.request.messages / tracerl.response.message with its call span's messages",
+        )
+    ]

@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 from schemas.attributes import GATEWAY_FLAG, REWARD
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
+from span_to_transition.content_join import REQUEST_MESSAGES, WINDOW_SLACK_NS, ContentJoin
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.dialects.registry import VALUE_KEYS, classify, parse_call
 from span_to_transition.doctor_chat import Untrainable
@@ -79,6 +80,7 @@ class StoreFacts:
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
     untrainable: list[Untrainable] = field(default_factory=list)  # malformed chat, by reason
+    content_join: ContentJoin | None = None  # root gateway spans joined by content, and the ties / near-misses
     pending: list[Pending] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
     quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
@@ -221,6 +223,7 @@ def gather(
         )
         f.transitions = sum(f.token_sources.values())
         f.untrainable = _untrainable(con)
+        f.content_join = _content_join(con)
         f.training = gather_training(
             con,
             layout,
@@ -255,6 +258,25 @@ GROUP BY ALL ORDER BY t.n DESC, t.reason
 def _untrainable(con: duckdb.DuckDBPyConnection) -> list[Untrainable]:
     """Transitions the converter marked untrainable (malformed chat), by reason, with a sample span and its scope."""
     return [Untrainable(*row) for row in con.execute(_UNTRAINABLE_SQL).fetchall()]
+
+
+def _content_join(con: duckdb.DuckDBPyConnection) -> ContentJoin | None:
+    """The rollout assignment's joins of root gateway spans that record their content, rerun over the spans in
+    their time range: which joined by content, which tied or nearly matched (None: no such gateway span)."""
+    cols = ", ".join(SPAN_COLUMNS)
+    bounds = con.execute(
+        "SELECT min(start_time_ns), max(end_time_ns) FROM spans WHERE parent_span_id IS NULL "
+        f"AND attributes['tracerl.gateway'] = 'true' AND map_contains(attributes, '{REQUEST_MESSAGES}')"
+    ).fetchall()[0]
+    if bounds[0] is None:
+        return None
+    near = con.sql(
+        f"SELECT {cols}, links FROM spans WHERE start_time_ns <= ? AND end_time_ns >= ?",
+        params=[bounds[1] + WINDOW_SLACK_NS, bounds[0] - WINDOW_SLACK_NS],
+    ).to_arrow_table()
+    joins = ContentJoin()
+    assign_rollouts(near.cast(pa.schema([SPANS_SCHEMA.field(n) for n in near.schema.names])), {}, joins=joins)
+    return joins
 
 
 def _pending(

@@ -16,8 +16,10 @@ import pytest
 from serving.protocol import CHAT, StreamAccumulator, record_from_response, span_attributes
 from span_to_transition.content_join import REQUEST_MESSAGES, content_key, match_by_content
 from span_to_transition.convert import ConvertConfig
+from span_to_transition.doctor import diagnose
 from span_to_transition.records import LLMCall, Span
 from span_to_transition.store import convert_store
+from span_to_transition.survey import gather
 
 from .factory import FIXTURES, TraceBuilder, fixture_tables, spans_table, user
 from .test_store import LATER, put, transitions
@@ -186,3 +188,14 @@ def test_a_call_matched_by_two_gateway_spans_joins_neither() -> None:
     assert REQUEST_MESSAGES in attrs
     joined = match_by_content([call], [_gateway_span(1, attrs, 10, 20), _gateway_span(2, attrs, 30, 40)])
     assert joined.pairs == {} and sorted(joined.ties) == [f"{'2' * 32}/{2:016x}", f"{'3' * 32}/{3:016x}"]
+
+
+def test_the_doctor_shows_the_ties(tmp_path: Path) -> None:
+    a = _run(tmp_path, "a", "run-a", "2+2?", "4", 1_700_000_000_000_000_000)
+    b = _run(tmp_path, "b", "run-b", "2+2?", "4", 1_700_000_000_000_000_000)
+    _gateway_for(tmp_path, 7, a, "2+2?", "4")
+    _gateway_for(tmp_path, 8, b, "2+2?", "4")
+    convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    [finding] = [f for f in diagnose(gather(tmp_path, now_ns=LATER)) if "by content" in f.problem]
+    assert "2 gateway spans in a trace of their own match several agent calls" in finding.saw
+    assert "joined by content: 0" in finding.saw and "traceparent" in finding.fix
