@@ -21,6 +21,7 @@ from span_to_transition.chat_messages import (
 )
 from span_to_transition.content_join import ContentJoin
 from span_to_transition.doctor_finding import Finding, plural
+from span_to_transition.records import LLMCall, Span
 
 
 @dataclass(frozen=True)
@@ -130,3 +131,37 @@ def content_join_findings(joins: ContentJoin | None) -> list[Finding]:
             "tracerl.request.messages / tracerl.response.message with its call span's messages",
         )
     ]
+
+
+RESPONSES_MARKS = ('"output_text"', '"input_text"', '"function_call_output"', '"type": "function_call"',
+                   '"type":"function_call"')
+"""Text that only the OpenAI Responses API's items put in an attribute value."""
+
+
+def responses_keys(span: Span) -> list[str]:
+    """The attributes of a call span that hold Responses API items or ``output_text`` (empty: none)."""
+    return sorted(k for k, v in span.attributes.items()
+                  if "output_text" in k or (isinstance(v, str) and any(m in v for m in RESPONSES_MARKS)))
+
+
+def responses_finding(span: Span, call: LLMCall | None, scope: str | None, count: int) -> Finding | None:
+    """A call span in the Responses API shape that the converter read no prompt or no response from; None when it
+    read both, or the span holds no Responses items."""
+    if call is None or (call.messages and call.response is not None):
+        return None
+    keys = responses_keys(span)
+    if not keys:
+        return None
+    lacks = "prompt" if not call.messages else "response"
+    return Finding(
+        f"LLM calls in the OpenAI Responses API shape the converter cannot read ({call.dialect}, scope "
+        f"{scope or '(none)'})",
+        f"{plural(count, 'LLM call span')} like {span.name!r} record Responses API items (input items, output items, "
+        f"output_text) in {', '.join(keys[:6])}, and no {lacks} could be read from them",
+        "these calls yield no transitions (a call without its prompt or its response is not converted)",
+        "the converter reads Responses items in gen_ai.input.messages / gen_ai.output.messages, OpenInference's "
+        "input.value / output.value (input.mime_type application/json: the request body and the Response, or the "
+        "response.completed event when streamed) and OpenLLMetry's gen_ai.prompt.{i}.content parts; record the call "
+        "in one of these (e.g. pip install opentelemetry-instrumentation-openai, which records responses.create as "
+        "gen_ai.prompt.* / gen_ai.completion.*), or report these attribute keys so the shape can be read",
+    )

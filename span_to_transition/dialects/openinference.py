@@ -23,6 +23,7 @@ from span_to_transition.chat_messages import (
 from span_to_transition.dialects.dialect import Dialect
 from span_to_transition.flat_attributes import unflatten
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.responses_api import messages_from_items, response_from_output
 from span_to_transition.wire_roles import openinference_response_id, to_wire_roles
 
 
@@ -76,6 +77,10 @@ def parse_openinference(span: Span) -> LLMCall:
         if finish is None and choices and isinstance(choices[0], dict):
             finish = choices[0].get("finish_reason")
     messages, response = _recovered(messages, outputs[0] if outputs else None, input_value, output_value)
+    if not messages and isinstance(input_value, dict) and "input" in input_value:  # a Responses API request
+        messages = messages_from_items(input_value["input"], input_value.get("instructions"))
+    if response is None and messages:
+        response = response_from_output(output_value)
     call = _common(span, attrs, "openinference", to_wire_roles(messages), response, finish, tools)
     call.response_id = attrs.get("gen_ai.response.id") or response_id or openinference_response_id(output_value)
     call.response_model = attrs.get("llm.model_name")
