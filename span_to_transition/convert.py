@@ -17,7 +17,14 @@ from typing import Any
 
 from options import opt
 from schemas.attributes import TASK_ID
-from span_to_transition.agents import CallAgents, compile_agents, is_trainable
+from span_to_transition.agents import (
+    AGENT_FROM,
+    RESOURCE_AGENT,
+    CallAgents,
+    compile_agents,
+    is_trainable,
+    name_without_agent,
+)
 from span_to_transition.chat_messages import chat_problem, message
 from span_to_transition.content_join import REQUEST_MESSAGES, match_by_content
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
@@ -76,9 +83,17 @@ class ConvertConfig:
                                         "default: one trace, one rollout",
                                   metavar="ATTR")
 
+    agent_from: str = opt("framework", "where a call under no agent span gets its agent name: framework (only the "
+                                       "framework's agent spans, then the process's resource attribute "
+                                       "gen_ai.agent.name, set with OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=NAME) "
+                                       "or span-name (also the name of the nearest chain span: OpenInference CHAIN, "
+                                       "OpenLLMetry workflow/task, e.g. DSPy's ReAct.forward -> ReAct)",
+                          choices=list(AGENT_FROM))
+
     def attribute_keys(self) -> tuple[str, ...]:
-        """The attributes conversion reads besides the dialects': ``tracerl.task_id`` and ``--task-key``."""
-        return (TASK_ID, *((self.task_key,) if self.task_key else ()))
+        """The attributes conversion reads besides the dialects': ``tracerl.task_id``, ``--task-key`` and the
+        agent-naming resource attribute."""
+        return (TASK_ID, RESOURCE_AGENT, *((self.task_key,) if self.task_key else ()))
 
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""
@@ -89,6 +104,8 @@ class ConvertConfig:
             raise ValueError(f"--missing-reward {self.missing_reward!r} is unknown; choose exclude, fill or keep")
         if self.quiet_s < 0 or self.max_wait_s < 0:
             raise ValueError("--quiet-s and --max-wait-s must be >= 0")
+        if self.agent_from not in AGENT_FROM:
+            raise ValueError(f"--agent-from {self.agent_from!r} is unknown; choose framework or span-name")
         if self.workers < 0:
             raise ValueError(f"--workers {self.workers} must be >= 0 (0 picks one per CPU)")
         if not 0.0 <= self.gamma <= 1.0:
@@ -422,7 +439,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         tokens = resolve_tokens(span, gateway, call, out.problems, twins.get(call.span_id, ()))
         if gateways and tokens.source == "retokenized":
             out.problems.append(unjoined_reason(call))
-        agent = found[0] if found else None
+        agent = found[0] if found else name_without_agent(tree, (call.trace_id, call.span_id), config.agent_from)
         untrainable = malformed_reason(call, out)
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens

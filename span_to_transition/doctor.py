@@ -16,7 +16,12 @@ from collections.abc import Mapping
 from schemas.attributes import PROMPT_TOKEN_IDS
 from span_to_transition.dialects.attributes_only import CALL_OPERATIONS
 from span_to_transition.dialects.registry import classify, parse_call
-from span_to_transition.doctor_chat import chat_findings, content_join_findings, responses_finding
+from span_to_transition.doctor_chat import (
+    agent_findings,
+    chat_findings,
+    content_join_findings,
+    responses_finding,
+)
 from span_to_transition.doctor_finding import Finding, plural
 from span_to_transition.doctor_training import coverage_text, training_findings
 from span_to_transition.records import Span
@@ -258,6 +263,7 @@ def diagnose(f: StoreFacts) -> list[Finding]:
 
     out += chat_findings(f.untrainable)
     out += content_join_findings(f.content_join)
+    out += agent_findings(f.transitions, f.transitions_without_agent, f.agents_setting)
     if n_calls or f.gateway_spans:
         out += _reward_findings(f)
         out += _token_findings(f, n_calls)

@@ -165,3 +165,21 @@ def responses_finding(span: Span, call: LLMCall | None, scope: str | None, count
         "in one of these (e.g. pip install opentelemetry-instrumentation-openai, which records responses.create as "
         "gen_ai.prompt.* / gen_ai.completion.*), or report these attribute keys so the shape can be read",
     )
+
+
+def agent_findings(transitions: int, without_agent: int, agents: str | None) -> list[Finding]:
+    """Calls without an agent name under ``--agents``: nothing selects them, so none is trained; the ways to name
+    one. (Without ``--agents`` every call trains, named or not: no finding.)"""
+    if not agents or not without_agent:
+        return []
+    return [
+        Finding(
+            "calls without an agent name",
+            f"{without_agent} of {plural(transitions, 'transition')} have agent_name null: no span above those calls "
+            "names an agent (gen_ai.agent.name, agent.name, invoke_agent, an OpenInference AGENT span, ...)",
+            f"--agents {agents!r} can select none of these calls, so none of them is trained",
+            "name the agent without code: run each agent process with OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=NAME, "
+            "or convert with --agent-from span-name (the nearest chain span's name, e.g. DSPy's ReAct.forward -> "
+            "ReAct); then tracerl convert --rebuild",
+        )
+    ]

@@ -80,6 +80,8 @@ class StoreFacts:
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
     untrainable: list[Untrainable] = field(default_factory=list)  # malformed chat, by reason
+    transitions_without_agent: int = 0  # converted calls no agent span, resource attribute or chain span named
+    agents_setting: str | None = None  # the --agents the rows were converted with
     content_join: ContentJoin | None = None  # root gateway spans joined by content, and the ties / near-misses
     pending: list[Pending] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
@@ -206,6 +208,7 @@ def gather(
         quiet_s=quiet_s,
         max_wait_s=max_wait_s,
         missing_reward=str(settings.get("missing_reward", "exclude")),
+        agents_setting=settings.get("agents"),  # type: ignore[arg-type]
     )
     con = connect_readonly(layout)
     try:
@@ -223,6 +226,8 @@ def gather(
         )
         f.transitions = sum(f.token_sources.values())
         f.untrainable = _untrainable(con)
+        f.transitions_without_agent = con.execute(
+            "SELECT count(*) FROM transitions WHERE agent_name IS NULL").fetchall()[0][0]
         f.content_join = _content_join(con)
         f.training = gather_training(
             con,
