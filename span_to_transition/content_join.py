@@ -65,13 +65,19 @@ def content_key(messages: Sequence[dict[str, Any]], response: dict[str, Any] | N
     return (hashlib.sha256(request.encode()).hexdigest(), hashlib.sha256(answer.encode()).hexdigest())
 
 
-def gateway_key(span: Span) -> tuple[str, str] | None:
-    """The content key of what a gateway span forwarded and returned, or None when it records neither."""
+def gateway_chat(span: Span) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The request messages and the response a gateway span recorded, as canonical chat; None when it records
+    neither (a gateway older than these attributes, or a completions call)."""
     sent, got = load_json(span.attributes.get(REQUEST_MESSAGES)), load_json(span.attributes.get(RESPONSE_MESSAGE))
     if not isinstance(sent, list) or not isinstance(got, dict):
         return None
-    return content_key([_openai_message(m) for m in sent if isinstance(m, dict)],
-                       _openai_message({**got, "role": "assistant"}))
+    return [_openai_message(m) for m in sent if isinstance(m, dict)], _openai_message({**got, "role": "assistant"})
+
+
+def gateway_key(span: Span) -> tuple[str, str] | None:
+    """The content key of what a gateway span forwarded and returned, or None when it records neither."""
+    chat = gateway_chat(span)
+    return content_key(*chat) if chat is not None else None
 
 
 @dataclass

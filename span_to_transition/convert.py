@@ -26,7 +26,7 @@ from span_to_transition.agents import (
     name_without_agent,
 )
 from span_to_transition.chat_messages import chat_problem, message
-from span_to_transition.content_join import REQUEST_MESSAGES, match_by_content
+from span_to_transition.content_join import REQUEST_MESSAGES, gateway_chat, match_by_content
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call
@@ -282,6 +282,17 @@ def _join_by_content(calls: list[LLMCall], claimed: dict[str, Span], unclaimed: 
     return [g for g in unclaimed if g.span_id not in taken and f"{g.trace_id}/{g.span_id}" not in refused]
 
 
+def _wire_when_malformed(call: LLMCall, gateway: Span) -> None:
+    """A call whose recorded messages are not well-formed chat takes the request and response its gateway span
+    recorded as they went over the wire (JSON, ``tracerl.request.messages``), when those are well-formed: the
+    instrumentation lost what the gateway saw (Haystack's records message text only)."""
+    if chat_problem(call.messages, call.response) is None:
+        return
+    wire = gateway_chat(gateway)
+    if wire is not None and chat_problem(*wire) is None:
+        call.messages, call.response = wire
+
+
 def malformed_reason(call: LLMCall, out: RolloutOutput) -> str | None:
     """Why this call is not well-formed chat (``chat_messages.chat_problem``), as ``untrainable_reason`` says it:
     ``malformed chat (<dialect>): <problem>``; counted and reported with where, or None when it is well-formed."""
@@ -397,6 +408,9 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
             "not converted. Instrument the agent's OpenAI client, or propagate traceparent to the gateway"
         )
 
+    for call in unique:
+        if call.span_id in claimed:
+            _wire_when_malformed(call, claimed[call.span_id])
     unique.sort(key=lambda c: (c.start_time_ns, c.end_time_ns, c.span_id))
     if not unique:
         out.reason = NO_CALLS_WITHOUT_CONTENT if out.calls_without_content else NO_CALLS_NONE

@@ -26,6 +26,7 @@ from span_to_transition.chat_messages import (
 )
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.doctor import diagnose
+from span_to_transition.records import Span
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
 from store.layout import StoreLayout
@@ -178,3 +179,31 @@ def test_transitions_written_before_the_column_read_as_well_formed(tmp_path: Pat
     old = read_table(layout.table("transitions"), "transitions")
     assert old.schema.names == TRANSITIONS_SCHEMA.names and old.column("untrainable_reason").null_count == len(old)
     assert {r["untrainable_reason"] for r in transitions(tmp_path)} == {None}
+
+
+def test_behind_the_gateway_the_wire_replaces_a_malformed_record(tmp_path: Path) -> None:
+    """The gateway span under the call (traceparent) recorded the request as it went over the wire."""
+    from serving.protocol import CHAT, record_from_response, span_attributes
+
+    haystack_run(tmp_path / "x", HAYSTACK_REPR, "text/plain")
+    spans = [s for s in spans_table_rows(tmp_path / "x")]
+    wire = [SYS, USER, CALL, RESULT]
+    rec = record_from_response({"model": "policy@3", "messages": wire},
+                               {"id": "r2", "model": "policy@3", "prompt_token_ids": [1, 2],
+                                "choices": [{"index": 0, "message": ANSWER, "token_ids": [3], "finish_reason": "stop"}]},
+                               CHAT)
+    attrs = {k: v if isinstance(v, str) else json.dumps(v) for k, v in span_attributes(rec, "http://up").items()}
+    second = max((s for s in spans if s.name == "OpenAIChatGenerator.run"), key=lambda s: s.start_time_ns)
+    gw = Span(second.trace_id, "f" * 16, second.span_id, "gateway", second.start_time_ns + 1, second.end_time_ns - 1,
+              attrs, {}, (), 100, second.rollout_id)
+    put(tmp_path, "spans", spans_table([*spans, gw]), "hay")
+    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    assert stats.untrainable_reasons == {} and stats.trainable_transitions == 2
+    row = max(transitions(tmp_path), key=lambda r: r["step"])
+    assert json.loads(row["prompt_messages"]) == wire and row["token_source"] == "gateway"
+
+
+def spans_table_rows(store: Path) -> list[Span]:
+    from span_to_transition.columnar import spans_from_table
+
+    return spans_from_table(read_table(StoreLayout.at(store).table("spans"), "spans"), all_attributes=True)
