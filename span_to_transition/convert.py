@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from options import opt
-from schemas.attributes import TASK_ID
+from schemas.attributes import REQUEST_MESSAGES, TASK_ID
 from span_to_transition.agents import (
     AGENT_FROM,
     RESOURCE_AGENT,
@@ -26,7 +26,7 @@ from span_to_transition.agents import (
     name_without_agent,
 )
 from span_to_transition.chat_messages import chat_problem, message
-from span_to_transition.content_join import REQUEST_MESSAGES, gateway_chat, match_by_content
+from span_to_transition.content_join import gateway_chat, match_by_content
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call

@@ -11,6 +11,7 @@ from span_to_transition.convert import ConvertConfig
 from span_to_transition.doctor import diagnose
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
+from store.location import parse_store
 
 from .factory import TraceBuilder, spans_table
 from .test_store import LATER, put, transitions
@@ -33,7 +34,7 @@ def dspy_run(store: Path, resource: dict[str, str] | None = None, agent: str | N
 
 
 def _names(store: Path, **config) -> list[tuple[str | None, bool]]:
-    convert_store(store, ConvertConfig(quiet_s=0, **config), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0, **config), now_ns=LATER)
     return [(r["agent_name"], r["trainable"]) for r in transitions(store)]
 
 
@@ -59,8 +60,8 @@ def test_the_framework_name_wins_over_the_resource_attribute(tmp_path: Path) -> 
 
 def test_the_doctor_suggests_both_ways_when_agents_selects_calls_with_no_name(tmp_path: Path) -> None:
     dspy_run(tmp_path)
-    convert_store(tmp_path, ConvertConfig(quiet_s=0, agents="ReAct"), now_ns=LATER)
-    [finding] = [f for f in diagnose(gather(tmp_path, now_ns=LATER)) if f.problem == "calls without an agent name"]
+    convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, agents="ReAct"), now_ns=LATER)
+    [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if f.problem == "calls without an agent name"]
     assert "1 of 1 transition" in finding.saw and "--agents 'ReAct'" in finding.means
     assert "OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=" in finding.fix and "--agent-from span-name" in finding.fix
 

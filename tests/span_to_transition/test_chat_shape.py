@@ -30,6 +30,7 @@ from span_to_transition.records import Span
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
 from store.layout import StoreLayout
+from store.location import parse_store
 from store.parquet import read_table
 from store.views import connect_readonly
 from trainer.dataset import load_transitions
@@ -69,7 +70,7 @@ def _convert_fixture(name: str, store: Path) -> list[dict]:
     put(store, "spans", traces, "f")
     if logs is not None:
         put(store, "logs", logs, "f")
-    stats = convert_store(store, ConvertConfig(missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(missing_reward="fill"), now_ns=LATER)
     assert stats.untrainable_reasons == {}
     return transitions(store)
 
@@ -118,7 +119,7 @@ HAYSTACK_REPR = ("{'messages': [ChatMessage(_role=<ChatRole.ASSISTANT: 'assistan
 
 def test_a_haystack_call_with_text_only_messages_is_untrainable_counted_and_never_trained(tmp_path: Path) -> None:
     haystack_run(tmp_path, HAYSTACK_REPR, "text/plain")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     reason = f"malformed chat (openinference): {ASSISTANT_EMPTY}"
     assert stats.untrainable_reasons == {reason: 1}
     assert "untrainable (malformed chat" in stats.summary() and "prompt_messages[2]" in " ".join(stats.problems)
@@ -127,7 +128,7 @@ def test_a_haystack_call_with_text_only_messages_is_untrainable_counted_and_neve
     assert stats.trainable_transitions == 1
     # never from the Python repr: the prompt stays as recorded
     assert json.loads(rows[1]["prompt_messages"])[2] == {"role": "assistant", "content": None}
-    con = connect_readonly(str(tmp_path))
+    con = connect_readonly(parse_store(tmp_path))
     for trainable_only in (True, False):  # not even when every call is asked for
         got = load_transitions(con, (0, 10), trainable_only=trainable_only).column("step").to_pylist()
         assert got == [0]
@@ -136,8 +137,8 @@ def test_a_haystack_call_with_text_only_messages_is_untrainable_counted_and_neve
 
 def test_the_doctor_names_the_dialect_the_field_and_the_fix(tmp_path: Path) -> None:
     haystack_run(tmp_path, HAYSTACK_REPR, "text/plain")
-    convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
-    [finding] = [f for f in diagnose(gather(tmp_path, now_ns=LATER)) if f.problem.startswith("malformed chat")]
+    convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
+    [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if f.problem.startswith("malformed chat")]
     assert finding.problem == f"malformed chat (openinference): {ASSISTANT_EMPTY}"
     assert "1 transition (e.g. span" in finding.saw and "llm.input_messages.{i}.message.tool_calls" in finding.saw
     assert "opentelemetry-instrumentation-openai" in finding.fix and "never from a Python repr" in finding.fix
@@ -148,7 +149,7 @@ def test_the_request_held_as_json_is_recovered(tmp_path: Path) -> None:
     body = {"model": "policy@3", "messages": [SYS, USER, {"role": "assistant", "tool_calls": CALL["tool_calls"]},
                                              RESULT]}
     haystack_run(tmp_path, json.dumps(body), "application/json")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.untrainable_reasons == {} and stats.trainable_transitions == 2
     second = max(transitions(tmp_path), key=lambda r: r["step"])
     assert json.loads(second["prompt_messages"]) == [SYS, USER, CALL, RESULT]
@@ -164,7 +165,7 @@ def test_a_tool_call_id_recorded_as_null_is_untrainable(tmp_path: Path) -> None:
     t.chat(root, [], "It is sunny.", extra={"gen_ai.input.messages": json.dumps(prompt)})
     t.reward(root, 1.0)
     put(tmp_path, "spans", spans_table(t.spans), "n")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.untrainable_reasons == {f"malformed chat (semconv): {TOOL_NO_ID}": 1}
     [row] = transitions(tmp_path)
     assert row["trainable"] is False
@@ -172,7 +173,7 @@ def test_a_tool_call_id_recorded_as_null_is_untrainable(tmp_path: Path) -> None:
 
 def test_transitions_written_before_the_column_read_as_well_formed(tmp_path: Path) -> None:
     haystack_run(tmp_path, HAYSTACK_REPR, "text/plain")
-    convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     layout = StoreLayout.at(tmp_path)
     for path in Path(layout.table("transitions")).rglob("*.parquet"):
         pq.write_table(pq.read_table(path).drop_columns(["untrainable_reason"]), path)  # an older writer's file
@@ -197,7 +198,7 @@ def test_behind_the_gateway_the_wire_replaces_a_malformed_record(tmp_path: Path)
     gw = Span(second.trace_id, "f" * 16, second.span_id, "gateway", second.start_time_ns + 1, second.end_time_ns - 1,
               attrs, {}, (), 100, second.rollout_id)
     put(tmp_path, "spans", spans_table([*spans, gw]), "hay")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.untrainable_reasons == {} and stats.trainable_transitions == 2
     row = max(transitions(tmp_path), key=lambda r: r["step"])
     assert json.loads(row["prompt_messages"]) == wire and row["token_source"] == "gateway"

@@ -20,6 +20,7 @@ from span_to_transition.doctor import diagnose
 from span_to_transition.records import LLMCall, Span
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
+from store.location import parse_store
 
 from .factory import FIXTURES, TraceBuilder, fixture_tables, spans_table, user
 from .test_store import LATER, put, transitions
@@ -76,7 +77,7 @@ def _put_fixture(name: str, store: Path) -> None:
 
 def _fixture_calls(name: str, store: Path) -> list[dict]:
     _put_fixture(name, store)
-    convert_store(store, ConvertConfig(missing_reward="fill"), now_ns=LATER)
+    convert_store(parse_store(store), ConvertConfig(missing_reward="fill"), now_ns=LATER)
     return sorted(transitions(store), key=lambda r: r["step"])
 
 
@@ -111,7 +112,7 @@ def test_every_framework_behind_the_gateway_gets_exact_ids_by_content(name: str,
     gws = [_gateway_span(i, gateway_attrs(req, resp, stream, keep_id=in_logs), r["started_at"] + 1, r["ended_at"] - 1)
            for i, ((req, resp), r) in enumerate(zip(wire, calls))]
     put(store, "spans", spans_table(gws), "gw")
-    stats = convert_store(store, ConvertConfig(missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(store), ConvertConfig(missing_reward="fill"), now_ns=LATER)
     rows = sorted(transitions(store), key=lambda r: r["step"])
     assert [r["token_source"] for r in rows] == ["gateway"] * len(calls), stats.problems
     assert stats.content_joined == (0 if in_logs else len(calls))
@@ -143,7 +144,7 @@ def test_two_concurrent_rollouts_asking_the_same_question_never_cross_join(tmp_p
     b = _run(tmp_path, "b", "run-b", "2+2?", "4", 1_700_000_000_000_000_000)  # the same moment, the same answer
     _gateway_for(tmp_path, 7, a, "2+2?", "4")
     _gateway_for(tmp_path, 8, b, "2+2?", "4")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     rows = [r for r in transitions(tmp_path) if r["rollout_id"] in ("run-a", "run-b")]
     assert sorted(r["token_source"] for r in rows) == ["retokenized", "retokenized"]
     assert stats.content_ties == 2 and stats.content_joined == 0
@@ -155,7 +156,7 @@ def test_the_same_question_at_different_times_joins_each_its_own(tmp_path: Path)
     b = _run(tmp_path, "b", "run-b", "2+2?", "4", 1_700_000_100_000_000_000)  # 100 s later
     _gateway_for(tmp_path, 7, a, "2+2?", "4")
     _gateway_for(tmp_path, 8, b, "2+2?", "4")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     rows = sorted(transitions(tmp_path), key=lambda r: r["rollout_id"])
     assert [(r["rollout_id"], r["token_source"]) for r in rows] == [("run-a", "gateway"), ("run-b", "gateway")], stats.summary()
     assert stats.content_joined == 2 and stats.content_ties == 0
@@ -164,7 +165,7 @@ def test_the_same_question_at_different_times_joins_each_its_own(tmp_path: Path)
 def test_a_near_miss_stays_retokenized_and_is_counted(tmp_path: Path) -> None:
     a = _run(tmp_path, "a", "run-a", "2+2?", "4", 1_700_000_000_000_000_000)
     _gateway_for(tmp_path, 7, a, "2+2?", "four")  # the same request, another answer: not this call
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
     [row] = [r for r in transitions(tmp_path) if r["rollout_id"] == "run-a"]
     assert row["token_source"] == "retokenized" and stats.content_near_misses == 1
 
@@ -195,7 +196,7 @@ def test_the_doctor_shows_the_ties(tmp_path: Path) -> None:
     b = _run(tmp_path, "b", "run-b", "2+2?", "4", 1_700_000_000_000_000_000)
     _gateway_for(tmp_path, 7, a, "2+2?", "4")
     _gateway_for(tmp_path, 8, b, "2+2?", "4")
-    convert_store(tmp_path, ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
-    [finding] = [f for f in diagnose(gather(tmp_path, now_ns=LATER)) if "by content" in f.problem]
+    convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if "by content" in f.problem]
     assert "2 gateway spans in a trace of their own match several agent calls" in finding.saw
     assert "joined by content: 0" in finding.saw and "traceparent" in finding.fix

@@ -91,7 +91,7 @@ def test_an_agent_that_sends_no_traceparent_and_no_response_id_joins_by_content(
     finally:
         engine.stop()
 
-    stats = convert_store(store, ConvertConfig(quiet_s=0, missing_reward="fill"))
+    stats = convert_store(parse_store(store), ConvertConfig(quiet_s=0, missing_reward="fill"))
     assert stats.problems == [] and stats.transitions_written == 2 and stats.content_joined == 2
     rows = read_table(StoreLayout.at(store).table("transitions"), "transitions").drop_columns(
         ["started_at", "ended_at"]).to_pylist()

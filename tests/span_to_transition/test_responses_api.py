@@ -19,6 +19,7 @@ from span_to_transition.dialects.registry import parse_call
 from span_to_transition.doctor import diagnose
 from span_to_transition.store import convert_store
 from span_to_transition.survey import gather
+from store.location import parse_store
 
 from .factory import TraceBuilder, spans_table
 from .test_store import LATER, put, transitions
@@ -92,7 +93,7 @@ def test_a_streamed_responses_call_converts_end_to_end(tmp_path: Path) -> None:
                               "output.mime_type": "application/json", "output.value": json.dumps(event)})
     t.reward(root, 1.0)
     put(tmp_path, "spans", spans_table(t.spans), "r")
-    stats = convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     [row] = transitions(tmp_path)
     assert stats.problems == [] and row["trainable"] is True
     assert json.loads(row["prompt_messages"]) == CHAT[1:] and json.loads(row["response_message"]) == ANSWER
@@ -107,6 +108,6 @@ def test_the_doctor_names_the_shape_it_cannot_read(tmp_path: Path) -> None:
                               "output.mime_type": "text/plain", "output.value": json.dumps(RESPONSE)})
     t.reward(root, 1.0)
     put(tmp_path, "spans", spans_table(t.spans), "r")
-    convert_store(tmp_path, ConvertConfig(quiet_s=0), now_ns=LATER)
-    [finding] = [f for f in diagnose(gather(tmp_path, now_ns=LATER)) if "Responses API" in f.problem]
+    convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
+    [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if "Responses API" in f.problem]
     assert "openinference" in finding.problem and "output.value" in finding.saw and "no response" in finding.saw
