@@ -47,6 +47,10 @@ RESPONSE_LOGPROBS = "tracerl.response_logprobs"
 """Choice 0's sampled-token logprobs from the serving engine (choice i > 0: under ``choice_prefix(i)``)."""
 CANARY_ARM = "tracerl.canary.arm"
 """Gateway call span: the canary arm (``serving`` or ``candidate``) the call's rollout was routed to."""
+REQUEST_MESSAGES = "tracerl.request.messages"
+"""Chat: the request's ``messages``, JSON, exactly as the client sent them (the converter's content join)."""
+RESPONSE_MESSAGE = "tracerl.response.message"
+"""Chat: choice 0's assistant message (content, tool calls; streamed deltas merged), JSON, as returned."""
 
 
 def choice_prefix(index: int) -> str:

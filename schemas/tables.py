@@ -142,6 +142,10 @@ TRANSITIONS_SCHEMA = pa.schema(
         # the converter pass that wrote the row: a rollout converted again (a reward that arrived
         # later, ``tracerl convert --rebuild``) is read from its latest pass only (schemas.views)
         pa.field("conversion", pa.int64()),
+        # why a call is never trained on although its agent was selected: "malformed chat (<dialect>): <problem>"
+        # (span_to_transition.chat_messages.CHAT_PROBLEMS); null for a well-formed call, and in files written
+        # before the column existed (readers fill in null)
+        pa.field("untrainable_reason", pa.string()),
     ]
 )
 

@@ -34,6 +34,8 @@ from schemas.attributes import (
     GATEWAY_FLAG,
     POLICY_VERSION,
     PROMPT_TOKEN_IDS,
+    REQUEST_MESSAGES,
+    RESPONSE_MESSAGE,
     ROLLOUT_ID,
     UPSTREAM,
     base_name,
@@ -163,6 +165,7 @@ class ChoiceRecord:
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # as returned (streamed deltas merged)
 
 
 @dataclass
@@ -177,6 +180,7 @@ class CallRecord:
     choices: list[ChoiceRecord] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None
+    request_messages: list[Any] | None = None  # chat: the request's messages exactly as the client sent them
 
 
 def _choice_logprobs(choice: Mapping[str, Any], operation: str) -> list[float]:
@@ -199,17 +203,40 @@ def record_from_response(request: Mapping[str, Any], resp: Mapping[str, Any], op
     """Build the call record from a non-streaming upstream response (before stripping)."""
     rec = CallRecord(operation=operation, request_model=request.get("model"),
                      response_model=resp.get("model"), response_id=resp.get("id"),
-                     prompt_token_ids=list(resp.get("prompt_token_ids") or []))
+                     prompt_token_ids=list(resp.get("prompt_token_ids") or []),
+                     request_messages=_messages(request, operation))
     for i, ch in enumerate(resp.get("choices") or []):
         if ch.get("prompt_token_ids") and not rec.prompt_token_ids:  # completions: per choice
             rec.prompt_token_ids = list(ch["prompt_token_ids"])
         rec.choices.append(ChoiceRecord(
             index=int(ch.get("index", i)), token_ids=list(ch.get("token_ids") or []),
             logprobs=_choice_logprobs(ch, operation), text=_choice_text(ch, operation),
-            finish_reason=ch.get("finish_reason")))
+            finish_reason=ch.get("finish_reason"),
+            tool_calls=list((ch.get("message") or {}).get("tool_calls") or []) if operation == CHAT else []))
     rec.choices.sort(key=lambda c: c.index)
     _set_usage(rec, resp.get("usage"))
     return rec
+
+
+def _messages(request: Mapping[str, Any], operation: str) -> list[Any] | None:
+    messages = request.get("messages") if operation == CHAT else None
+    return messages if isinstance(messages, list) else None
+
+
+def _merge_tool_call_deltas(calls: list[dict[str, Any]], deltas: Any) -> None:
+    """Streamed tool calls arrive in pieces (``index``; ``id`` and name once; arguments in fragments): merged
+    into the calls the client assembles."""
+    for d in deltas if isinstance(deltas, list) else []:
+        if not isinstance(d, dict):
+            continue
+        i = int(d.get("index", len(calls)))
+        while len(calls) <= i:
+            calls.append({"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+        fn = d.get("function") or {}
+        call = calls[i]
+        call["id"] = call["id"] or d.get("id")
+        call["function"]["name"] = call["function"]["name"] or fn.get("name")
+        call["function"]["arguments"] += fn.get("arguments") or ""
 
 
 def _set_usage(rec: CallRecord, usage: Any) -> None:
@@ -222,7 +249,8 @@ class StreamAccumulator:
     """Fold streamed chunks into one ``CallRecord`` (delta ids, logprobs and text per choice)."""
 
     def __init__(self, request: Mapping[str, Any], operation: str) -> None:
-        self.record = CallRecord(operation=operation, request_model=request.get("model"))
+        self.record = CallRecord(operation=operation, request_model=request.get("model"),
+                                 request_messages=_messages(request, operation))
         self._choices: dict[int, ChoiceRecord] = {}
 
     def add(self, chunk: Mapping[str, Any]) -> None:
@@ -240,6 +268,8 @@ class StreamAccumulator:
             c.token_ids.extend(ch.get("token_ids") or [])
             c.logprobs.extend(_choice_logprobs(ch, rec.operation))
             c.text += _choice_text(ch, rec.operation)
+            if rec.operation == CHAT:
+                _merge_tool_call_deltas(c.tool_calls, (ch.get("delta") or {}).get("tool_calls"))
             if ch.get("finish_reason"):
                 c.finish_reason = ch["finish_reason"]
         if chunk.get("usage"):
@@ -255,6 +285,10 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
 
     ``tracerl.policy_version`` comes from the served name (``policy@k``), else from the
     upstream's weight version (set by the publisher after a full-weight reload) when numeric.
+    A chat call also records ``tracerl.request.messages`` (the request's messages as the client sent them) and
+    ``tracerl.response.message`` (the first choice's assistant message as returned), JSON: the converter joins
+    the span to the agent's call span by this content when no ``traceparent`` or response id does
+    (``span_to_transition/content_join.py``).
     """
     attrs: dict[str, Any] = {
         GATEWAY_FLAG: True,
@@ -283,6 +317,13 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
         attrs["gen_ai.usage.output_tokens"] = int(rec.output_tokens)
     if rec.prompt_token_ids:
         attrs[PROMPT_TOKEN_IDS] = [int(t) for t in rec.prompt_token_ids]
+    if rec.request_messages is not None and rec.choices:  # for the converter's content join
+        first = rec.choices[0]
+        attrs[REQUEST_MESSAGES] = json.dumps(rec.request_messages, ensure_ascii=False)
+        attrs[RESPONSE_MESSAGE] = json.dumps(
+            {"role": "assistant", "content": first.text or None, **({"tool_calls": first.tool_calls}
+                                                                    if first.tool_calls else {})},
+            ensure_ascii=False)
     for c in rec.choices:
         prefix = choice_prefix(c.index)
         if c.token_ids:

@@ -13,6 +13,12 @@ span name only when there is none, so that ``--agents NAME`` selects the name th
    (smolagents ``calculator.run`` and CrewAI ``calculator._execute_core`` are ``calculator``);
 4. an OpenInference ``CHAIN`` span of a LlamaIndex agent workflow step: the ``current_agent_name`` its
    input records (``FunctionAgent(name="weather")`` is ``weather``).
+
+Where the framework names no agent (DSPy's ``ReAct.forward`` spans carry no name or type), two ways that need no
+code (``name_without_agent``): the process's resource attribute ``gen_ai.agent.name`` (set per process with
+``OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=NAME``), then, with ``--agent-from span-name``, the name of the
+call's nearest chain span (OpenInference ``CHAIN``, OpenLLMetry ``workflow`` / ``task``), without the method it
+names (``ReAct.forward`` is ``ReAct``).
 """
 
 from __future__ import annotations
@@ -167,6 +173,39 @@ def compile_agents(pattern: str | None) -> re.Pattern[str] | None:
     except re.error as e:
         raise ValueError(f"--agents {pattern!r} is not a valid regular expression ({e}); "
                          "write e.g. --agents 'writer|rewriter'") from e
+
+
+AGENT_FROM = ("framework", "span-name")
+"""``--agent-from``: the framework's agent spans only (then the resource attribute), or also the nearest chain
+span's name for calls under no agent."""
+RESOURCE_AGENT = "gen_ai.agent.name"
+"""The resource attribute naming the agent of every call a process makes (``OTEL_RESOURCE_ATTRIBUTES``)."""
+_CHAIN_KINDS = (("openinference.span.kind", frozenset({"CHAIN"})), ("traceloop.span.kind",
+                                                                    frozenset({"workflow", "task"})))
+
+
+def chain_name(span: Span) -> str | None:
+    """A chain span's name without the method it names (``ReAct.forward`` -> ``ReAct``); None for other spans."""
+    a = span.attributes
+    if not any((a.get(key) or "").upper() in {k.upper() for k in kinds} for key, kinds in _CHAIN_KINDS):
+        return None
+    m = _METHOD.match(span.name)
+    return (m.group(1) if m else span.name) or None
+
+
+def name_without_agent(tree: SpanTree, key: Key, agent_from: str = "framework") -> str | None:
+    """The agent name of a call no agent span names: its process's ``gen_ai.agent.name`` resource attribute, then
+    (``agent_from == "span-name"``) the nearest chain span's name at or above it."""
+    span = tree.spans[key]
+    if span.resource_attributes.get(RESOURCE_AGENT):
+        return span.resource_attributes[RESOURCE_AGENT]
+    if agent_from != "span-name":
+        return None
+    for k in tree.path_up(key, include_self=True):
+        name = chain_name(tree.spans[k])
+        if name:
+            return name
+    return None
 
 
 def is_trainable(agent: str | None, selector: re.Pattern[str] | None) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from span_to_transition.records import LLMCall, Span, as_int, load_json
@@ -188,3 +189,74 @@ def _common(span: Span, attrs: Mapping[str, str], dialect: str, messages: list[d
         _usage(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
         span.start_time_ns, span.end_time_ns,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# well-formed chat (DESIGN.md "Training"): what a transition must be to be trained on
+
+ASSISTANT_EMPTY = "an assistant message in prompt_messages has neither content nor tool_calls"
+RESPONSE_EMPTY = "response_message has neither content nor tool_calls"
+TOOL_NO_CONTENT = "a tool message in prompt_messages has no content"
+TOOL_NO_ID = "a tool message in prompt_messages has no tool_call_id"
+TOOL_UNKNOWN_ID = "a tool message's tool_call_id was issued by no earlier assistant tool call"
+CALL_NO_NAME = "a tool call has no function name"
+CHAT_PROBLEMS = (ASSISTANT_EMPTY, RESPONSE_EMPTY, TOOL_NO_CONTENT, TOOL_NO_ID, TOOL_UNKNOWN_ID, CALL_NO_NAME)
+"""Each way a transition can be malformed chat, in words that name the field; ``tracerl doctor`` keys its fix on them."""
+
+
+@dataclass(frozen=True)
+class ChatProblem:
+    """Why a call's messages are not well-formed chat: one of ``CHAT_PROBLEMS`` and where (``prompt_messages[2]``)."""
+
+    problem: str
+    where: str
+
+
+def _says_something(content: Any) -> bool:
+    if isinstance(content, str):
+        return content != ""
+    if isinstance(content, list):
+        return len(content) > 0
+    return content is not None
+
+
+def _calls_problem(calls: Any, where: str) -> ChatProblem | None:
+    for c in calls or []:
+        if not isinstance(c, dict) or not (c.get("function") or {}).get("name"):
+            return ChatProblem(CALL_NO_NAME, where)
+    return None
+
+
+def chat_problem(messages: list[dict[str, Any]], response: dict[str, Any] | None) -> ChatProblem | None:
+    """The first way ``messages`` + ``response`` fail to be well-formed chat, or None when they are.
+
+    Well-formed: every assistant message (prompt or response) has content or tool calls, each tool call a
+    function name; every tool message has content and the ``tool_call_id`` of a tool call an earlier assistant
+    message issued. A chat template renders anything else as a turn the model never saw (an empty assistant
+    turn, a tool result that answers nothing), so it is never trained on. A row of token ids only
+    (``messages == []``, ``response is None``) has no chat to check: its ids are the truth."""
+    issued: set[str] = set()
+    for i, m in enumerate(messages):
+        where = f"prompt_messages[{i}]"
+        role = m.get("role")
+        if role == "assistant":
+            calls = m.get("tool_calls")
+            if not calls and not _says_something(m.get("content")):
+                return ChatProblem(ASSISTANT_EMPTY, where)
+            found = _calls_problem(calls, where)
+            if found:
+                return found
+            issued.update(c.get("id") for c in calls or [] if c.get("id"))
+        elif role == "tool":
+            if m.get("content") is None:
+                return ChatProblem(TOOL_NO_CONTENT, where)
+            if not m.get("tool_call_id"):
+                return ChatProblem(TOOL_NO_ID, where)
+            if m["tool_call_id"] not in issued:
+                return ChatProblem(TOOL_UNKNOWN_ID, where)
+    if response is not None:
+        calls = response.get("tool_calls")
+        if not calls and not _says_something(response.get("content")):
+            return ChatProblem(RESPONSE_EMPTY, "response_message")
+        return _calls_problem(calls, "response_message")
+    return None

@@ -16,9 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from options import opt
-from schemas.attributes import TASK_ID
-from span_to_transition.agents import CallAgents, compile_agents, is_trainable
-from span_to_transition.chat_messages import message
+from schemas.attributes import REQUEST_MESSAGES, TASK_ID
+from span_to_transition.agents import (
+    AGENT_FROM,
+    RESOURCE_AGENT,
+    CallAgents,
+    compile_agents,
+    is_trainable,
+    name_without_agent,
+)
+from span_to_transition.chat_messages import chat_problem, message
+from span_to_transition.content_join import gateway_chat, match_by_content
 from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call
@@ -75,9 +83,17 @@ class ConvertConfig:
                                         "default: one trace, one rollout",
                                   metavar="ATTR")
 
+    agent_from: str = opt("framework", "where a call under no agent span gets its agent name: framework (only the "
+                                       "framework's agent spans, then the process's resource attribute "
+                                       "gen_ai.agent.name, set with OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=NAME) "
+                                       "or span-name (also the name of the nearest chain span: OpenInference CHAIN, "
+                                       "OpenLLMetry workflow/task, e.g. DSPy's ReAct.forward -> ReAct)",
+                          choices=list(AGENT_FROM))
+
     def attribute_keys(self) -> tuple[str, ...]:
-        """The attributes conversion reads besides the dialects': ``tracerl.task_id`` and ``--task-key``."""
-        return (TASK_ID, *((self.task_key,) if self.task_key else ()))
+        """The attributes conversion reads besides the dialects': ``tracerl.task_id``, ``--task-key`` and the
+        agent-naming resource attribute."""
+        return (TASK_ID, RESOURCE_AGENT, *((self.task_key,) if self.task_key else ()))
 
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""
@@ -88,6 +104,8 @@ class ConvertConfig:
             raise ValueError(f"--missing-reward {self.missing_reward!r} is unknown; choose exclude, fill or keep")
         if self.quiet_s < 0 or self.max_wait_s < 0:
             raise ValueError("--quiet-s and --max-wait-s must be >= 0")
+        if self.agent_from not in AGENT_FROM:
+            raise ValueError(f"--agent-from {self.agent_from!r} is unknown; choose framework or span-name")
         if self.workers < 0:
             raise ValueError(f"--workers {self.workers} must be >= 0 (0 picks one per CPU)")
         if not 0.0 <= self.gamma <= 1.0:
@@ -119,6 +137,10 @@ class RolloutOutput:
     calls_without_content: int = 0
     duplicate_calls: int = 0
     filled_reward: bool = False
+    untrainable_reasons: dict[str, int] = field(default_factory=dict)  # malformed chat: reason -> calls
+    content_joined: int = 0  # calls joined to their gateway span by content (content_join.py)
+    content_ties: int = 0  # gateway spans whose content matched several calls (or shared one): not joined
+    content_near_misses: int = 0  # gateway spans equal to a call on the request or the response only
 
 
 def transition_id(rollout_id: str, trace_id: str, span_id: str) -> str:
@@ -233,9 +255,55 @@ def unjoined_reason(call: LLMCall) -> str:
     if call.response_id:
         return (where + f"no gateway span is below it and none records its gen_ai.response.id {call.response_id!r}; "
                 "was this call sent through the gateway (OPENAI_BASE_URL)?")
-    return (where + "no gateway span is below it (its client sent no traceparent) and it records no "
-            "gen_ai.response.id to join by; propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
+    return (where + "no gateway span is below it (its client sent no traceparent), it records no "
+            "gen_ai.response.id to join by, and no gateway span of its rollout recorded the same request and "
+            "response in its time window alone (a tie, a near-miss, or a gateway too old to record "
+            "tracerl.request.messages); propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
             "which records the response id too) or use an instrumentation that records the response id")
+
+
+def _join_by_content(calls: list[LLMCall], claimed: dict[str, Span], unclaimed: list[Span],
+                     out: RolloutOutput) -> list[Span]:
+    """Gateway spans left by the parent and response-id joins, joined to the calls still without one by equal
+    request and response (``content_join``); ties and near-misses are counted and named, never joined. Returns
+    the gateway spans still unclaimed."""
+    joined = match_by_content([c for c in calls if c.span_id not in claimed], unclaimed)
+    claimed.update({span_id: g for (_, span_id), g in joined.pairs.items()})
+    out.content_joined += len(joined.pairs)
+    out.content_ties += len(joined.ties)
+    out.content_near_misses += len(joined.near_misses)
+    for what, ids in (("matches several calls (or shares one with another gateway span) by content: a tie",
+                       joined.ties), ("equals a call on the request or on the response only: a near-miss",
+                                      joined.near_misses)):
+        out.problems.extend(f"gateway span {g} in rollout {out.rollout_id} {what}; not joined, the call stays "
+                            "retokenized" for g in ids)
+    taken = {g.span_id for g in joined.pairs.values()}
+    refused = {*joined.ties, *joined.near_misses}
+    return [g for g in unclaimed if g.span_id not in taken and f"{g.trace_id}/{g.span_id}" not in refused]
+
+
+def _wire_when_malformed(call: LLMCall, gateway: Span) -> None:
+    """A call whose recorded messages are not well-formed chat takes the request and response its gateway span
+    recorded as they went over the wire (JSON, ``tracerl.request.messages``), when those are well-formed: the
+    instrumentation lost what the gateway saw (Haystack's records message text only)."""
+    if chat_problem(call.messages, call.response) is None:
+        return
+    wire = gateway_chat(gateway)
+    if wire is not None and chat_problem(*wire) is None:
+        call.messages, call.response = wire
+
+
+def malformed_reason(call: LLMCall, out: RolloutOutput) -> str | None:
+    """Why this call is not well-formed chat (``chat_messages.chat_problem``), as ``untrainable_reason`` says it:
+    ``malformed chat (<dialect>): <problem>``; counted and reported with where, or None when it is well-formed."""
+    found = chat_problem(call.messages, call.response)
+    if found is None:
+        return None
+    reason = f"malformed chat ({call.dialect}): {found.problem}"
+    out.untrainable_reasons[reason] = out.untrainable_reasons.get(reason, 0) + 1
+    out.problems.append(f"LLM call span {call.span_id} ({call.dialect}) in trace {call.trace_id}: {found.problem} "
+                        f"({found.where}); marked untrainable, never trained; run tracerl doctor for the fix")
+    return reason
 
 
 def _reward_scopes(tree: SpanTree, rewards: list[Reward], agent_of: CallAgents) -> list[object]:
@@ -323,6 +391,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     if gateways:
         parent_of = {k[1]: p[1] if p else None for k, p in tree.parent.items()}
         claimed, unclaimed = match_gateways(unique, gateways, parent_of)
+        if unclaimed:
+            unclaimed = _join_by_content(unique, claimed, unclaimed, out)
     for g in unclaimed:
         if classify(g.attributes) == "semconv":
             gcall = parse_semconv(g)
@@ -330,12 +400,17 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 unique.append(gcall)
                 claimed[g.span_id] = g
                 continue
+        content = ("no call of its rollout has its request and response" if REQUEST_MESSAGES in g.attributes
+                   else "records no gen_ai.input.messages/gen_ai.output.messages")
         out.problems.append(
             f"gateway span {g.span_id} in trace {g.trace_id} matches no LLM call span (no parent call span, "
-            "no call with its gen_ai.response.id) and records no gen_ai.input.messages/gen_ai.output.messages; "
+            f"no call with its gen_ai.response.id) and {content}; "
             "not converted. Instrument the agent's OpenAI client, or propagate traceparent to the gateway"
         )
 
+    for call in unique:
+        if call.span_id in claimed:
+            _wire_when_malformed(call, claimed[call.span_id])
     unique.sort(key=lambda c: (c.start_time_ns, c.end_time_ns, c.span_id))
     if not unique:
         out.reason = NO_CALLS_WITHOUT_CONTENT if out.calls_without_content else NO_CALLS_NONE
@@ -378,7 +453,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         tokens = resolve_tokens(span, gateway, call, out.problems, twins.get(call.span_id, ()))
         if gateways and tokens.source == "retokenized":
             out.problems.append(unjoined_reason(call))
-        agent = found[0] if found else None
+        agent = found[0] if found else name_without_agent(tree, (call.trace_id, call.span_id), config.agent_from)
+        untrainable = malformed_reason(call, out)
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens
         if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it
@@ -395,7 +471,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 span_id=call.span_id,
                 step=step,
                 agent_name=agent,
-                trainable=is_trainable(agent, selector),
+                trainable=untrainable is None and is_trainable(agent, selector),
                 model=model,
                 policy_version=tokens.policy_version,
                 prompt_messages=_dumps(call.messages),
@@ -414,6 +490,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
                 ended_at=call.end_time_ns,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens,
+                untrainable_reason=untrainable,
             )
         )
     out.status = "converted"

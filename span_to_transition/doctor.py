@@ -16,6 +16,12 @@ from collections.abc import Mapping
 from schemas.attributes import PROMPT_TOKEN_IDS
 from span_to_transition.dialects.attributes_only import CALL_OPERATIONS
 from span_to_transition.dialects.registry import classify, parse_call
+from span_to_transition.doctor_chat import (
+    agent_findings,
+    chat_findings,
+    content_join_findings,
+    responses_finding,
+)
 from span_to_transition.doctor_finding import Finding, plural
 from span_to_transition.doctor_training import coverage_text, training_findings
 from span_to_transition.records import Span
@@ -247,11 +253,17 @@ def diagnose(f: StoreFacts) -> list[Finding]:
         if g.wraps_call:  # a framework's outer record of a call recorded with its messages below it
             continue
         call = parse_call(g.sample, g.sample_logs)
-        if call is not None and not call.messages:
+        shape = responses_finding(g.sample, call, g.scope, g.count)
+        if shape is not None:
+            out.append(shape)
+        elif call is not None and not call.messages:
             key = (call.response is not None, g.scope)
             missing[key] = missing.get(key, 0) + g.count
     out += [_content_finding(scope, n, has_response) for (has_response, scope), n in missing.items()]
 
+    out += chat_findings(f.untrainable)
+    out += content_join_findings(f.content_join)
+    out += agent_findings(f.transitions, f.transitions_without_agent, f.agents_setting)
     if n_calls or f.gateway_spans:
         out += _reward_findings(f)
         out += _token_findings(f, n_calls)

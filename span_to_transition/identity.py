@@ -11,10 +11,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.attributes import GATEWAY_FLAG
+from span_to_transition.columnar import spans_from_table
+from span_to_transition.content_join import REQUEST_MESSAGES, WINDOW_SLACK_NS, ContentJoin, match_by_content
+from span_to_transition.dialects.registry import classify, parse_call
 
 
 def assign_rollouts(
-    spans: pa.Table, known: dict[str, str], follow_links: bool = True, rollout_key: str | None = None
+    spans: pa.Table, known: dict[str, str], follow_links: bool = True, rollout_key: str | None = None,
+    joins: ContentJoin | None = None,
 ) -> tuple[pa.Table, dict[str, str]]:
     """Every span's rollout: its ``rollout_id`` (the trace id where the collector derived none), then
     unified per trace, by ``rollout_key`` and across links (``unify_rollouts``). Returns the relabelled
@@ -24,11 +28,12 @@ def assign_rollouts(
         "rollout_id",
         pc.coalesce(spans.column("rollout_id"), spans.column("trace_id")),
     )
-    return unify_rollouts(spans, known, follow_links=follow_links, rollout_key=rollout_key)
+    return unify_rollouts(spans, known, follow_links=follow_links, rollout_key=rollout_key, joins=joins)
 
 
 def unify_rollouts(
-    spans: pa.Table, known: dict[str, str], *, follow_links: bool = True, rollout_key: str | None = None
+    spans: pa.Table, known: dict[str, str], *, follow_links: bool = True, rollout_key: str | None = None,
+    joins: ContentJoin | None = None,
 ) -> tuple[pa.Table, dict[str, str]]:
     """A trace belongs wholly to the rollout any of its spans names (``tracerl.rollout_id``).
 
@@ -57,7 +62,7 @@ def unify_rollouts(
         mapping.update(key_rollouts(spans, explicit, rollout_key, mapping))
     if follow_links:
         mapping.update(link_rollouts(_link_edges(spans, explicit), mapping))
-    mapping.update(gateway_rollouts(spans, explicit, mapping))
+    mapping.update(gateway_rollouts(spans, explicit, mapping, joins))
     if not mapping:
         return spans, mapping
     keys, values = pa.array(list(mapping), pa.string()), pa.array(list(mapping.values()), pa.string())
@@ -155,15 +160,17 @@ _OUTPUT_ID = r"""(?:^\{"id": ?"|"raw": ?\{"id": ?"|"raw": ?"ChatCompletion(?:Chu
 reads the same three places): the OpenAI response itself, LlamaIndex's ``raw`` dict, smolagents' ``raw`` repr."""
 
 
-def gateway_rollouts(spans: pa.Table, explicit: pa.ChunkedArray, known: dict[str, str]) -> dict[str, str]:
+def gateway_rollouts(spans: pa.Table, explicit: pa.ChunkedArray, known: dict[str, str],
+                     joins: ContentJoin | None = None) -> dict[str, str]:
     """trace -> rollout for gateway traces that name no rollout: the rollout of the call span (in another trace)
     that carries the same response id, in ``gen_ai.response.id`` or inside OpenInference's ``output.value``.
 
     An agent whose instrumentation sends no ``traceparent`` (Strands, smolagents, LlamaIndex, contrib
     openai-v2; the openai 3.x client is not on ``httpx``, so the httpx instrumentation cannot add it) leaves
     every gateway span at the root of a trace of its own; the gateway and the agent's call span still record
-    the provider's response id. Only root gateway spans of traces no rollout claims are looked at, so a
-    store without them pays for one lookup over its root spans."""
+    the provider's response id. What no response id joins is joined by content (``content_rollouts``). Only root
+    gateway spans of traces no rollout claims are looked at, so a store without them pays for one lookup over its
+    root spans. ``joins`` collects what the content join refused (ties, near-misses) and joined."""
     roots = spans.filter(pc.and_(pc.is_null(spans.column("parent_span_id")), pc.invert(explicit)))
     if known and len(roots):
         roots = roots.filter(pc.invert(pc.is_in(roots.column("trace_id"), value_set=pa.array(list(known), pa.string()))))
@@ -173,8 +180,16 @@ def gateway_rollouts(spans: pa.Table, explicit: pa.ChunkedArray, known: dict[str
     gw = roots.filter(pc.fill_null(pc.equal(flag, "true"), False))
     gw_ids = pc.map_lookup(gw.column("attributes"), "gen_ai.response.id", "first")
     wanted = {rid: t for rid, t in zip(gw_ids.to_pylist(), gw.column("trace_id").to_pylist()) if rid}
-    if not wanted:
-        return {}
+    out = _response_id_rollouts(spans, wanted, known) if wanted else {}
+    rest = gw.filter(pc.invert(pc.is_in(gw.column("trace_id"), value_set=pa.array(list(out), pa.string()))))
+    if len(rest) and "start_time_ns" in spans.schema.names:
+        out.update(content_rollouts(spans, rest, known, joins))
+    return out
+
+
+def _response_id_rollouts(spans: pa.Table, wanted: dict[str, str], known: dict[str, str]) -> dict[str, str]:
+    """trace -> rollout for gateway traces (``wanted``: response id -> gateway trace) by the call span, in another
+    trace, that records the same response id."""
     attrs = spans.column("attributes")
     ids = pc.coalesce(
         pc.map_lookup(attrs, "gen_ai.response.id", "first"),
@@ -188,4 +203,43 @@ def gateway_rollouts(spans: pa.Table, explicit: pa.ChunkedArray, known: dict[str
         gw_trace = wanted[rid]
         if trace != gw_trace and gw_trace not in out:
             out[gw_trace] = known.get(trace) or rollout
+    return out
+
+
+def content_rollouts(spans: pa.Table, gateways: pa.Table, known: dict[str, str],
+                     joins: ContentJoin | None = None) -> dict[str, str]:
+    """trace -> rollout for gateway traces whose root span records the request and response
+    (``content_join.REQUEST_MESSAGES``) and whose content equals exactly one agent call's, in another trace, within
+    that call's time window (``content_join.match_by_content``: a tie or near-miss joins nothing).
+
+    Only the call spans that overlap the gateway spans' time range are parsed (by the converter's own dialects),
+    so a pass pays for this only when such gateway traces exist."""
+    has_content = pc.is_valid(pc.map_lookup(gateways.column("attributes"), REQUEST_MESSAGES, "first"))
+    gateways = gateways.filter(has_content)
+    if not len(gateways):
+        return {}
+    slack = WINDOW_SLACK_NS
+    lo = pc.min(gateways.column("start_time_ns").cast(pa.int64())).as_py() - slack
+    hi = pc.max(gateways.column("end_time_ns").cast(pa.int64())).as_py() + slack
+    gw_traces = pa.array(sorted(set(gateways.column("trace_id").to_pylist())), pa.string())
+    near = spans.filter(pc.and_(
+        pc.and_(pc.less_equal(spans.column("start_time_ns").cast(pa.int64()), hi),
+                pc.greater_equal(spans.column("end_time_ns").cast(pa.int64()), lo)),
+        pc.invert(pc.is_in(spans.column("trace_id"), value_set=gw_traces))))
+    calls = []
+    rollout_of: dict[tuple[str, str], str] = {}
+    for span in spans_from_table(near):
+        if span.attributes and classify(span.attributes) is not None:
+            call = parse_call(span)
+            if call is not None:
+                calls.append(call)
+                rollout_of[span.key] = span.rollout_id or span.trace_id
+    joined = match_by_content(calls, spans_from_table(gateways, all_attributes=True), silent_matches_request=True)
+    if joins is not None:
+        joins.pairs.update(joined.pairs)
+        joins.ties.extend(joined.ties)
+        joins.near_misses.extend(joined.near_misses)
+    out: dict[str, str] = {}
+    for (trace, span_id), g in joined.pairs.items():
+        out[g.trace_id] = known.get(trace) or rollout_of[(trace, span_id)]
     return out

@@ -83,6 +83,7 @@ def row_settings(config: ConvertConfig) -> dict[str, object]:
         "follow_links": config.follow_links,
         "task_key": config.task_key,
         "rollout_key": config.rollout_key,
+        "agent_from": config.agent_from,
     }
 
 

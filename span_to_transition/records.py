@@ -135,6 +135,7 @@ class Transition:
     ended_at: int
     input_tokens: int | None
     output_tokens: int | None
+    untrainable_reason: str | None = None  # malformed chat: never trained, whatever --agents selects
 
 
 _SCAN = json.JSONDecoder().scan_once  # json.loads' own C scanner, without the whitespace handling around it

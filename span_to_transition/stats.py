@@ -37,6 +37,10 @@ class ConvertStats:
     pending_waits: dict[str, int] = field(default_factory=dict)  # waiting_quiet / waiting_root -> rollouts
     without_calls_reasons: dict[str, int] = field(default_factory=dict)  # reason -> rollouts without calls
     excluded_reasons: dict[str, int] = field(default_factory=dict)  # reason -> rollouts excluded
+    content_joined: int = 0  # calls given exact ids by a gateway span with the same request and response
+    content_ties: int = 0  # gateway spans whose content matched several calls (or shared one): not joined
+    content_near_misses: int = 0  # gateway spans equal to a call on the request or the response only: not joined
+    untrainable_reasons: dict[str, int] = field(default_factory=dict)  # malformed chat: reason -> calls
     files_written: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -63,6 +67,17 @@ class ConvertStats:
             )
         if self.rollouts_filled_reward:
             lines.append(f"rollouts given the fill reward: {self.rollouts_filled_reward}")
+        if self.content_joined or self.content_ties or self.content_near_misses:
+            lines.append(
+                f"gateway spans joined by content (same request and response, no traceparent or response id): "
+                f"{self.content_joined}; not joined, the calls stay retokenized: {self.content_ties} ties, "
+                f"{self.content_near_misses} near-misses"
+            )
+        if self.untrainable_reasons:
+            lines.append(
+                f"untrainable (malformed chat; written with trainable=false and untrainable_reason, never trained): "
+                f"{sum(self.untrainable_reasons.values())}{_why(self.untrainable_reasons)}; see tracerl doctor"
+            )
         if self.calls_without_content:
             lines.append(f"LLM calls without message content (not converted): {self.calls_without_content}")
         if self.rollouts_reconverted:

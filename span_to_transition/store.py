@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from schemas.tables import LOGS_SCHEMA, REWARDS_SCHEMA, SPANS_SCHEMA, TRANSITIONS_SCHEMA
 from span_to_transition.columnar import _ns, logs_from_table, spans_from_table
+from span_to_transition.content_join import ContentJoin
 from span_to_transition.convert import ConvertConfig, RolloutOutput
 from span_to_transition.feedback import FeedbackRows, count_unjoined, join_feedback, reward_rows
 from span_to_transition.identity import assign_rollouts, link_rollouts
@@ -107,7 +108,15 @@ def _convert_store_locked(
 
     spans = _read_numbered(layout, todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
-    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links, config.rollout_key)
+    joins = ContentJoin()
+    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links, config.rollout_key, joins)
+    stats.content_ties += len(joins.ties)
+    stats.content_near_misses += len(joins.near_misses)
+    stats.problems.extend(
+        f"gateway span {g} matches no single agent call by content ({what}); its trace joins no rollout and the "
+        "call stays retokenized" for what, ids in (("a tie: several calls, or another gateway span", joins.ties),
+                                                   ("a near-miss: request or response only", joins.near_misses))
+        for g in ids)
     stats.spans_read = len(spans)
     statuses = rollout_statuses(spans)
     stats.rollouts_seen = len(statuses)
@@ -351,6 +360,11 @@ def _record(
         stats.orphan_spans += o.orphans
         stats.calls_without_content += o.calls_without_content
         stats.duplicate_calls += o.duplicate_calls
+        stats.content_joined += o.content_joined
+        stats.content_ties += o.content_ties
+        stats.content_near_misses += o.content_near_misses
+        for reason, n in o.untrainable_reasons.items():
+            stats.untrainable_reasons[reason] = stats.untrainable_reasons.get(reason, 0) + n
         stats.problems.extend(o.problems[: MAX_PROBLEMS - len(stats.problems)])
         if o.reason:
             reasons = (

@@ -19,8 +19,10 @@ import pyarrow.dataset as ds
 from schemas.attributes import GATEWAY_FLAG, REWARD
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
+from span_to_transition.content_join import REQUEST_MESSAGES, WINDOW_SLACK_NS, ContentJoin
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.dialects.registry import VALUE_KEYS, classify, parse_call
+from span_to_transition.doctor_chat import Untrainable
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span
@@ -77,6 +79,10 @@ class StoreFacts:
     gateway_roots: int = 0  # gateway spans with no parent: the agent did not propagate traceparent
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
+    untrainable: list[Untrainable] = field(default_factory=list)  # malformed chat, by reason
+    transitions_without_agent: int = 0  # converted calls no agent span, resource attribute or chain span named
+    agents_setting: str | None = None  # the --agents the rows were converted with
+    content_join: ContentJoin | None = None  # root gateway spans joined by content, and the ties / near-misses
     pending: list[Pending] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
     quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
@@ -202,6 +208,7 @@ def gather(
         quiet_s=quiet_s,
         max_wait_s=max_wait_s,
         missing_reward=str(settings.get("missing_reward", "exclude")),
+        agents_setting=settings.get("agents"),  # type: ignore[arg-type]
     )
     con = connect_readonly(layout)
     try:
@@ -218,6 +225,10 @@ def gather(
             con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
         )
         f.transitions = sum(f.token_sources.values())
+        f.untrainable = _untrainable(con)
+        f.transitions_without_agent = con.execute(
+            "SELECT count(*) FROM transitions WHERE agent_name IS NULL").fetchall()[0][0]
+        f.content_join = _content_join(con)
         f.training = gather_training(
             con,
             layout,
@@ -240,6 +251,39 @@ def gather(
     return f
 
 
+_UNTRAINABLE_SQL = """
+SELECT t.reason, t.n, t.span_id, any_value(s.scope_name) AS scope
+FROM (SELECT untrainable_reason AS reason, count(*) AS n, min(span_id) AS span_id
+      FROM transitions WHERE untrainable_reason IS NOT NULL GROUP BY 1) t
+LEFT JOIN spans s ON s.span_id = t.span_id
+GROUP BY ALL ORDER BY t.n DESC, t.reason
+"""
+
+
+def _untrainable(con: duckdb.DuckDBPyConnection) -> list[Untrainable]:
+    """Transitions the converter marked untrainable (malformed chat), by reason, with a sample span and its scope."""
+    return [Untrainable(*row) for row in con.execute(_UNTRAINABLE_SQL).fetchall()]
+
+
+def _content_join(con: duckdb.DuckDBPyConnection) -> ContentJoin | None:
+    """The rollout assignment's joins of root gateway spans that record their content, rerun over the spans in
+    their time range: which joined by content, which tied or nearly matched (None: no such gateway span)."""
+    cols = ", ".join(SPAN_COLUMNS)
+    bounds = con.execute(
+        "SELECT min(start_time_ns), max(end_time_ns) FROM spans WHERE parent_span_id IS NULL "
+        f"AND attributes['tracerl.gateway'] = 'true' AND map_contains(attributes, '{REQUEST_MESSAGES}')"
+    ).fetchall()[0]
+    if bounds[0] is None:
+        return None
+    near = con.sql(
+        f"SELECT {cols}, links FROM spans WHERE start_time_ns <= ? AND end_time_ns >= ?",
+        params=[bounds[1] + WINDOW_SLACK_NS, bounds[0] - WINDOW_SLACK_NS],
+    ).to_arrow_table()
+    joins = ContentJoin()
+    assign_rollouts(near.cast(pa.schema([SPANS_SCHEMA.field(n) for n in near.schema.names])), {}, joins=joins)
+    return joins
+
+
 def _pending(
     layout: StoreLocation, ledger: Ledger, quiet_s: float, max_wait_s: float, now_ns: int, follow_links: bool
 ) -> list[Pending]:
@@ -252,7 +296,7 @@ def _pending(
     if not files:
         return []
     spans = ds.dataset(files, schema=SPANS_SCHEMA, format="parquet", filesystem=layout.fs).to_table(
-        columns=["trace_id", "span_id", "parent_span_id", "rollout_id", "received_at", "attributes", "links"]
+        columns=[*SPAN_COLUMNS, "links"]  # (all a content join of gateway traces reads)
     )
     statuses = rollout_statuses(assign_rollouts(spans, dict(ledger.traces), follow_links)[0])
     quiet_ns, wait_ns = int(quiet_s * 1e9), int(max_wait_s * 1e9)

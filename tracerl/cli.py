@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tracerl.commands.demo", "the whole loop on this machine: serve, collect, rollouts, train, repeat"),
     "judge": ("tracerl.commands.judge", "score converted rollouts with an LLM judge (RULER-style groups, or a rubric)"),
     "doctor": ("tracerl.commands.doctor", "why a store yields no or few transitions, and the fix for each problem"),
+    "check": ("tracerl.commands.check", "one preflight run of a new agent: what was captured, as trained, and the fixes"),
     "ui": ("tracerl.commands.ui", "read-only web viewer: rounds, rollouts, each call token by token, groups, doctor"),
 }
 

@@ -54,6 +54,7 @@ marked AS (
 )
 SELECT * FROM marked
 WHERE ($all_calls OR coalesce(trainable, false))
+  AND untrainable_reason IS NULL  -- malformed chat (span_to_transition): never trained, even with all calls
   AND ($agents IS NULL OR regexp_matches(coalesce(agent_name, ''), $agents))
   AND ($tasks IS NULL OR regexp_matches(coalesce(task_id, ''), $tasks))
 ORDER BY rollout_id, step, transition_id

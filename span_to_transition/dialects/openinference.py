@@ -12,10 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from span_to_transition.chat_messages import _common, _join_text, message, tool_call
+from span_to_transition.chat_messages import (
+    _common,
+    _join_text,
+    _openai_message,
+    chat_problem,
+    message,
+    tool_call,
+)
 from span_to_transition.dialects.dialect import Dialect
 from span_to_transition.flat_attributes import unflatten
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.responses_api import messages_from_items, response_from_output
 from span_to_transition.wire_roles import openinference_response_id, to_wire_roles
 
 
@@ -34,6 +42,26 @@ def _openinference_message(m: dict[str, Any]) -> dict[str, Any]:
                    tool_call_id=msg.get("tool_call_id"), name=msg.get("name"))
 
 
+def _recovered(messages: list[dict[str, Any]], response: dict[str, Any] | None, input_value: Any,
+               output_value: Any) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The request and response as the JSON ``input.value`` / ``output.value`` hold them (the OpenAI request
+    body and response), when the flattened messages are not well-formed chat (an instrumentation that records
+    message text only) and the JSON ones are. Only JSON (``*.mime_type = application/json``) is read: a Python
+    repr (``text/plain``, e.g. Haystack's ``ChatMessage(...)``) is never parsed, so such a call stays malformed."""
+    if chat_problem(messages, response) is None:
+        return messages, response
+    if isinstance(input_value, dict) and isinstance(input_value.get("messages"), list):
+        sent = [_openai_message(m) for m in input_value["messages"] if isinstance(m, dict)]
+        if len(sent) == len(messages) and chat_problem(sent, None) is None:
+            messages = sent
+    choices = output_value.get("choices") if isinstance(output_value, dict) else None
+    if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("message"), dict):
+        got = _openai_message({"role": "assistant", **choices[0]["message"]})
+        if chat_problem([], response) is not None and chat_problem([], got) is None:
+            response = got
+    return messages, response
+
+
 def parse_openinference(span: Span) -> LLMCall:
     attrs = span.attributes
     messages = [_openinference_message(m) for m in unflatten(attrs, "llm.input_messages.")]
@@ -48,8 +76,12 @@ def parse_openinference(span: Span) -> LLMCall:
         choices = output_value.get("choices") or []
         if finish is None and choices and isinstance(choices[0], dict):
             finish = choices[0].get("finish_reason")
-    call = _common(span, attrs, "openinference", to_wire_roles(messages), outputs[0] if outputs else None, finish,
-                   tools)
+    messages, response = _recovered(messages, outputs[0] if outputs else None, input_value, output_value)
+    if not messages and isinstance(input_value, dict) and "input" in input_value:  # a Responses API request
+        messages = messages_from_items(input_value["input"], input_value.get("instructions"))
+    if response is None and messages:
+        response = response_from_output(output_value)
+    call = _common(span, attrs, "openinference", to_wire_roles(messages), response, finish, tools)
     call.response_id = attrs.get("gen_ai.response.id") or response_id or openinference_response_id(output_value)
     call.response_model = attrs.get("llm.model_name")
     if isinstance(input_value, dict):

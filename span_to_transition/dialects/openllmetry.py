@@ -16,6 +16,7 @@ from span_to_transition.chat_messages import _common, message, tool_call
 from span_to_transition.dialects.dialect import ANY, Dialect
 from span_to_transition.flat_attributes import flat_tools, unflatten
 from span_to_transition.records import LLMCall, LogEvent, Span, as_int, load_json
+from span_to_transition.responses_api import text_of_parts
 
 TOOL_CALL_SPAN = {"id": "tool.call.id", "name": "tool.name", "arguments": "tool.parameters"}
 """AgentOps (0.4.x ``instrumentation/providers/openai/wrappers/chat.py``) records a response's tool calls only
@@ -29,7 +30,7 @@ def _content_parts(content: Any) -> Any:
     if isinstance(content, str) and content.startswith("[{"):
         parts = load_json(content)
         if isinstance(parts, list) and parts and all(isinstance(p, dict) and "type" in p for p in parts):
-            return parts
+            return text_of_parts(parts)  # (the Responses API's input_text / output_text parts: plain text)
     return content
 
 

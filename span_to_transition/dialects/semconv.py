@@ -24,6 +24,7 @@ from span_to_transition.dialects.dialect import ANY, Dialect
 from span_to_transition.dialects.openllmetry import openllmetry_message
 from span_to_transition.flat_attributes import FLAT_TOOL_KEYS, flat_tools, unflatten
 from span_to_transition.records import LLMCall, LogEvent, Span, load_json
+from span_to_transition.responses_api import is_items, messages_from_items, response_from_output
 
 FLAT_RESPONSE_CALLS = ("gen_ai.completion.0.function_call.name", "gen_ai.completion.0.tool_calls.0.name")
 
@@ -31,14 +32,18 @@ FLAT_RESPONSE_CALLS = ("gen_ai.completion.0.function_call.name", "gen_ai.complet
 def parse_semconv(span: Span, attrs: Mapping[str, str] | None = None, dialect: str = "semconv") -> LLMCall:
     attrs = span.attributes if attrs is None else attrs
     get = attrs.get
-    messages = messages_from_parts(load_json(get("gen_ai.input.messages")))
+    raw_in = load_json(get("gen_ai.input.messages"))
+    messages = messages_from_items(raw_in) if is_items(raw_in) else messages_from_parts(raw_in)
     instructions = get("gen_ai.system_instructions")
     if instructions is not None:
         system = _system_message(load_json(instructions))
         if system is not None and not (messages and messages[0]["role"] == "system"):
             messages.insert(0, system)
     raw_out = load_json(get("gen_ai.output.messages"))
-    response, finish = _first_output(messages_from_parts(raw_out), raw_out)
+    if is_items(raw_out):  # the Responses API's output items (responses_api.py)
+        response, finish = response_from_output({"output": raw_out}), None
+    else:
+        response, finish = _first_output(messages_from_parts(raw_out), raw_out)
     if FLAT_RESPONSE_CALLS[0] in attrs or FLAT_RESPONSE_CALLS[1] in attrs:
         response = _with_flat_tool_calls(attrs, response)
     tools = get("gen_ai.tool.definitions")

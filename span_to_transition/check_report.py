@@ -1,0 +1,74 @@
+"""What ``tracerl check`` prints after one run of a new agent: what was captured, as the trainer will see it (pure
+rendering over read-only queries), and framework-aware fixes for a run that captured nothing.
+
+``captured(con)`` reads the store's views: spans by instrumentation scope, then every transition with its agent,
+``token_source``, reward and, message by message, the prompt and response the trainer will tokenize.
+``framework_hints(installed, facts)`` names what a known framework needs when its calls were not captured:
+frameworks whose instrumentors must run after the import, instrumentors ``opentelemetry-instrument`` skips
+without a word.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+FRAMEWORK_HINTS: dict[str, str] = {
+    "haystack-ai": (
+        "Haystack: openinference-instrumentation-haystack wraps only the components that exist when it starts, and "
+        "opentelemetry-instrument starts it before your script imports Haystack, so it records nothing; add "
+        "`from openinference.instrumentation.haystack import HaystackInstrumentor; "
+        "HaystackInstrumentor().instrument()` after `import haystack` in the agent (it then records message text "
+        "only: instrument the OpenAI client too, e.g. opentelemetry-instrumentation-openai, for tool calls)"
+    ),
+    "llama-index-core": (
+        "LlamaIndex: opentelemetry-instrument skips openinference-instrumentation-llama-index without a word when "
+        "its [instruments] extra is missing; pip install 'openinference-instrumentation-llama-index[instruments]'"
+    ),
+}
+"""Distribution name (as installed in the agent's environment) -> what its tracing needs, shown when the run
+captured no LLM call."""
+
+
+def _text(content: Any, limit: int = 160) -> str:
+    if isinstance(content, list):
+        content = " ".join(p.get("text", f"[{p.get('type')}]") for p in content if isinstance(p, dict))
+    text = "" if content is None else str(content)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def message_lines(m: dict[str, Any]) -> list[str]:
+    """One chat message as the trainer sees it: role, text, tool calls, the id a tool result answers."""
+    head = m.get("role", "?") + (f" (answers {m['tool_call_id']})" if m.get("tool_call_id") else "")
+    lines = [f"{head}: {_text(m.get('content'))}"]
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function") or {}
+        lines.append(f"  -> tool call {c.get('id')}: {fn.get('name')}({_text(fn.get('arguments'), 80)})")
+    return lines
+
+
+def captured(con: Any) -> str:
+    """Spans by scope and every transition, message by message (``con``: the store's read-only views)."""
+    out = ["spans by instrumentation scope:"]
+    scopes = con.sql("SELECT coalesce(scope_name, '(none)'), count(*) FROM spans GROUP BY 1 ORDER BY 2 DESC").fetchall()
+    out += [f"  {scope}: {n}" for scope, n in scopes] or ["  (no spans)"]
+    rows = con.sql(
+        "SELECT rollout_id, step, agent_name, token_source, trainable, untrainable_reason, reward, reward_source, "
+        "prompt_messages, response_message FROM transitions ORDER BY rollout_id, step"
+    ).fetchall()
+    out.append(f"calls converted: {len(rows)}")
+    for rollout, step, agent, source, trainable, why, reward, reward_source, prompt, response in rows:
+        out.append(f"- rollout {rollout} step {step}: agent {agent or '(none)'}, token_source {source}, "
+                   f"trainable {trainable}{f' ({why})' if why else ''}, reward {reward} ({reward_source})")
+        for m in json.loads(prompt or "[]"):
+            out += ["    " + line for line in message_lines(m)]
+        resp = json.loads(response or "null")
+        out += ["    => " + line for line in (message_lines(resp) if resp else ["(token ids only)"])]
+    return "\n".join(out)
+
+
+def framework_hints(installed: set[str], calls_captured: bool) -> list[str]:
+    """Fixes for the frameworks installed in the agent's environment, when the run captured no LLM call."""
+    if calls_captured:
+        return []
+    return [hint for dist, hint in FRAMEWORK_HINTS.items() if dist in installed]
