@@ -293,10 +293,14 @@ def _wire_when_malformed(call: LLMCall, gateway: Span) -> None:
         call.messages, call.response = wire
 
 
-def malformed_reason(call: LLMCall, out: RolloutOutput) -> str | None:
+def malformed_reason(call: LLMCall, out: RolloutOutput, exact_response: bool = False) -> str | None:
     """Why this call is not well-formed chat (``chat_messages.chat_problem``), as ``untrainable_reason`` says it:
-    ``malformed chat (<dialect>): <problem>``; counted and reported with where, or None when it is well-formed."""
-    found = chat_problem(call.messages, call.response)
+    ``malformed chat (<dialect>): <problem>``; counted and reported with where, or None when it is well-formed.
+
+    With ``exact_response`` (the engine's own response token ids, from the gateway or the span) the response is
+    what the trainer trains on, whatever the recorded message says: an immediate end of text is a real sample
+    (empty content, no tool calls), so only the prompt is checked then."""
+    found = chat_problem(call.messages, None if exact_response else call.response)
     if found is None:
         return None
     reason = f"malformed chat ({call.dialect}): {found.problem}"
@@ -454,7 +458,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if gateways and tokens.source == "retokenized":
             out.problems.append(unjoined_reason(call))
         agent = found[0] if found else name_without_agent(tree, (call.trace_id, call.span_id), config.agent_from)
-        untrainable = malformed_reason(call, out)
+        untrainable = malformed_reason(call, out, tokens.source != "retokenized" and bool(tokens.response_token_ids))
         model = call.response_model or call.request_model
         input_tokens, output_tokens = call.input_tokens, call.output_tokens
         if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it

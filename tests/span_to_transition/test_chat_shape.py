@@ -208,3 +208,20 @@ def spans_table_rows(store: Path) -> list[Span]:
     from span_to_transition.columnar import spans_from_table
 
     return spans_from_table(read_table(StoreLayout.at(store).table("spans"), "spans"), all_attributes=True)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_an_empty_response_is_trainable_only_with_the_engines_own_ids(tmp_path: Path, exact: bool) -> None:
+    """An immediate end of text is a real sample when the engine's response ids say so (the ids are what the
+    trainer trains on); without them an empty recorded response may be an instrumentation that lost it."""
+    t = TraceBuilder("f" * 32, rollout_id="empty", received_at_ns=100)
+    root = t.span("invoke_agent a", agent="a")
+    ids = {"tracerl.prompt_token_ids": "[1, 2, 3]", "tracerl.response_token_ids": "[0]"} if exact else {}
+    t.chat(root, [SYS, USER], "", extra=ids)
+    t.reward(root, 1.0)
+    put(tmp_path, "spans", spans_table(t.spans), "e")
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
+    [row] = transitions(tmp_path)
+    assert row["token_source"] == ("span" if exact else "retokenized")
+    assert row["trainable"] is exact
+    assert stats.untrainable_reasons == ({} if exact else {f"malformed chat (semconv): {RESPONSE_EMPTY}": 1})
