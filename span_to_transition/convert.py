@@ -31,7 +31,7 @@ from span_to_transition.credit import CREDIT, CallRef, CreditRollout, assign
 from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call
 from span_to_transition.dialects.semconv import parse_semconv
-from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Transition, as_int
+from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Tokens, Transition, as_int
 from span_to_transition.rewards import in_band_rewards, rollout_reward
 from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens, tokens_from
 from span_to_transition.tree import Key, SpanTree, build_tree
@@ -327,18 +327,13 @@ def _call_quality(call: LLMCall, depth: int) -> tuple:
             -call.start_time_ns, call.span_id)
 
 
-def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
-    """The transitions of one complete rollout (see the module docstring for the steps)."""
-    selector = compile_agents(config.agents)
-    tree = build_tree(inp.rollout_id, inp.spans, quiet_flag="--max-wait-s" if inp.timed_out else "--quiet-s")
-    out = RolloutOutput(inp.rollout_id, "no_calls", duplicates=tree.duplicates, orphans=len(tree.orphans))
-    out.problems.extend(tree.problems)
-
+def _parse_calls(tree: SpanTree, inp: RolloutInput, out: RolloutOutput) -> tuple[list[LLMCall], list[Span]]:
+    """Every LLM call the rollout's spans record (a framework's wrapper of its client library's call
+    dropped), and the gateway spans beside them."""
     logs_by_span: dict[str, list[LogEvent]] = {}
     for e in inp.logs:
         if e.span_id:
             logs_by_span.setdefault(e.span_id, []).append(e)
-
     parsed: list[tuple[Span, LLMCall]] = []
     gateways: list[Span] = []
     for key, span in tree.spans.items():
@@ -366,10 +361,14 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         if not call.response_id and _without_content(span, call, out):
             continue  # (with a response id, the check waits: another record of the call may hold the content)
         calls.append(call)
+    return calls, gateways
 
-    # One call per gen_ai.response.id: two instrumentations (or a framework and a client library)
-    # recording the same request must not train on it twice. Keep the most complete record.
-    # The records left out may still hold the call's token ids (LiteLLM: on its raw_gen_ai_request span).
+
+def _one_per_response_id(calls: list[LLMCall], tree: SpanTree,
+                         out: RolloutOutput) -> tuple[list[LLMCall], dict[str, list[Span]]]:
+    """One call per gen_ai.response.id: two instrumentations (or a framework and a client library)
+    recording the same request must not train on it twice. Keep the most complete record; the records
+    left out ("twins") may still hold the call's token ids (LiteLLM: on its raw_gen_ai_request span)."""
     best: dict[str, LLMCall] = {}
     records: dict[str, list[LLMCall]] = {}
     unique: list[LLMCall] = []
@@ -389,7 +388,14 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
     unique.extend(c for c in best.values() if not _without_content(tree.spans[(c.trace_id, c.span_id)], c, out))
     twins = {b.span_id: [tree.spans[(c.trace_id, c.span_id)] for c in records[rid] if c is not b]
              for rid, b in best.items() if len(records[rid]) > 1}
+    return unique, twins
 
+
+def _claim_gateways(unique: list[LLMCall], gateways: list[Span], tree: SpanTree,
+                    out: RolloutOutput) -> dict[str, Span]:
+    """Each call's gateway span (by parent, response id, then content); a gateway span no call claims
+    becomes a call of its own when it recorded the chat (semconv), else a reported problem. ``unique``
+    gains those calls, and a call whose record is malformed takes what its gateway saw on the wire."""
     claimed: dict[str, Span] = {}
     unclaimed: list[Span] = []
     if gateways:
@@ -411,91 +417,128 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
             f"no call with its gen_ai.response.id) and {content}; "
             "not converted. Instrument the agent's OpenAI client, or propagate traceparent to the gateway"
         )
-
     for call in unique:
         if call.span_id in claimed:
             _wire_when_malformed(call, claimed[call.span_id])
-    unique.sort(key=lambda c: (c.start_time_ns, c.end_time_ns, c.span_id))
-    if not unique:
-        out.reason = NO_CALLS_WITHOUT_CONTENT if out.calls_without_content else NO_CALLS_NONE
-        return out
+    return claimed
 
-    rewards = in_band_rewards(tree.spans.values(), inp.logs) + list(inp.rewards)
+
+@dataclass
+class _Reward:
+    """The rollout's reward as the converter writes it: value (None: kept unrewarded), source, the rows."""
+
+    value: float | None
+    source: str | None
+    rows: list[Reward]
+
+
+def _reward_of(tree: SpanTree, inp: RolloutInput, config: ConvertConfig, out: RolloutOutput) -> _Reward | None:
+    """In-band and posted rewards, each ``reward_id`` once, summed; without any, ``--missing-reward`` decides
+    (None: the rollout is excluded)."""
     seen_ids: set[str] = set()
     deduped: list[Reward] = []
-    for r in rewards:
+    for r in in_band_rewards(tree.spans.values(), inp.logs) + list(inp.rewards):
         if r.reward_id is not None:
             if r.reward_id in seen_ids:
                 continue
             seen_ids.add(r.reward_id)
         deduped.append(r)
     total = rollout_reward(deduped)
-    value, source = total.value, total.source
-    if value is None:
-        if config.missing_reward == "exclude":
-            out.status, out.reason = "excluded_no_reward", NO_REWARD
-            return out
-        if config.missing_reward == "keep":  # written with a null reward, converted again when one arrives
-            value, source = None, None
-        else:
-            value, source, out.filled_reward = config.fill_reward, "fill", True
-        deduped = []
+    if total.value is not None:
+        return _Reward(total.value, total.source, deduped)
+    if config.missing_reward == "exclude":
+        out.status, out.reason = "excluded_no_reward", NO_REWARD
+        return None
+    if config.missing_reward == "keep":  # written with a null reward, converted again when one arrives
+        return _Reward(None, None, [])
+    out.filled_reward = True
+    return _Reward(config.fill_reward, "fill", [])
+
+
+def _usage(call: LLMCall, gateway: Span | None) -> tuple[int | None, int | None]:
+    """The call's token counts; where its span has none, the gateway's (e.g. a streamed call whose client
+    asked for no usage: the gateway saw it)."""
+    input_tokens, output_tokens = call.input_tokens, call.output_tokens
+    if gateway is not None:
+        if input_tokens is None:
+            input_tokens = as_int(gateway.attributes.get("gen_ai.usage.input_tokens"))
+        if output_tokens is None:
+            output_tokens = as_int(gateway.attributes.get("gen_ai.usage.output_tokens"))
+    return input_tokens, output_tokens
+
+
+def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, is_last: bool, agent: str | None,
+                tokens: Tokens, usage: tuple[int | None, int | None], reward: _Reward, credited: float | None, *,
+                untrainable: str | None, trainable: bool) -> Transition:
+    """One call's row of the transitions table (schemas/tables.py)."""
+    return Transition(
+        transition_id=transition_id(rollout_id, call.trace_id, call.span_id),
+        rollout_id=rollout_id,
+        task_id=task_id,
+        trace_id=call.trace_id,
+        span_id=call.span_id,
+        step=step,
+        agent_name=agent,
+        trainable=trainable,
+        model=call.response_model or call.request_model,
+        policy_version=tokens.policy_version,
+        prompt_messages=_dumps(call.messages),
+        tools=_dumps(call.tools) if call.tools else None,
+        response_message=_dumps(call.response),  # "null": the span recorded token ids only
+        finish_reason=call.finish_reason,
+        prompt_token_ids=tokens.prompt_token_ids,
+        response_token_ids=tokens.response_token_ids,
+        response_logprobs=tokens.response_logprobs,
+        token_source=tokens.source,
+        reward=None if credited is None else float(credited),
+        rollout_reward=None if reward.value is None else float(reward.value),
+        reward_source=reward.source,
+        is_last=is_last,
+        started_at=call.start_time_ns,
+        ended_at=call.end_time_ns,
+        input_tokens=usage[0],
+        output_tokens=usage[1],
+        untrainable_reason=untrainable,
+    )
+
+
+def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
+    """The transitions of one complete rollout (see the module docstring for the steps)."""
+    selector = compile_agents(config.agents)
+    tree = build_tree(inp.rollout_id, inp.spans, quiet_flag="--max-wait-s" if inp.timed_out else "--quiet-s")
+    out = RolloutOutput(inp.rollout_id, "no_calls", duplicates=tree.duplicates, orphans=len(tree.orphans))
+    out.problems.extend(tree.problems)
+
+    calls, gateways = _parse_calls(tree, inp, out)
+    unique, twins = _one_per_response_id(calls, tree, out)
+    claimed = _claim_gateways(unique, gateways, tree, out)
+    unique.sort(key=lambda c: (c.start_time_ns, c.end_time_ns, c.span_id))
+    if not unique:
+        out.reason = NO_CALLS_WITHOUT_CONTENT if out.calls_without_content else NO_CALLS_NONE
+        return out
+    reward = _reward_of(tree, inp, config, out)
+    if reward is None:
+        return out
 
     agent_of = CallAgents(tree)
     call_agents = [agent_of((c.trace_id, c.span_id)) for c in unique]
     refs = [CallRef(c.span_id, c.response_id, c.end_time_ns, a[1] if a else None) for c, a in zip(unique, call_agents)]
-    scopes = _reward_scopes(tree, deduped, agent_of) if config.credit == "matched" else None
+    scopes = _reward_scopes(tree, reward.rows, agent_of) if config.credit == "matched" else None
     credit: list[float | None] = (
-        [None] * len(refs) if value is None
-        else list(assign(config.credit, CreditRollout(refs, value, deduped, config.gamma, scopes)))
+        [None] * len(refs) if reward.value is None
+        else list(assign(config.credit, CreditRollout(refs, reward.value, reward.rows, config.gamma, scopes)))
     )
     task_id = task_id_of(tree, unique, config.task_key)
-    n = len(unique)
     for step, (call, credited, found) in enumerate(zip(unique, credit, call_agents)):
-        span = tree.spans[(call.trace_id, call.span_id)]
         gateway = claimed.get(call.span_id)
-        tokens = resolve_tokens(span, gateway, call, out.problems, twins.get(call.span_id, ()))
+        tokens = resolve_tokens(tree.spans[(call.trace_id, call.span_id)], gateway, call, out.problems,
+                                twins.get(call.span_id, ()))
         if gateways and tokens.source == "retokenized":
             out.problems.append(unjoined_reason(call))
         agent = found[0] if found else name_without_agent(tree, (call.trace_id, call.span_id), config.agent_from)
         untrainable = malformed_reason(call, out, tokens.source != "retokenized" and bool(tokens.response_token_ids))
-        model = call.response_model or call.request_model
-        input_tokens, output_tokens = call.input_tokens, call.output_tokens
-        if gateway is not None:  # e.g. a streamed call whose client asked for no usage: the gateway saw it
-            if input_tokens is None:
-                input_tokens = as_int(gateway.attributes.get("gen_ai.usage.input_tokens"))
-            if output_tokens is None:
-                output_tokens = as_int(gateway.attributes.get("gen_ai.usage.output_tokens"))
-        out.transitions.append(
-            Transition(
-                transition_id=transition_id(inp.rollout_id, call.trace_id, call.span_id),
-                rollout_id=inp.rollout_id,
-                task_id=task_id,
-                trace_id=call.trace_id,
-                span_id=call.span_id,
-                step=step,
-                agent_name=agent,
-                trainable=untrainable is None and is_trainable(agent, selector),
-                model=model,
-                policy_version=tokens.policy_version,
-                prompt_messages=_dumps(call.messages),
-                tools=_dumps(call.tools) if call.tools else None,
-                response_message=_dumps(call.response),  # "null": the span recorded token ids only
-                finish_reason=call.finish_reason,
-                prompt_token_ids=tokens.prompt_token_ids,
-                response_token_ids=tokens.response_token_ids,
-                response_logprobs=tokens.response_logprobs,
-                token_source=tokens.source,
-                reward=None if credited is None else float(credited),
-                rollout_reward=None if value is None else float(value),
-                reward_source=source,
-                is_last=step == n - 1,
-                started_at=call.start_time_ns,
-                ended_at=call.end_time_ns,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                untrainable_reason=untrainable,
-            )
-        )
+        out.transitions.append(_transition(
+            inp.rollout_id, task_id, call, step, step == len(unique) - 1, agent, tokens, _usage(call, gateway),
+            reward, credited, untrainable=untrainable, trainable=untrainable is None and is_trainable(agent, selector)))
     out.status = "converted"
     return out
