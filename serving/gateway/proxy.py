@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -50,14 +49,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 
 from httpshell import ServerOptions, bearer_error
-from schemas.attributes import POLICY_VERSION_AMBIGUOUS, POLICY_VERSION_CANDIDATES, parse_policy_version
+from schemas.attributes import parse_policy_version
 from serving.asgi import (
     HTTPError,
     Receive,
@@ -67,10 +66,9 @@ from serving.asgi import (
     error_response,
     json_response,
     parse_json,
-    stream_out,
 )
+from serving.gateway.call import Answered, Call, UpstreamFailure, transport_failure
 from serving.gateway.canary import (
-    ARM_ATTRIBUTE,
     Arm,
     CanaryRoute,
     arm_for,
@@ -78,26 +76,16 @@ from serving.gateway.canary import (
     check_fraction,
     session_from_baggage,
 )
-from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name, is_timeout
-from serving.gateway.versions import VersionLabel, Watch, label
+from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
+from serving.gateway.versions import Watch
 from serving.protocol import (
     OPERATIONS,
-    SSE_DONE,
     CallRecord,
-    ClientWants,
-    SSEData,
-    StreamAccumulator,
     error_body,
-    error_message,
     latest_version_name,
     pick_upstream,
     prepare_upstream_body,
-    record_from_response,
     rollout_from_baggage,
-    span_attributes,
-    sse_data,
-    strip_chunk,
-    strip_response,
     trace_id_from_traceparent,
 )
 
@@ -408,7 +396,7 @@ class Gateway(ShellServer):
         span = self.tracer.start_span(
             f"tracerl.gateway {model}", context=parent, kind=SpanKind.CLIENT, start_time=start
         )
-        call = _Call(self, span, body, op)
+        call = Call(self, span, body, op)
         call.deadline = time.monotonic() + self.config.timeout_s
         try:
             up_body, wants = prepare_upstream_body(body, op)
@@ -432,7 +420,7 @@ class Gateway(ShellServer):
                     last = e
                     continue
                 except TRANSPORT_ERRORS as e:
-                    raise _transport_failure(call.upstream, e, "failed") from e
+                    raise transport_failure(call.upstream, e, "failed") from e
                 if resp.status == 200 and wants.stream:
                     return call.stream(resp)  # the stream now owns the span and the upstream response
                 try:
@@ -440,15 +428,15 @@ class Gateway(ShellServer):
                 finally:
                     resp.release()
                 call.streaming = True  # the answer ends the span once the client has it
-                return _Answered(call, response)
-            raise _UpstreamFailure(
+                return Answered(call, response)
+            raise UpstreamFailure(
                 502,
                 "upstream_unreachable",
                 error_name(last),
                 f"no upstream reachable ({type(last).__name__}: {last}); check that the "
                 f"model server is running at {', '.join(self.upstreams)}",
             )
-        except _UpstreamFailure as f:
+        except UpstreamFailure as f:
             call.fail(f)
             return f.response or json_response(f.status, error_body(f.message, f.err_type, f.status))
         except HTTPError as e:
@@ -462,7 +450,7 @@ class Gateway(ShellServer):
                 call.end()
 
     async def _send(
-        self, call: _Call, path: str, client_body: dict, up_body: dict, headers: dict[str, str]
+        self, call: Call, path: str, client_body: dict, up_body: dict, headers: dict[str, str]
     ) -> aiohttp.ClientResponse:
         """POST to one upstream (response not yet read), retrying once for each of two recoverable refusals.
 
@@ -487,7 +475,7 @@ class Gateway(ShellServer):
                 alias = call.arm.version if call.arm.version in state.names else None
                 if alias is None and latest_version_name(body.get("model"), state.names):
                     # it serves other versions by name: the base name would be neither arm's weights
-                    raise _UpstreamFailure(
+                    raise UpstreamFailure(
                         502,
                         "canary_version_missing",
                         "canary_version_missing",
@@ -532,228 +520,3 @@ class Gateway(ShellServer):
                 "return_token_ids); upgrade vLLM for exact tokens",
                 upstream,
             )
-
-
-class _Call:
-    """One proxied call: its span, what the client wants, and the record the span gets at the end."""
-
-    def __init__(self, gw: Gateway, span: trace.Span, body: dict, op: str):
-        self.gw, self.span, self.body, self.op = gw, span, body, op
-        self.upstream = gw.upstreams[0]
-        self.wants: ClientWants | None = None
-        self.record: CallRecord | None = None
-        self.streaming = False  # an ASGI answer (_Stream, _Answered) ends the span, not _proxy
-        self.deadline = float("inf")
-        self.watch: Watch | None = None  # set when the call's version is the upstream's weight version
-        self.before: str | None = None
-        self.version = VersionLabel()
-        self.arm: Arm | None = None  # the canary arm, when the canary routed the call
-
-    async def read_version(self) -> None:
-        """Read the upstream's version again, now that the call's last chunk has arrived, and label the call."""
-        if self.watch is not None:
-            self.version = label(self.before, (await self.watch.after()).version)
-
-    def fail(self, f: _UpstreamFailure) -> None:
-        self.record = f.record or self.record
-        self.fail_with(f.error_type, f.message)
-
-    def fail_with(self, error_type: str, message: str) -> None:
-        self.span.set_attribute("error.type", error_type)
-        self.span.set_status(Status(StatusCode.ERROR, message))
-
-    def end(self) -> None:
-        """Record the call on its span and end it (the version only as ``read_version`` labelled it)."""
-        rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
-        attrs = span_attributes(rec, self.upstream, weight_version=self.version.version)
-        if self.arm is not None:
-            attrs[ARM_ATTRIBUTE] = self.arm.name
-            if "tracerl.policy_version" not in attrs and not self.version.ambiguous:
-                # the upstream named no version: the one the operator mapped it to (--upstream-for)
-                attrs["tracerl.policy_version"] = parse_policy_version(self.arm.version)
-        self.span.set_attributes(attrs)
-        if self.version.ambiguous:
-            self.span.set_attribute(POLICY_VERSION_AMBIGUOUS, True)
-            self.span.set_attribute(POLICY_VERSION_CANDIDATES, list(self.version.candidates))
-        self.span.end()
-
-    async def whole(self, resp: aiohttp.ClientResponse) -> Response:
-        """A non-streamed answer (or any error answer): read it all, record it, answer the client."""
-        try:
-            raw = await resp.read()
-        except TRANSPORT_ERRORS as e:
-            raise _transport_failure(self.upstream, e, "failed") from e
-        if resp.status != 200:
-            try:
-                err = json.loads(raw)
-            except json.JSONDecodeError:
-                err = None
-            msg = error_message(err) if err is not None else raw.decode("utf-8", "replace")[:500]
-            out = (
-                err
-                if isinstance(err, dict) and isinstance(err.get("error"), dict)
-                else error_body(msg or f"upstream answered HTTP {resp.status}", "upstream_error", resp.status)
-            )
-            raise _UpstreamFailure(
-                resp.status,
-                "upstream_error",
-                str(resp.status),
-                f"upstream {self.upstream} answered {resp.status}: {msg}",
-                response=json_response(resp.status, out),
-            )
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _UpstreamFailure(
-                502,
-                "upstream_error",
-                "invalid_response",
-                f"upstream {self.upstream} answered 200 with a body that is not JSON ({e})",
-            ) from e
-        self.record = record_from_response(self.body, data, self.op)
-        self.gw.warn_if_no_ids(self.record, self.upstream)
-        return json_response(200, strip_response(data, self.wants))
-
-    def stream(self, resp: aiohttp.ClientResponse) -> _Stream:
-        self.streaming = True
-        return _Stream(self, resp)
-
-
-class _Answered:
-    """The ASGI answer of a whole call: sent to the client first, then the version is read and the span ends."""
-
-    def __init__(self, call: _Call, response: Response):
-        self.call, self.response = call, response
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self.response(scope, receive, send)
-            await self.call.read_version()
-        finally:
-            self.call.end()
-
-
-class _Stream:
-    """The ASGI answer of a streamed call: relays the upstream's events as they come, cleaned for the
-    client, and ends the call's span when the stream ends, however it ends."""
-
-    def __init__(self, call: _Call, resp: aiohttp.ClientResponse):
-        self.call, self.resp = call, resp
-        self.acc = StreamAccumulator(call.body, call.op)
-        self.failure: _UpstreamFailure | None = None
-        self.read_all = False  # the upstream's answer was read to its end: its connection can be kept
-        n = call.body.get("n")
-        self.unfinished = set(
-            range(n if isinstance(n, int) and n > 0 else 1)
-        )  # choices without a finish_reason
-        self.version_read: asyncio.Task[None] | None = (
-            None  # started at the last token, before usage and [DONE]
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        call = self.call
-        completed = False
-        try:
-            completed = await stream_out(receive, send, self._events())
-        finally:
-            if self.read_all:
-                self.resp.release()  # the connection goes back to the pool
-            else:
-                self.resp.close()  # abandoned mid-answer: the upstream sees the connection close
-            call.record = self.acc.finish()
-            call.gw.warn_if_no_ids(call.record, call.upstream)
-            if self.failure is not None:
-                call.fail(self.failure)
-            elif not completed:
-                call.fail_with("client_disconnected", "the client closed the connection mid-stream")
-            try:
-                # after the last token: the weights that served it were live before this read
-                await (self.version_read or call.read_version())
-            finally:
-                call.end()
-
-    async def _events(self) -> AsyncIterator[bytes]:
-        """The client's stream: every event that has arrived is cleaned and sent on in one write.
-
-        Reading whole network reads (not line by line) batches the events that queued up while the
-        gateway was busy, so under load it makes fewer, larger writes instead of falling behind.
-        """
-        sse, tail, done = SSEData(), b"", False
-        read = self.resp.content.readany
-        try:
-            while data := await read():
-                if done:  # read to the end, so the connection goes back to the pool
-                    continue
-                lines = (tail + data).split(b"\n")
-                tail = lines.pop()
-                out: list[bytes] = []
-                for line in lines:
-                    payload = sse.feed(line.decode("utf-8", "replace"))
-                    if payload is None:
-                        continue
-                    if payload == "[DONE]":
-                        done = True
-                        break
-                    out.append(self._relay(payload))
-                if out:
-                    yield b"".join(out)
-            self.read_all = True
-        except TRANSPORT_ERRORS as e:
-            self.failure = _transport_failure(self.call.upstream, e, "broke the stream")
-            yield sse_data(error_body(self.failure.message, self.failure.err_type, self.failure.status))
-        yield SSE_DONE
-
-    def _relay(self, payload: str) -> bytes:
-        """One upstream event -> what the client gets (b"" for the usage chunk it did not ask for)."""
-        upstream = self.call.upstream
-        try:
-            chunk = json.loads(payload)
-        except json.JSONDecodeError:
-            chunk = error_body(
-                f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
-                "upstream_error",
-                502,
-            )
-        if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
-            self.failure = _UpstreamFailure(
-                500,
-                "upstream_error",
-                "stream_error",
-                f"upstream {upstream} failed mid-stream: {error_message(chunk)}",
-            )
-            return sse_data(chunk)
-        self.acc.add(chunk)
-        for ch in chunk.get("choices") or ():
-            if ch.get("finish_reason") is not None:
-                self.unfinished.discard(ch.get("index"))
-        if not self.unfinished and self.version_read is None:
-            self.version_read = asyncio.ensure_future(self.call.read_version())
-        out = strip_chunk(chunk, self.call.wants)
-        return sse_data(out) if out is not None else b""
-
-
-def _transport_failure(upstream: str, e: BaseException, doing: str) -> _UpstreamFailure:
-    """A 504 for an upstream that went quiet past ``--timeout-s``, else a 502 naming what broke."""
-    name = error_name(e)
-    if is_timeout(e):
-        return _UpstreamFailure(
-            504,
-            "upstream_timeout",
-            name,
-            f"upstream {upstream} did not answer within its "
-            f"timeout ({name}); raise --timeout-s if generations are long",
-        )
-    return _UpstreamFailure(502, "upstream_error", name, f"upstream {upstream} {doing}: {name}: {e}")
-
-
-class _UpstreamFailure(Exception):
-    def __init__(
-        self, status: int, err_type: str, error_type: str, message: str, response: Response | None = None
-    ):
-        super().__init__(message)
-        self.status = status
-        self.err_type = err_type
-        self.error_type = error_type
-        self.message = message
-        self.response = response  # the answer already made for the client (an upstream error passed through)
-        self.record: CallRecord | None = None
