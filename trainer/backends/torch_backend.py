@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from trainer.attention import resolve as resolve_attention
+from trainer.attention import use_attention
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
 from trainer.config import TrainSettings
@@ -79,7 +81,10 @@ class TorchBackend:
             torch.set_num_threads(settings.threads)
         tokenizer = AutoTokenizer.from_pretrained(base_model)
         model, ref = load_policy(settings, base_model, parent)
+        mode = resolve_attention(settings.attention, device)
+        use_attention(model, mode)
         if ref is not None:
+            use_attention(ref, mode)
             ref.to(device)
         model.to(device).train()
         if rank_world()[1] > 1:
