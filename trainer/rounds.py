@@ -65,7 +65,14 @@ from trainer.checkpoint import (
 )
 from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainSettings
-from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions
+from trainer.dataset import (
+    DatasetConfig,
+    DatasetStats,
+    LazyTokenizer,
+    Sample,
+    build_samples,
+    load_transitions,
+)
 from trainer.feedback_window import WindowSplit, feedback_split, parse_duration
 from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
@@ -252,6 +259,49 @@ def _store(settings: TrainSettings) -> StoreLocation:
     return loc
 
 
+@dataclass
+class DatasetStep:
+    """What a round's dataset step found: the selection it resumes (None: a new round), the rows read,
+    the samples built from them and their counts."""
+
+    selection: dict[str, Any] | None
+    lo: int
+    rows: pa.Table
+    tokenizer: LazyTokenizer
+    window: WindowSplit
+    exclude: set[str]
+    samples: list[Sample]
+    stats: DatasetStats
+
+
+def dataset_step(settings: TrainSettings, loc: StoreLocation, k: int, base_model: Path) -> DatasetStep:
+    """Round k's rows and samples: the selection of an interrupted run of k (redone on the same
+    rollouts), else the not-yet-used rollouts of versions k-K..k whose feedback window has closed.
+    The tokenizer is loaded only if a row needs retokenizing (``LazyTokenizer``): recorded token ids
+    need none, and importing transformers was most of a fresh process's dataset step
+    (``bench/dataset_step.py``)."""
+    selection = read_selection(loc, k)
+    lo = selection["versions"][0] if selection is not None else max(0, k - settings.max_staleness)
+    con = connect_readonly(loc)
+    rows = load_transitions(con, (lo, k), agents=settings.agents, tasks=settings.tasks,
+                            unversioned=settings.unversioned_as)
+    con.close()
+    if selection is not None:
+        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))
+    tokenizer = LazyTokenizer(base_model)
+    used = used_rollouts(loc, k) if selection is None else set()
+    window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
+              if selection is None else WindowSplit())
+    exclude = used | set(window.waiting) | window.unrewarded
+    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
+                                   trained_version=k)
+    stats.n_rollouts_feedback_waiting = len(window.waiting)
+    stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
+    if lo > 0 and selection is None:
+        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
+    return DatasetStep(selection, lo, rows, tokenizer, window, exclude, samples, stats)
+
+
 def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointStore, held: Held, base_model: Path,
                 publisher: Publisher | None, on_step: StepCallback | None, log: Callable[[str], None],
                 threads_now: Callable[[], int] | None = None) -> RoundOutcome:
@@ -275,29 +325,9 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                              "use the same --model for every round of a store, or a new --store")
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    selection = read_selection(loc, k)
-    resuming = selection is not None  # a run of round k was interrupted: redo it on the same rollouts
-    lo = selection["versions"][0] if selection is not None else max(0, k - settings.max_staleness)
-    con = connect_readonly(loc)
-    rows = load_transitions(con, (lo, k), agents=settings.agents, tasks=settings.tasks,
-                            unversioned=settings.unversioned_as)
-    con.close()
-    if selection is not None:
-        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))
-
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base_model)
-    used = used_rollouts(loc, k) if selection is None else set()
-    window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
-              if selection is None else WindowSplit())
-    exclude = used | set(window.waiting) | window.unrewarded
-    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
-                                   trained_version=k)
-    stats.n_rollouts_feedback_waiting = len(window.waiting)
-    stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
-    if lo > 0 and selection is None:
-        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
+    step = dataset_step(settings, loc, k, base_model)
+    selection, resuming, lo, rows = step.selection, step.selection is not None, step.lo, step.rows
+    tokenizer, window, exclude, samples, stats = step.tokenizer, step.window, step.exclude, step.samples, step.stats
     timings["dataset"] = time.perf_counter() - t
     if selection is not None:
         trained_ids = set(selection["transition_ids"])
