@@ -172,16 +172,17 @@ def main() -> None:
     p.add_argument(
         "--peak-tflops", type=float, default=989.0, help="CUDA: the card's bf16 dense peak, for MFU"
     )
+    p.add_argument("--smoke", action="store_true", help="the GPU bench's code path on CPU with a small model")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="dense", help=argparse.SUPPRESS)
     p.add_argument("--no-grad", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(cpu_child(args.tokens[0], args.mode, args.sample_len, not args.no_grad)))
-    elif args.device == "cpu":
+    elif args.device == "cpu" and not args.smoke:
         run_cpu(args)
     else:
-        from bench._attention_cuda import run_cuda
+        from _attention_cuda import run_cuda  # this script's folder is on sys.path
 
         run_cuda(args, QWEN_1_5B)
 
