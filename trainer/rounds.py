@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -56,6 +57,7 @@ from store.parquet import read_table, write_table_atomic
 from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
+    BackgroundWrite,
     clean_temp_dirs,
     git_sha,
     is_complete,
@@ -360,6 +362,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     write_round(loc, row)
     final = ckpts.ensure_local(k + 1)
     metrics: TrainMetrics | None = None
+    pending: BackgroundWrite | None = None
     try:
         if is_complete(final) and read_manifest(final).get("round") == k:
             log(f"round {k}: adopting checkpoint {final} written before the previous run stopped")
@@ -378,8 +381,8 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
             log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
                 f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))
             with contextlib.ExitStack() as stack:
-                metrics, adapter, save = _train(settings, base_model, parent, batches, final, on_step,
-                                                timings, stack, threads_now)
+                metrics, adapter, save, resume = _train(settings, base_model, parent, batches, final, on_step,
+                                                        timings, stack, threads_now)
                 t = time.perf_counter()
                 manifest = {
                     "round": k, "trained_on_version": k, "publishes": f"{settings.served_name}@{k + 1}",
@@ -391,8 +394,13 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                 }
                 write_checkpoint(final, save, manifest)
                 timings["save"] = time.perf_counter() - t
+                if resume is not None:  # the optimizer state, beside the publish: only the next round reads it
+                    pending = BackgroundWrite(functools.partial(resume, final))
         t = time.perf_counter()
         held.confirm()
+        if pending is not None and ckpts.mirror is not None:  # the bucket's copy is whole, resume state included
+            timings["resume_state"] = pending.wait()
+            pending = None
         if ckpts.upload(k + 1):
             timings["upload"] = time.perf_counter() - t
     except LeaseLost:
@@ -411,16 +419,19 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         row = _publish(loc, ckpts, held, row, base_model, publisher, log, settings.served_name,
                        settings.keep_checkpoints)
     log(metrics_line(row, stats, metrics))
+    if pending is not None:
+        log(f"round {k}: resume state (optimizer) written in {pending.wait():.1f}s, beside the publish")
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
 
 def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
            on_step: StepCallback | None, timings: dict[str, float],
            stack: contextlib.ExitStack,
-           threads_now: Callable[[], int] | None = None) -> tuple[TrainMetrics, bool, Callable[[Path], None]]:
+           threads_now: Callable[[], int] | None = None,
+           ) -> tuple[TrainMetrics, bool, Callable[[Path], None], Callable[[Path], None] | None]:
     """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
-    process state never lives in this process); returns metrics, adapter flag and the ``save`` for
-    ``write_checkpoint``. ``stack`` keeps the ranks' work dir until the checkpoint is written."""
+    process state never lives in this process); returns metrics, adapter flag, the ``save`` for
+    ``write_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it). ``stack`` keeps the ranks' work dir until the checkpoint is written."""
     if settings.nproc > 1 or settings.backend == "openrlhf":
         from trainer.launcher import RankError, train_ranks, work_dir
 
@@ -431,7 +442,7 @@ def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batch
             raise TrainError(str(e)) from e
         timings["model_load"] = run.load_seconds
         timings["train"] = run.metrics.seconds
-        return run.metrics, run.adapter, run.save
+        return run.metrics, run.adapter, run.save, None
     from trainer.backends import load_backend
 
     t = time.perf_counter()
@@ -439,7 +450,10 @@ def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batch
     timings["model_load"] = time.perf_counter() - t
     metrics = backend.train(batches, on_step, threads_now)
     timings["train"] = metrics.seconds
-    return metrics, bool(backend.adapter), backend.save
+    resume = getattr(backend, "write_resume_state", None)
+    if resume is not None:
+        backend.defer_resume_state = True
+    return metrics, bool(backend.adapter), backend.save, resume
 
 
 def metrics_json(m: TrainMetrics, stats: DatasetStats, nproc: int) -> str:

@@ -15,6 +15,9 @@ share of every step's micro-batches and the gradients are summed across ranks be
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,16 +25,19 @@ from typing import Any
 
 import torch
 
+from store.atomic import fsync_dir
 from trainer.attention import resolve as resolve_attention
 from trainer.attention import use_attention
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
+from trainer.checkpoint import save_weights
 from trainer.config import TrainSettings
 from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import ImportanceStats, LossConfig, policy_loss
 from trainer.packing import Batch, sequence_logprobs
 
 OPTIMIZER_FILE = "optimizer.pt"
+MASTER_DIR = "master"  # fp32 weights to resume from, when the served ones are bf16
 
 
 def cpu_has_bf16() -> bool:
@@ -70,6 +76,9 @@ class TorchBackend:
         self.loss_config = loss_config(settings)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        # full weights are served in the precision trained in: bf16 under bf16 autocast, else as held
+        self.served_dtype = autocast_dtype(device, settings.bf16)
+        self.defer_resume_state = False
 
     @classmethod
     def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
@@ -189,13 +198,61 @@ class TorchBackend:
         return finish_metrics(m, resp_tokens, self.device, self.world)
 
     def save(self, out_dir: Path) -> None:
-        """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes."""
+        """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes.
+
+        What the engine loads: full weights as one safetensors file in ``served_dtype`` (bf16 when
+        training in bf16: half the bytes, and what vLLM serves), or the LoRA adapter; plus the
+        tokenizer. The resume state follows here, or later with ``write_resume_state`` when
+        ``defer_resume_state`` is set (``run_once`` writes it beside the publish)."""
         if self.rank != 0:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out_dir)
-        self.tokenizer.save_pretrained(out_dir)
-        torch.save(self.optimizer.state_dict(), out_dir / OPTIMIZER_FILE)
+        if self.adapter:
+            self.model.save_pretrained(out_dir)
+        else:
+            self._save_full(out_dir, self.served_dtype)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(out_dir)
+        if not self.defer_resume_state:
+            self.write_resume_state(out_dir)
+
+    def _save_full(self, out_dir: Path, dtype: torch.dtype | None) -> None:
+        model = self.model
+        save_weights(model.state_dict(), out_dir / "model.safetensors", dtype)
+        config = copy.deepcopy(model.config)
+        if dtype is not None:
+            config.dtype = dtype
+        config.save_pretrained(out_dir)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(out_dir)
+
+    def write_resume_state(self, checkpoint: Path) -> None:
+        """What only the next round reads: ``master/`` (the fp32 weights, when the served ones are in a
+        lower precision; ``load_policy`` prefers them) and then ``optimizer.pt``. Each appears by rename,
+        so a kill midway leaves a checkpoint without it: the next round then starts from the served
+        weights and fresh Adam moments, instead of from half a file."""
+        if self.rank != 0:
+            return
+        model_dtype = next(self.model.parameters()).dtype
+        if not self.adapter and self.served_dtype is not None and self.served_dtype != model_dtype:
+            tmp = checkpoint / f".{MASTER_DIR}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            self._save_full(tmp, None)
+            _fsync_files(tmp)
+            os.replace(tmp, checkpoint / MASTER_DIR)
+        tmp_file = checkpoint / f".{OPTIMIZER_FILE}.tmp"
+        torch.save(self.optimizer.state_dict(), tmp_file)
+        _fsync_files(tmp_file)
+        os.replace(tmp_file, checkpoint / OPTIMIZER_FILE)
+        fsync_dir(checkpoint)
+
+
+def _fsync_files(path: Path) -> None:
+    """Flush a file, or a directory's files, to disk before the rename that makes them visible."""
+    for f in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
 
 
 class _NoProgress:
