@@ -418,9 +418,9 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     if publisher is not None:
         row = _publish(loc, ckpts, held, row, base_model, publisher, log, settings.served_name,
                        settings.keep_checkpoints)
-    log(metrics_line(row, stats, metrics))
     if pending is not None:
         log(f"round {k}: resume state (optimizer) written in {pending.wait():.1f}s, beside the publish")
+    log(metrics_line(row, stats, metrics))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
 
