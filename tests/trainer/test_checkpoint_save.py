@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.backends.policy_model import load_policy, resume_weights
-from trainer.backends.torch_backend import MASTER_DIR, OPTIMIZER_FILE, TorchBackend
+from trainer.backends.torch_backend import MASTER_DIR, OPTIMIZER_FILE, TorchBackend, served_dtype
 from trainer.checkpoint import BackgroundWrite, save_weights
 from trainer.config import TrainSettings
 from trainer.dataset import Sample, assign_weights
@@ -25,6 +25,12 @@ def test_save_weights_writes_tied_tensors_once_and_casts_floats(tmp_path):
     assert set(back) == {"embed.weight", "steps", "w"}
     assert back["embed.weight"].dtype == torch.bfloat16 and back["steps"].dtype == torch.int64
     torch.testing.assert_close(back["embed.weight"], emb.to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_bf16_is_served_where_a_gpu_trains_in_bf16():
+    assert served_dtype(torch.device("cuda"), bf16=True) is torch.bfloat16
+    assert served_dtype(torch.device("cuda"), bf16=False) is None
+    assert served_dtype(torch.device("cpu"), bf16=True) is None
 
 
 def test_a_failed_background_write_is_raised_by_wait():
@@ -81,8 +87,7 @@ def test_bf16_served_weights_with_fp32_master_resume_exactly(tmp_path, tiny_mode
 @pytest.mark.slow
 def test_fp32_training_serves_fp32_with_save_pretrained_names(tmp_path, tiny_model_dir):
     _, backend = _trained_backend(tiny_model_dir)
-    assert backend.served_dtype is None or backend.served_dtype == torch.bfloat16  # CPU: as the CPU allows
-    backend.served_dtype = None
+    assert backend.served_dtype is None  # a CPU serves fp32, even where it trains under bf16 autocast
     backend.save(tmp_path / "ours")
     backend.model.save_pretrained(tmp_path / "hf")
     ours, hf = (
@@ -90,6 +95,8 @@ def test_fp32_training_serves_fp32_with_save_pretrained_names(tmp_path, tiny_mod
         load_file(str(tmp_path / "hf" / "model.safetensors")),
     )
     assert ours.keys() == hf.keys()
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["dtype"] == json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "float32"
     for k in hf:
         torch.testing.assert_close(ours[k], hf[k], rtol=0, atol=0)
     assert (tmp_path / "ours" / OPTIMIZER_FILE).exists() and not (tmp_path / "ours" / MASTER_DIR).exists()

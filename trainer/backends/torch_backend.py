@@ -53,6 +53,14 @@ def autocast_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
     return None
 
 
+def served_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
+    """The precision full weights are written in for the engine: bf16 when a GPU trains under bf16
+    autocast (vLLM serves bf16 there, and it halves the bytes a round writes), else as held (None).
+    CPUs keep fp32 even under bf16 autocast: the CPU engine serves fp32 (the demo), and a bf16 copy
+    would serve a coarsely rounded policy (``trainer/merge.py``)."""
+    return torch.bfloat16 if device.type == "cuda" and autocast_dtype(device, bf16) is not None else None
+
+
 def loss_config(s: TrainSettings) -> LossConfig:
     return LossConfig(
         clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip, kl_coef=s.kl_coef,
@@ -76,8 +84,7 @@ class TorchBackend:
         self.loss_config = loss_config(settings)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
-        # full weights are served in the precision trained in: bf16 under bf16 autocast, else as held
-        self.served_dtype = autocast_dtype(device, settings.bf16)
+        self.served_dtype = served_dtype(device, settings.bf16)
         self.defer_resume_state = False
 
     @classmethod
@@ -220,8 +227,7 @@ class TorchBackend:
         model = self.model
         save_weights(model.state_dict(), out_dir / "model.safetensors", dtype)
         config = copy.deepcopy(model.config)
-        if dtype is not None:
-            config.dtype = dtype
+        config.dtype = dtype or next(model.parameters()).dtype  # what the file holds, as save_pretrained says
         config.save_pretrained(out_dir)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(out_dir)
