@@ -4,8 +4,9 @@
 ``position_ids`` restart at 0 for every sample and an explicit block-diagonal causal 4D mask keeps
 attention inside each sample. transformers 5.23 infers packing from ``position_ids`` only when no
 mask is given *and* no KV cache is active (with the default ``use_cache=True`` the samples see each
-other), so the trainer never relies on that: the mask is explicit, in the form the attention kernel
-expects (``model_attention_mask``).
+other), so the trainer never relies on that: the layout is explicit, in the form the attention kernel
+expects (``model_attention_inputs``): a dense mask for sdpa/eager, built only there (L² per row), or
+the row's segments / a FlexAttention block mask for the memory-efficient paths (``trainer/attention.py``).
 
 **Shared prompt prefixes** (``share_prefix=True``). A group's samples answer the same prompt:
 the demo's writer sends one 185-token prompt 8 times and gets 8 answers of ~17 tokens, so plain
