@@ -94,11 +94,17 @@ class TrainSettings:
     max_prompt_tokens: int = opt(1024, "keep the last N prompt tokens (counted when truncated)")
     max_response_tokens: int = opt(1024, "keep the first N response tokens (counted when truncated)")
     pack_tokens: int = opt(2048, "tokens per packed micro-batch row (>= max prompt + max response tokens; "
-                                 "on CPU keep it near the longest sample: attention is O(L^2) per row)")
+                                 "attention memory grows linearly with the row, except with --attention dense)")
     share_prefix: bool = opt(True, "torch backend: calls whose prompts start alike (a group's samples) compute "
                                    "the common prefix once, with a tree-shaped attention mask: same gradient, "
                                    "2.9x fewer tokens on the demo's rounds (trainer/packing.py); not with "
                                    "flash-attention")
+    attention: str = opt("auto", "torch backend: attention kernel for packed rows. varlen: each sample (or shared "
+                                 "prefix and branch) through sdpa's memory-efficient kernel, flash-attn varlen on "
+                                 "CUDA where installed; flex: PyTorch FlexAttention with a block mask (CUDA only: "
+                                 "no backward on CPU); dense: an explicit L x L mask (memory grows with the row's "
+                                 "square); auto: flex on CUDA, varlen on CPU. All give the same gradients "
+                                 "(trainer/attention.py)", choices=["auto", "varlen", "flex", "dense"])
     lora_rank: int = opt(0, "LoRA rank; 0 trains all weights")
     lora_alpha: float = opt(16.0, "LoRA alpha")
     lora_targets: str = opt("all-linear", "LoRA target modules (comma list or 'all-linear')")

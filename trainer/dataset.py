@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -118,6 +119,64 @@ class Sample:
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+
+class LazyTokenizer:
+    """The base model's tokenizer, loaded on first use. Importing transformers and loading a tokenizer
+    was most of a fresh process's dataset step (1.4-1.6 s of 1.7 s for 48 calls on 2 CPU cores), and
+    rows whose token ids were recorded never need it. ``pad_token_id`` is read from the tokenizer
+    files without loading it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._tokenizer: Any = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._tokenizer is not None
+
+    def get(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path)
+        return self._tokenizer
+
+    @property
+    def pad_token_id(self) -> int | None:
+        if self._tokenizer is None:
+            found = pad_token_id_from_files(self.path)
+            if found is not None:
+                return found
+        return self.get().pad_token_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.get()(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.get())
+
+
+def pad_token_id_from_files(model_dir: Path) -> int | None:
+    """The pad token's id from ``tokenizer_config.json`` (its text) and ``tokenizer.json`` (its id), as
+    transformers resolves it; None when either is missing (the caller then loads the tokenizer)."""
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+        pad = config.get("pad_token")
+        pad = pad.get("content") if isinstance(pad, dict) else pad
+        if not isinstance(pad, str):
+            return None
+        spec = json.loads((model_dir / "tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for token in spec.get("added_tokens") or []:
+        if token.get("content") == pad:
+            return int(token["id"])
+    vocab = (spec.get("model") or {}).get("vocab")
+    return int(vocab[pad]) if isinstance(vocab, dict) and pad in vocab else None
 
 
 def load_transitions(

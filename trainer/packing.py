@@ -4,8 +4,9 @@
 ``position_ids`` restart at 0 for every sample and an explicit block-diagonal causal 4D mask keeps
 attention inside each sample. transformers 5.23 infers packing from ``position_ids`` only when no
 mask is given *and* no KV cache is active (with the default ``use_cache=True`` the samples see each
-other), so the trainer never relies on that: the mask is explicit, in the form the attention kernel
-expects (``model_attention_mask``).
+other), so the trainer never relies on that: the layout is explicit, in the form the attention kernel
+expects (``model_attention_inputs``): a dense mask for sdpa/eager, built only there (L² per row), or
+the row's segments / a FlexAttention block mask for the memory-efficient paths (``trainer/attention.py``).
 
 **Shared prompt prefixes** (``share_prefix=True``). A group's samples answer the same prompt:
 the demo's writer sends one 185-token prompt 8 times and gets 8 answers of ~17 tokens, so plain
@@ -36,6 +37,14 @@ from typing import Any
 
 import torch
 
+from trainer.attention import (
+    FLEX_IMPL,
+    SEGMENTS_KWARG,
+    VARLEN_IMPL,
+    batch_segments,
+    flex_block_mask,
+    unit_ids,
+)
 from trainer.dataset import Sample
 
 
@@ -46,7 +55,6 @@ class Batch:
 
     input_ids: torch.Tensor  # [R, L] long
     position_ids: torch.Tensor  # [R, L] long, restart at 0 per unit
-    attention_mask: torch.Tensor  # [R, 1, L, L] bool: causal inside a unit, tree-shaped where shared
     advantages: torch.Tensor  # [R, L-1] float
     weights: torch.Tensor  # [R, L-1] float, 0 on prompt/padding
     rollout_logprobs: torch.Tensor  # [R, L-1] float, 0 where unknown
@@ -58,24 +66,34 @@ class Batch:
     sample_spans: list[list[tuple[int, int]]] = field(default_factory=list)  # per row: each unit's (start, end)
 
     @property
+    def attention_mask(self) -> torch.Tensor:
+        """``[R, 1, L, L]`` bool: causal inside a unit, tree-shaped where shared. Built on first use (the
+        dense path only): it is L² per row, 256 MiB at 16k tokens, which the varlen and flex paths never
+        need (``trainer/attention.py``)."""
+        mask = self.__dict__.get("_mask")
+        if mask is None:
+            mask = unit_mask(self.sample_spans, self.branch_ids.cpu()).to(self.branch_ids.device)
+            self.__dict__["_mask"] = mask
+        return mask
+
+    @property
     def shares_prefixes(self) -> bool:
         return bool(self.branch_ids.max() > 0) if self.branch_ids.numel() else False
 
     def to(self, device: torch.device | str) -> Batch:
-        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.__dict__.items()}
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.state().items()}
         return Batch(**moved)
 
     def state(self) -> dict[str, Any]:
         """Plain tensors and lists for ``torch.save`` (loadable with ``weights_only=True``), without the
         ``[R, 1, L, L]`` mask: it is L² per row (256 MiB at 16k tokens) and follows from the spans and
         branches."""
-        return {k: v for k, v in self.__dict__.items() if k != "attention_mask"}
+        return {k: v for k, v in self.__dict__.items() if k != "_mask"}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Batch:
         spans = [[tuple(span) for span in row] for row in state["sample_spans"]]
-        mask = unit_mask(spans, state["branch_ids"])
-        return cls(**{**state, "sample_spans": spans, "attention_mask": mask})
+        return cls(**{**state, "sample_spans": spans})
 
 
 @dataclass
@@ -188,7 +206,7 @@ def collate(rows: Sequence[Sequence[Sample | Unit]], pad_id: int = 0, pad_to: in
             row_spans.append((start, pos))
         spans.append(row_spans)
     return Batch(
-        input_ids=input_ids, position_ids=position_ids, attention_mask=unit_mask(spans, branch),
+        input_ids=input_ids, position_ids=position_ids,
         advantages=adv[:, 1:], weights=weights[:, 1:], rollout_logprobs=rlp[:, 1:],
         has_rollout_logprobs=has_rlp[:, 1:], pred_from=pred_from[:, 1:] - 1, branch_ids=branch,
         n_samples=sum(len(u.members) for r in units for u in r),
@@ -199,11 +217,8 @@ def collate(rows: Sequence[Sequence[Sample | Unit]], pad_id: int = 0, pad_to: in
 def unit_mask(spans: Sequence[Sequence[tuple[int, int]]], branch_ids: torch.Tensor) -> torch.Tensor:
     """``[R, 1, L, L]`` bool: token q sees token k when both are in one unit, k <= q, and k is shared
     (branch 0) or in q's own branch. Unshared units are all branch 0: plain causal blocks."""
-    n_rows, length = branch_ids.shape
-    unit = torch.full((n_rows, length), -1, dtype=torch.long)
-    for i, row in enumerate(spans):
-        for j, (start, end) in enumerate(row):
-            unit[i, start:end] = j
+    length = branch_ids.shape[1]
+    unit = unit_ids(spans, length)
     causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
     same = (unit[:, :, None] == unit[:, None, :]) & (unit[:, :, None] >= 0)
     visible = (branch_ids[:, None, :] == 0) | (branch_ids[:, None, :] == branch_ids[:, :, None])
@@ -224,6 +239,17 @@ def make_padded_batches(samples: Sequence[Sample], rows_per_batch: int, pad_id: 
     ordered = list(samples)
     return [collate([[s] for s in ordered[i:i + rows_per_batch]], pad_id)
             for i in range(0, len(ordered), rows_per_batch)]
+
+
+def model_attention_inputs(model: Any, batch: Batch) -> dict[str, Any]:
+    """The row layout for the model's attention implementation: the segments for ``tracerl_varlen``,
+    a ``BlockMask`` for ``flex_attention`` (``trainer/attention.py``), else the dense mask."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl == VARLEN_IMPL:
+        return {"attention_mask": None, SEGMENTS_KWARG: batch_segments(batch.sample_spans, batch.branch_ids)}
+    if impl == FLEX_IMPL:
+        return {"attention_mask": flex_block_mask(batch.sample_spans, batch.branch_ids)}
+    return {"attention_mask": model_attention_mask(model, batch)}
 
 
 def model_attention_mask(model: Any, batch: Batch) -> torch.Tensor | None:
@@ -247,7 +273,8 @@ def model_attention_mask(model: Any, batch: Batch) -> torch.Tensor | None:
     if impl == "sdpa":
         return batch.attention_mask
     raise ValueError(f"attention implementation {impl!r} is not supported for packed training; "
-                     "load the model with attn_implementation='sdpa', 'eager' or 'flash_attention_2'")
+                     "load the model with attn_implementation='sdpa', 'eager' or 'flash_attention_2', or "
+                     "use trainer.attention.use_attention (varlen, flex)")
 
 
 def _takes_logits_to_keep(model: Any) -> bool:
@@ -276,7 +303,7 @@ def sequence_logprobs(model: Any, batch: Batch, targets: torch.Tensor | None = N
         logits = model(input_ids=batch.input_ids, **kwargs).logits
     else:
         logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                       attention_mask=model_attention_mask(model, batch), **kwargs).logits
+                       **model_attention_inputs(model, batch), **kwargs).logits
     if take_all:
         logits = logits[:, keep]
     logits = logits.float()

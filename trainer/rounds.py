@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -56,6 +57,7 @@ from store.parquet import read_table, write_table_atomic
 from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
+    BackgroundWrite,
     clean_temp_dirs,
     git_sha,
     is_complete,
@@ -65,7 +67,14 @@ from trainer.checkpoint import (
 )
 from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainSettings
-from trainer.dataset import DatasetConfig, DatasetStats, build_samples, load_transitions
+from trainer.dataset import (
+    DatasetConfig,
+    DatasetStats,
+    LazyTokenizer,
+    Sample,
+    build_samples,
+    load_transitions,
+)
 from trainer.feedback_window import WindowSplit, feedback_split, parse_duration
 from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
@@ -259,6 +268,50 @@ def _store(settings: TrainSettings) -> StoreLocation:
     return loc
 
 
+@dataclass
+class DatasetStep:
+    """What a round's dataset step found: the selection it resumes (None: a new round), the rows read,
+    the samples built from them and their counts."""
+
+    selection: dict[str, Any] | None
+    lo: int
+    rows: pa.Table
+    tokenizer: LazyTokenizer
+    window: WindowSplit
+    exclude: set[str]
+    samples: list[Sample]
+    stats: DatasetStats
+
+
+def dataset_step(settings: TrainSettings, loc: StoreLocation, k: int, v: int, base_model: Path) -> DatasetStep:
+    """Round k's rows and samples, trained on version v (k, or the serving version after a rollback:
+    ``start_version``): the selection of an interrupted run of k (redone on the same rollouts), else the
+    not-yet-used rollouts of versions v-K..v whose feedback window has closed.
+    The tokenizer is loaded only if a row needs retokenizing (``LazyTokenizer``): recorded token ids
+    need none, and importing transformers was most of a fresh process's dataset step
+    (``bench/dataset_step.py``)."""
+    selection = read_selection(loc, k)
+    lo = selection["versions"][0] if selection is not None else max(0, v - settings.max_staleness)
+    con = connect_readonly(loc)
+    rows = load_transitions(con, (lo, v), agents=settings.agents, tasks=settings.tasks,
+                            unversioned=settings.unversioned_as)
+    con.close()
+    if selection is not None:
+        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))
+    tokenizer = LazyTokenizer(base_model)
+    used = used_rollouts(loc, k) if selection is None else set()
+    window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
+              if selection is None else WindowSplit())
+    exclude = used | set(window.waiting) | window.unrewarded
+    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
+                                   trained_version=v)
+    stats.n_rollouts_feedback_waiting = len(window.waiting)
+    stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
+    if lo > 0 and selection is None:
+        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
+    return DatasetStep(selection, lo, rows, tokenizer, window, exclude, samples, stats)
+
+
 def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointStore, held: Held, base_model: Path,
                 publisher: Publisher | None, on_step: StepCallback | None, log: Callable[[str], None],
                 threads_now: Callable[[], int] | None = None) -> RoundOutcome:
@@ -288,29 +341,9 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                              "use the same --model for every round of a store, or a new --store")
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    selection = read_selection(loc, k)
-    resuming = selection is not None  # a run of round k was interrupted: redo it on the same rollouts
-    lo = selection["versions"][0] if selection is not None else max(0, v - settings.max_staleness)
-    con = connect_readonly(loc)
-    rows = load_transitions(con, (lo, v), agents=settings.agents, tasks=settings.tasks,
-                            unversioned=settings.unversioned_as)
-    con.close()
-    if selection is not None:
-        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))
-
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base_model)
-    used = used_rollouts(loc, k) if selection is None else set()
-    window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
-              if selection is None else WindowSplit())
-    exclude = used | set(window.waiting) | window.unrewarded
-    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
-                                   trained_version=v)
-    stats.n_rollouts_feedback_waiting = len(window.waiting)
-    stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
-    if lo > 0 and selection is None:
-        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
+    step = dataset_step(settings, loc, k, v, base_model)
+    selection, resuming, lo, rows = step.selection, step.selection is not None, step.lo, step.rows
+    tokenizer, window, exclude, samples, stats = step.tokenizer, step.window, step.exclude, step.samples, step.stats
     timings["dataset"] = time.perf_counter() - t
     if selection is not None:
         trained_ids = set(selection["transition_ids"])
@@ -343,6 +376,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     write_round(loc, row)
     final = ckpts.ensure_local(k + 1)
     metrics: TrainMetrics | None = None
+    pending: BackgroundWrite | None = None
     try:
         if is_complete(final) and read_manifest(final).get("round") == k:
             log(f"round {k}: adopting checkpoint {final} written before the previous run stopped")
@@ -361,8 +395,8 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
             log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
                 f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))
             with contextlib.ExitStack() as stack:
-                metrics, adapter, save = _train(settings, base_model, parent, batches, final, on_step,
-                                                timings, stack, threads_now)
+                metrics, adapter, save, resume = _train(settings, base_model, parent, batches, final, on_step,
+                                                        timings, stack, threads_now)
                 t = time.perf_counter()
                 manifest = {
                     "round": k, "trained_on_version": v, "publishes": version_name(settings.served_name, k + 1),
@@ -374,8 +408,13 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
                 }
                 write_checkpoint(final, save, manifest)
                 timings["save"] = time.perf_counter() - t
+                if resume is not None:  # the optimizer state, beside the publish: only the next round reads it
+                    pending = BackgroundWrite(functools.partial(resume, final))
         t = time.perf_counter()
         held.confirm()
+        if pending is not None and ckpts.mirror is not None:  # the bucket's copy is whole, resume state included
+            timings["resume_state"] = pending.wait()
+            pending = None
         if ckpts.upload(k + 1):
             timings["upload"] = time.perf_counter() - t
     except LeaseLost:
@@ -393,6 +432,8 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     if publisher is not None:
         row = _publish(loc, ckpts, held, row, base_model, publisher, log, settings.served_name,
                        settings.keep_checkpoints, settings.canary)
+    if pending is not None:
+        log(f"round {k}: resume state (optimizer) written in {pending.wait():.1f}s, beside the publish")
     log(metrics_line(row, stats, metrics))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
@@ -400,10 +441,11 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
 def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
            on_step: StepCallback | None, timings: dict[str, float],
            stack: contextlib.ExitStack,
-           threads_now: Callable[[], int] | None = None) -> tuple[TrainMetrics, bool, Callable[[Path], None]]:
+           threads_now: Callable[[], int] | None = None,
+           ) -> tuple[TrainMetrics, bool, Callable[[Path], None], Callable[[Path], None] | None]:
     """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
-    process state never lives in this process); returns metrics, adapter flag and the ``save`` for
-    ``write_checkpoint``. ``stack`` keeps the ranks' work dir until the checkpoint is written."""
+    process state never lives in this process); returns metrics, adapter flag, the ``save`` for
+    ``write_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it). ``stack`` keeps the ranks' work dir until the checkpoint is written."""
     if settings.nproc > 1 or settings.backend == "openrlhf":
         from trainer.launcher import RankError, train_ranks, work_dir
 
@@ -414,7 +456,7 @@ def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batch
             raise TrainError(str(e)) from e
         timings["model_load"] = run.load_seconds
         timings["train"] = run.metrics.seconds
-        return run.metrics, run.adapter, run.save
+        return run.metrics, run.adapter, run.save, None
     from trainer.backends import load_backend
 
     t = time.perf_counter()
@@ -422,7 +464,10 @@ def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batch
     timings["model_load"] = time.perf_counter() - t
     metrics = backend.train(batches, on_step, threads_now)
     timings["train"] = metrics.seconds
-    return metrics, bool(backend.adapter), backend.save
+    resume = getattr(backend, "write_resume_state", None)
+    if resume is not None:
+        backend.defer_resume_state = True
+    return metrics, bool(backend.adapter), backend.save, resume
 
 
 def metrics_json(m: TrainMetrics, stats: DatasetStats, nproc: int) -> str:

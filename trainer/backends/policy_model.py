@@ -63,4 +63,12 @@ def load_policy(
     if settings.kl_coef > 0:
         ref = load(base_model).eval()
         ref.requires_grad_(False)
-    return load(parent or base_model), ref
+    return load(resume_weights(parent) if parent is not None else base_model), ref
+
+
+def resume_weights(checkpoint: Path) -> Path:
+    """The full weights a round continues from: the checkpoint's fp32 ``master/`` copy when it has one
+    (its served weights are bf16: rounding the trained weights to bf16 every round would undo updates
+    smaller than bf16's step), else the checkpoint itself."""
+    master = checkpoint / "master"
+    return master if (master / "config.json").is_file() else checkpoint

@@ -15,6 +15,9 @@ share of every step's micro-batches and the gradients are summed across ranks be
 from __future__ import annotations
 
 import contextlib
+import copy
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,14 +25,19 @@ from typing import Any
 
 import torch
 
+from store.atomic import fsync_dir
+from trainer.attention import resolve as resolve_attention
+from trainer.attention import use_attention
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
+from trainer.checkpoint import save_weights
 from trainer.config import TrainSettings
 from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import ImportanceStats, LossConfig, policy_loss
 from trainer.packing import Batch, sequence_logprobs
 
 OPTIMIZER_FILE = "optimizer.pt"
+MASTER_DIR = "master"  # fp32 weights to resume from, when the served ones are bf16
 
 
 def cpu_has_bf16() -> bool:
@@ -43,6 +51,14 @@ def autocast_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
     if bf16 and (device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16())):
         return torch.bfloat16
     return None
+
+
+def served_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
+    """The precision full weights are written in for the engine: bf16 when a GPU trains under bf16
+    autocast (vLLM serves bf16 there, and it halves the bytes a round writes), else as held (None).
+    CPUs keep fp32 even under bf16 autocast: the CPU engine serves fp32 (the demo), and a bf16 copy
+    would serve a coarsely rounded policy (``trainer/merge.py``)."""
+    return torch.bfloat16 if device.type == "cuda" and autocast_dtype(device, bf16) is not None else None
 
 
 def loss_config(s: TrainSettings) -> LossConfig:
@@ -68,6 +84,8 @@ class TorchBackend:
         self.loss_config = loss_config(settings)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.served_dtype = served_dtype(device, settings.bf16)
+        self.defer_resume_state = False
 
     @classmethod
     def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
@@ -79,7 +97,10 @@ class TorchBackend:
             torch.set_num_threads(settings.threads)
         tokenizer = AutoTokenizer.from_pretrained(base_model)
         model, ref = load_policy(settings, base_model, parent)
+        mode = resolve_attention(settings.attention, device)
+        use_attention(model, mode)
         if ref is not None:
+            use_attention(ref, mode)
             ref.to(device)
         model.to(device).train()
         if rank_world()[1] > 1:
@@ -184,13 +205,60 @@ class TorchBackend:
         return finish_metrics(m, resp_tokens, self.device, self.world)
 
     def save(self, out_dir: Path) -> None:
-        """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes."""
+        """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes.
+
+        What the engine loads: full weights as one safetensors file in ``served_dtype`` (bf16 when
+        training in bf16: half the bytes, and what vLLM serves), or the LoRA adapter; plus the
+        tokenizer. The resume state follows here, or later with ``write_resume_state`` when
+        ``defer_resume_state`` is set (``run_once`` writes it beside the publish)."""
         if self.rank != 0:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out_dir)
-        self.tokenizer.save_pretrained(out_dir)
-        torch.save(self.optimizer.state_dict(), out_dir / OPTIMIZER_FILE)
+        if self.adapter:
+            self.model.save_pretrained(out_dir)
+        else:
+            self._save_full(out_dir, self.served_dtype)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(out_dir)
+        if not self.defer_resume_state:
+            self.write_resume_state(out_dir)
+
+    def _save_full(self, out_dir: Path, dtype: torch.dtype | None) -> None:
+        model = self.model
+        save_weights(model.state_dict(), out_dir / "model.safetensors", dtype)
+        config = copy.deepcopy(model.config)
+        config.dtype = dtype or next(model.parameters()).dtype  # what the file holds, as save_pretrained says
+        config.save_pretrained(out_dir)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(out_dir)
+
+    def write_resume_state(self, checkpoint: Path) -> None:
+        """What only the next round reads: ``master/`` (the fp32 weights, when the served ones are in a
+        lower precision; ``load_policy`` prefers them) and then ``optimizer.pt``. Each appears by rename,
+        so a kill midway leaves a checkpoint without it: the next round then starts from the served
+        weights and fresh Adam moments, instead of from half a file."""
+        if self.rank != 0:
+            return
+        model_dtype = next(self.model.parameters()).dtype
+        if not self.adapter and self.served_dtype is not None and self.served_dtype != model_dtype:
+            tmp = checkpoint / f".{MASTER_DIR}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            self._save_full(tmp, None)
+            _fsync_files(tmp)
+            os.replace(tmp, checkpoint / MASTER_DIR)
+        tmp_file = checkpoint / f".{OPTIMIZER_FILE}.tmp"
+        torch.save(self.optimizer.state_dict(), tmp_file)
+        _fsync_files(tmp_file)
+        os.replace(tmp_file, checkpoint / OPTIMIZER_FILE)
+        fsync_dir(checkpoint)
+
+
+def _fsync_files(path: Path) -> None:
+    """Flush a file, or a directory's files, to disk before the rename that makes them visible."""
+    for f in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
 
 
 class _NoProgress:

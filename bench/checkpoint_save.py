@@ -1,0 +1,151 @@
+"""Checkpoint save time against a bare ``safetensors`` write of the same tensors (issue #32.3b: <= 1.2x).
+
+"Ours" is what a round waits for before it publishes: ``write_checkpoint`` with ``TorchBackend.save``
+(weights as the engine loads them: bf16 when training in bf16, as on CUDA; config; manifest; fsync;
+rename), with the resume state deferred. The resume state (fp32 master weights and AdamW moments)
+is then written by ``write_resume_state`` beside the publish, timed apart. "Before" is the trainer's
+previous save: ``save_pretrained`` of the fp32 model plus ``torch.save`` of the optimizer, in line.
+"Bare" is ``safetensors.torch.save_file`` of the served tensors alone (no fsync, no manifest), the
+reference: cast from the trained fp32 weights inside the timing, as any writer of the served file
+must; the same write of tensors cast beforehand is printed beside it.
+Each is best of ``--repeats``, interleaved; the page cache is shared, so ``--size`` should be well
+below free memory.
+
+    python bench/checkpoint_save.py                    # ~0.15B-parameter Qwen2 shape on CPU
+    python bench/checkpoint_save.py --hidden 1536 --layers 28 --vocab 151936   # the 1.5B shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trainer.backends.torch_backend import OPTIMIZER_FILE, TorchBackend
+from trainer.checkpoint import write_checkpoint
+from trainer.config import TrainSettings
+
+
+def build_backend(hidden: int, layers: int, vocab: int, served: torch.dtype | None) -> TorchBackend:
+    """A Qwen2 model with random weights and one AdamW step taken (so the moments exist)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        hidden_size=hidden,
+        intermediate_size=hidden * 35 // 6,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 128),
+        num_key_value_heads=max(1, hidden // 768),
+        vocab_size=vocab,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    backend = TorchBackend(model, None, TrainSettings(progress=False), torch.device("cpu"))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    backend.optimizer.step()
+    backend.optimizer.zero_grad(set_to_none=True)
+    backend.served_dtype = served
+    return backend
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--served", default="bf16", choices=["bf16", "fp32"], help="served weights' precision")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = p.parse_args()
+    served = torch.bfloat16 if args.served == "bf16" else None
+    backend = build_backend(args.hidden, args.layers, args.vocab, served)
+    n = sum(t.numel() for t in backend.model.parameters())
+    root = Path(tempfile.mkdtemp(prefix="ckpt-bench.", dir=args.dir))
+    from safetensors.torch import save_file
+
+    def served_tensors() -> dict[str, torch.Tensor]:
+        state, seen = {}, set()
+        for name, t in backend.model.state_dict().items():
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                state[name] = t.to(served).contiguous() if served is not None else t.contiguous()
+        return state
+
+    precast = served_tensors()
+
+    def bare(i: int) -> None:  # the served tensors from the trained (fp32) model: the cast is part of it
+        save_file(served_tensors(), str(root / f"bare-{i}.safetensors"), metadata={"format": "pt"})
+
+    def bare_fsync(i: int) -> None:  # the same, made durable as a checkpoint must be (fsync)
+        path = root / f"durable-{i}.safetensors"
+        save_file(served_tensors(), str(path), metadata={"format": "pt"})
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+    def bare_precast(i: int) -> None:  # the same file, tensors already cast (a lower bound)
+        save_file(precast, str(root / f"precast-{i}.safetensors"), metadata={"format": "pt"})
+
+    def ours(i: int) -> None:
+        backend.defer_resume_state = True
+        write_checkpoint(root / f"ours-{i}", backend.save, {"round": i})
+
+    def resume(i: int) -> None:
+        backend.write_resume_state(root / f"ours-{i}")
+
+    def before(i: int) -> None:
+        out = root / f"before-{i}"
+        out.mkdir()
+        backend.model.save_pretrained(out)
+        torch.save(backend.optimizer.state_dict(), out / OPTIMIZER_FILE)
+
+    fns = {
+        "bare": bare,
+        "precast": bare_precast,
+        "fsync": bare_fsync,
+        "ours": ours,
+        "resume": resume,
+        "before": before,
+    }
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(args.repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn(i)
+            times[name].append(time.perf_counter() - t)
+        for d in root.iterdir():  # keep the disk and page cache small between repeats
+            shutil.rmtree(d) if d.is_dir() else d.unlink()
+    best = {k: min(v) for k, v in times.items()}
+    size = sum(t.numel() * t.element_size() for t in precast.values()) / 2**20
+    print(
+        f"model {n / 1e6:.0f}M parameters, served {args.served} ({size:.0f} MiB); best of {args.repeats}, "
+        f"load {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores), disk {root}"
+    )
+    print(
+        f"  bare save_file of the served tensors (cast included) {best['bare']:7.2f} s"
+        f"  (already cast: {best['precast']:.2f} s)"
+    )
+    print(
+        f"  ours, before publish (weights, config, manifest, fsync, rename) {best['ours']:7.2f} s  "
+        f"= {best['ours'] / best['bare']:.2f}x bare (target <= 1.2x), {best['ours'] / best['fsync']:.2f}x bare + fsync"
+    )
+    print(f"  bare save_file + fsync                    {best['fsync']:7.2f} s")
+    print(f"  ours, resume state beside the publish     {best['resume']:7.2f} s")
+    print(
+        f"  before: save_pretrained fp32 + optimizer, in line {best['before']:7.2f} s "
+        f"= {best['before'] / best['bare']:.2f}x bare"
+    )
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

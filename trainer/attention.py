@@ -1,0 +1,234 @@
+"""Packed rows through attention whose memory grows with the row, not with its square.
+
+A packed row (``trainer/packing.py``) holds many samples, and with a shared prompt prefix a tree of
+them. The dense path hands the model an explicit ``[R, 1, L, L]`` mask: exact, but it forces the
+masked sdpa/eager kernels, which keep an L x L score matrix per head (at 16k tokens, 1 GiB per head
+in fp32, forward and backward). Three paths here replace it, all exact:
+
+- **varlen** (``attn_implementation="tracerl_varlen"``, registered through transformers'
+  ``AttentionInterface``): the row is cut into its *segments* (a plain sample; a shared prefix; a
+  branch after it) and each segment attends with ``scaled_dot_product_attention`` to its own keys,
+  causally, plus its prefix's keys in full (a branch). A plain segment takes ``is_causal=True``, the
+  memory-efficient (flash) kernel on CPU and CUDA; a branch gets an explicit mask of its own
+  ``n x (prefix + n)`` only. On CUDA with a usable flash-attn, rows without a tree go through
+  ``flash_attn_varlen_func`` (what OpenRLHF does with packed samples). Works with autograd on CPU: the
+  default there.
+- **flex** (``attn_implementation="flex_attention"``): PyTorch's FlexAttention with a ``BlockMask``
+  built from the same unit and branch ids (``mask_mod``), one fused kernel for the whole row, tree
+  included. Torch 2.13 has no FlexAttention *backward* on CPU (``NotImplementedError``), so flex trains
+  on CUDA only; on CPU it can score (no grad). The default on CUDA.
+- **dense**: the explicit mask (the reference, and the fallback).
+
+``tests/trainer/test_attention.py`` checks the logprobs and gradients of varlen (and flex's forward)
+against dense; ``bench/attention_memory.py`` measures the memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_MODES = ("auto", "dense", "varlen", "flex")
+VARLEN_IMPL = "tracerl_varlen"
+FLEX_IMPL = "flex_attention"
+SEGMENTS_KWARG = "tracerl_segments"  # forwarded by transformers' **kwargs down to the attention function
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Query tokens ``[start, end)`` of one row: they see ``[prefix_start, prefix_end)`` in full (a shared
+    prompt prefix; empty for a plain sample or the prefix itself) and themselves causally."""
+
+    start: int
+    end: int
+    prefix_start: int = 0
+    prefix_end: int = 0
+
+    @property
+    def has_prefix(self) -> bool:
+        return self.prefix_end > self.prefix_start
+
+
+def row_segments(spans: Sequence[tuple[int, int]], branch_row: Sequence[int]) -> list[Segment]:
+    """The segments of one row from its units' spans and branch ids (0: unshared or shared prefix,
+    j + 1: member j's own tokens after the prefix), in layout order."""
+    out: list[Segment] = []
+    for start, end in spans:
+        branches = branch_row[start:end]
+        first = next((i for i, b in enumerate(branches) if b > 0), None)
+        if first is None:
+            out.append(Segment(start, end))
+            continue
+        prefix_end = start + first
+        if first > 0:
+            out.append(Segment(start, prefix_end))
+        seg_start = prefix_end
+        for pos in range(prefix_end + 1, end + 1):
+            if pos == end or branch_row[pos] != branch_row[seg_start]:
+                out.append(Segment(seg_start, pos, start, prefix_end))
+                seg_start = pos
+    return out
+
+
+def batch_segments(
+    spans: Sequence[Sequence[tuple[int, int]]], branch_ids: torch.Tensor
+) -> list[list[Segment]]:
+    """``row_segments`` for every row of a batch."""
+    rows = branch_ids.tolist()
+    return [row_segments(row_spans, rows[i]) for i, row_spans in enumerate(spans)]
+
+
+@functools.cache
+def flash_varlen() -> Any | None:
+    """flash-attn's ``flash_attn_varlen_func`` when it can really run (CUDA torch and the package's
+    compiled CUDA module), else None: an installed flash-attn without its CUDA build imports its
+    Python part and fails only at the first call."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import flash_attn_2_cuda  # noqa: F401  (the compiled kernels)
+        from flash_attn import flash_attn_varlen_func
+    except Exception:
+        return None
+    return flash_attn_varlen_func
+
+
+def _segment_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, scale: float | None
+) -> torch.Tensor:
+    """One segment of one row: q/k/v are ``[1, heads, L, d]``; returns ``[1, heads, n, d]``."""
+    qs = q[:, :, seg.start : seg.end]
+    own_k, own_v = k[:, :, seg.start : seg.end], v[:, :, seg.start : seg.end]
+    if not seg.has_prefix:
+        return F.scaled_dot_product_attention(qs, own_k, own_v, is_causal=True, scale=scale, enable_gqa=True)
+    n, p = seg.end - seg.start, seg.prefix_end - seg.prefix_start
+    keys = torch.cat([k[:, :, seg.prefix_start : seg.prefix_end], own_k], dim=2)
+    values = torch.cat([v[:, :, seg.prefix_start : seg.prefix_end], own_v], dim=2)
+    mask = torch.ones(n, p + n, dtype=torch.bool, device=q.device)
+    mask[:, p:] = torch.tril(mask[:, p:])
+    return F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def _flash_row(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], scale: float | None
+) -> torch.Tensor:
+    """A tree-free row through flash-attn varlen: ``[1, heads, L, d]`` in, ``[1, heads, n_real, d]`` out."""
+    end = segments[-1].end
+    cu = torch.tensor([0] + [s.end for s in segments], dtype=torch.int32, device=q.device)
+    longest = max(s.end - s.start for s in segments)
+    out = flash_varlen()(
+        q[0, :, :end].transpose(0, 1),
+        k[0, :, :end].transpose(0, 1),
+        v[0, :, :end].transpose(0, 1),
+        cu,
+        cu,
+        longest,
+        longest,
+        softmax_scale=scale,
+        causal=True,
+    )
+    return out.transpose(0, 1)[None]
+
+
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature (``query`` ``[B, H, L, d]``, ``key``/``value``
+    ``[B, KV, L, d]``) -> ``([B, L, H, d], None)``. Without ``tracerl_segments`` (one right-padded sample
+    per row) it is plain causal sdpa."""
+    if dropout:
+        raise ValueError("the varlen attention path has no dropout; load the model with attention dropout 0")
+    segments: list[list[Segment]] | None = kwargs.get(SEGMENTS_KWARG)
+    if segments is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    length, groups = query.shape[2], query.shape[1] // key.shape[1]
+    rows = []
+    for i, row in enumerate(segments):
+        q, k, v = query[i : i + 1], key[i : i + 1], value[i : i + 1]
+        flash = flash_varlen() if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) else None
+        if flash is not None and row and not any(s.has_prefix for s in row):
+            parts = [_flash_row(q, k, v, row, scaling)]
+        else:
+            parts = [_segment_attention(q, k, v, s, scaling) for s in row]
+        done = row[-1].end if row else 0
+        if done < length:  # padding attends to itself only, as in the dense mask: its output is its value
+            parts.append(v[:, :, done:].repeat_interleave(groups, dim=1))
+        rows.append(torch.cat(parts, dim=2))
+    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+
+
+def unit_ids(
+    spans: Sequence[Sequence[tuple[int, int]]], length: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``[R, L]`` long: the index of each token's unit in its row, -1 on padding."""
+    unit = torch.full((len(spans), length), -1, dtype=torch.long)
+    for i, row in enumerate(spans):
+        for j, (start, end) in enumerate(row):
+            unit[i, start:end] = j
+    return unit.to(device)
+
+
+def flex_block_mask(spans: Sequence[Sequence[tuple[int, int]]], branch_ids: torch.Tensor) -> Any:
+    """The dense mask's rule (``packing.unit_mask``) as a FlexAttention ``BlockMask``: token q sees k when
+    both are in one unit, k <= q, and k is shared (branch 0) or in q's branch; padding sees itself."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    n_rows, length = branch_ids.shape
+    unit = unit_ids(spans, length, branch_ids.device)
+    branch = branch_ids
+
+    def mask_mod(b: Any, h: Any, q: Any, k: Any) -> Any:
+        same = (unit[b, q] == unit[b, k]) & (unit[b, q] >= 0)
+        visible = (branch[b, k] == 0) | (branch[b, k] == branch[b, q])
+        return (same & (k <= q) & visible) | (q == k)
+
+    return create_block_mask(mask_mod, n_rows, None, length, length, device=branch_ids.device)
+
+
+@functools.cache
+def register() -> None:
+    """Make ``tracerl_varlen`` a transformers attention implementation (idempotent). It needs no mask
+    from transformers (its name is not in the mask interface, so transformers builds none)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN_IMPL, varlen_attention_forward)
+
+
+def resolve(mode: str, device: torch.device) -> str:
+    """``--attention auto``: flex on CUDA (one fused kernel, the tree included), varlen on CPU (flex has
+    no backward there). An explicit flex on CPU is refused for training with the reason."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"unknown attention mode {mode!r}; choose one of {', '.join(ATTENTION_MODES)}")
+    if mode == "auto":
+        return "flex" if device.type == "cuda" else "varlen"
+    if mode == "flex" and device.type != "cuda":
+        raise ValueError(
+            "--attention flex trains on CUDA only: torch's FlexAttention has no backward on CPU; "
+            "use --attention varlen (or auto) there"
+        )
+    return mode
+
+
+def use_attention(model: Any, mode: str) -> None:
+    """Switch a loaded model (a peft wrapper too) to ``mode``'s kernel; dense keeps sdpa/eager as loaded."""
+    if mode == "dense":
+        return
+    name = VARLEN_IMPL if mode == "varlen" else FLEX_IMPL
+    if mode == "varlen":
+        register()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.set_attn_implementation(name)
