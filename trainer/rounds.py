@@ -312,59 +312,154 @@ def dataset_step(settings: TrainSettings, loc: StoreLocation, k: int, v: int, ba
     return DatasetStep(selection, lo, rows, tokenizer, window, exclude, samples, stats)
 
 
+@dataclass
+class _Round:
+    """What one run of ``tracerl train --once`` works with: the store, its lock, where checkpoints go, how to
+    publish and report. The phases below take it instead of a long argument list."""
+
+    settings: TrainSettings
+    loc: StoreLocation
+    ckpts: CheckpointStore
+    held: Held
+    base_model: Path
+    publisher: Publisher | None
+    log: Callable[[str], None]
+
+    def publish(self, row: dict[str, Any]) -> dict[str, Any]:
+        s = self.settings
+        return _publish(self.loc, self.ckpts, self.held, row, self.base_model, self.publisher, self.log,
+                        s.served_name, s.keep_checkpoints, s.canary)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.held.confirm()  # a trainer that lost its lease writes nothing more
+        write_round(self.loc, row)
+
+
+def _unfinished(r: _Round, rounds: dict[int, dict[str, Any]], last: int | None) -> RoundOutcome | None:
+    """An earlier run's round left trained but unannounced is published now; an undecided canary waits."""
+    name = version_name(r.settings.served_name, (last or 0) + 1)
+    if last is not None and rounds[last]["status"] == "trained" and r.publisher is not None:
+        row = r.publish(rounds[last])
+        return RoundOutcome("published", last, row=row, message=f"published {name} (left unannounced by an earlier run)")
+    if last is not None and rounds[last]["status"] == "canary":
+        msg = (f"round {last + 1}: waiting: {name} is a canary not yet decided; "
+               "`tracerl promote --once` promotes or rolls it back")
+        r.log(msg)
+        return RoundOutcome("waiting", last + 1, message=msg)
+    return None
+
+
+def _parent(r: _Round, rounds: dict[int, dict[str, Any]], k: int, v: int) -> Path | None:
+    """Round k's starting weights (policy@v's checkpoint; the base model for v = 0), checked whole, and every
+    earlier round trained from the same base model."""
+    parent = r.ckpts.ensure_local(v) if v > 0 else None
+    if parent is not None and not is_complete(parent):
+        where = f" or {r.ckpts.name(k)}" if r.ckpts.mirror is not None else ""
+        raise TrainError(f"round {k} starts from {parent}{where}, which is missing or incomplete; restore it, "
+                         "or start a new --store")
+    for row in rounds.values():
+        if row["base_model"] and Path(row["base_model"]) != r.base_model:
+            raise TrainError(f"round {row['round']} was trained from base model {row['base_model']}, not "
+                             f"{r.base_model}; use the same --model for every round of a store, or a new --store")
+    return parent
+
+
+def _select(r: _Round, step: DatasetStep, k: int, v: int, last: int | None) -> RoundOutcome | dict[str, Any]:
+    """Round k's selection: an interrupted run's (redone on the same calls), else a new one once enough
+    rewarded rollouts with signal exist, written before training; a RoundOutcome "waiting" when not yet."""
+    s, stats, window = r.settings, step.stats, step.window
+    if step.selection is not None:
+        trained_ids = set(step.selection["transition_ids"])
+        step.samples = [x for x in step.samples if x.transition_id in trained_ids]
+        return step.selection
+    usable = stats.n_rollouts - stats.n_rollouts_incomplete - stats.n_rollouts_no_reward
+    due = usable >= s.min_rollouts or _every_due(s, r.loc, last, usable)
+    if not due or not step.samples:
+        why = (f"{usable} complete rewarded rollouts of policy@{v} (need --min-rollouts {s.min_rollouts})"
+               if not due else f"all {usable} rollouts of policy@{v} are in zero-reward-variance groups "
+                               f"(estimator {stats.estimator}; {stats.estimator_reason})")
+        msg = f"round {k}: waiting: {why}" + (f"; {window.note()}" if window.note() else "") + "; nothing written"
+        r.log(msg)
+        return RoundOutcome("waiting", k, message=msg)
+    # consumed: the trained, those whose group had no signal, and those closed without feedback
+    rollout_ids = sorted({x.rollout_id for x in step.samples} | _usable_rollouts(step.rows, step.exclude)
+                         | window.unrewarded)
+    selection = {"round": k, "versions": [step.lo, v], "rollout_ids": rollout_ids,
+                 "transition_ids": sorted(x.transition_id for x in step.samples), "created_at": _now().isoformat()}
+    r.held.confirm()
+    write_json_atomic(selection_path(r.loc, k), selection, r.loc.fs)
+    return selection
+
+
+@dataclass
+class _Trained:
+    """A round's training result: its metrics, whether it wrote an adapter, its ranks, and the resume state
+    still being written beside the publish (None when written, or adopted)."""
+
+    metrics: TrainMetrics
+    adapter: bool
+    nproc: int
+    pending: BackgroundWrite | None = None
+
+
+def _adopt(final: Path, log: Callable[[str], None], k: int) -> _Trained:
+    """A checkpoint an earlier run of round k wrote whole before it stopped: taken as the round's result."""
+    log(f"round {k}: adopting checkpoint {final} written before the previous run stopped")
+    man = read_manifest(final)
+    metrics = TrainMetrics(**{f.name: man["metrics"].get(f.name, 0) for f in dataclasses.fields(TrainMetrics)
+                              if f.name != "extra"})
+    return _Trained(metrics, bool(man["adapter"]), int(man["settings"].get("nproc", 1)))
+
+
+def _train_round(r: _Round, step: DatasetStep, selection: dict[str, Any], k: int, v: int, parent: Path | None,
+                 final: Path, on_step: StepCallback | None, timings: dict[str, float],
+                 threads_now: Callable[[], int] | None) -> _Trained:
+    """Pack, train (here or in ranks) and write the checkpoint with its manifest; the optimizer state follows
+    in the background (only the next round reads it)."""
+    s, samples, stats = r.settings, step.samples, step.stats
+    pad_id = step.tokenizer.pad_token_id if step.tokenizer.pad_token_id is not None else 0
+    # OpenRLHF's model takes one sample per row: a shared prefix is the torch backend's alone
+    batches = make_batches(samples, s.pack_tokens, pad_id, share_prefix=s.share_prefix and s.backend == "torch")
+    ranks = f" in {s.nproc} ranks" if s.nproc > 1 else " in 1 rank" if s.backend == "openrlhf" else ""
+    r.log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
+          f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if step.selection is not None else ""))
+    with contextlib.ExitStack() as stack:
+        metrics, adapter, save, resume = _train(s, r.base_model, parent, batches, final, on_step, timings, stack,
+                                                threads_now)
+        t = time.perf_counter()
+        manifest = {
+            "round": k, "trained_on_version": v, "publishes": version_name(s.served_name, k + 1),
+            "version": k + 1, "base_model": str(r.base_model), "parent": str(parent) if parent else None,
+            "adapter": adapter, "backend": s.backend, "settings": dataclasses.asdict(s), "git_sha": git_sha(),
+            "selection": selection, "dataset": dataclasses.asdict(stats), "metrics": dataclasses.asdict(metrics),
+            "created_at": _now().isoformat(),
+        }
+        write_checkpoint(final, save, manifest)
+        timings["save"] = time.perf_counter() - t
+    return _Trained(metrics, adapter, s.nproc, BackgroundWrite(functools.partial(resume, final)) if resume else None)
+
+
 def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointStore, held: Held, base_model: Path,
                 publisher: Publisher | None, on_step: StepCallback | None, log: Callable[[str], None],
                 threads_now: Callable[[], int] | None = None) -> RoundOutcome:
+    r = _Round(settings, loc, ckpts, held, base_model, publisher, log)
     rounds = read_rounds(loc)
-    done = [k for k, r in rounds.items() if r["status"] in DONE]
+    done = [k for k, row in rounds.items() if row["status"] in DONE]
     last = max(done) if done else None
-    if last is not None and rounds[last]["status"] == "trained" and publisher is not None:
-        row = _publish(loc, ckpts, held, rounds[last], base_model, publisher, log, settings.served_name,
-                       settings.keep_checkpoints, settings.canary)
-        return RoundOutcome("published", last, row=row,
-                            message=f"published {version_name(settings.served_name, last + 1)} (left unannounced by an earlier run)")
-    if last is not None and rounds[last]["status"] == "canary":
-        msg = (f"round {last + 1}: waiting: {version_name(settings.served_name, last + 1)} is a canary not yet decided; "
-               "`tracerl promote --once` promotes or rolls it back")
-        log(msg)
-        return RoundOutcome("waiting", last + 1, message=msg)
+    earlier = _unfinished(r, rounds, last)
+    if earlier is not None:
+        return earlier
     k = 0 if last is None else last + 1
     v = start_version(rounds, k)  # k, or the serving version after a rollback
-    parent = ckpts.ensure_local(v) if v > 0 else None
-    if parent is not None and not is_complete(parent):
-        where = f" or {ckpts.name(k)}" if ckpts.mirror is not None else ""
-        raise TrainError(f"round {k} starts from {parent}{where}, which is missing or incomplete; restore it, "
-                         "or start a new --store")
-    for r in rounds.values():
-        if r["base_model"] and Path(r["base_model"]) != base_model:
-            raise TrainError(f"round {r['round']} was trained from base model {r['base_model']}, not {base_model}; "
-                             "use the same --model for every round of a store, or a new --store")
+    parent = _parent(r, rounds, k, v)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     step = dataset_step(settings, loc, k, v, base_model)
-    selection, resuming, lo, rows = step.selection, step.selection is not None, step.lo, step.rows
-    tokenizer, window, exclude, samples, stats = step.tokenizer, step.window, step.exclude, step.samples, step.stats
     timings["dataset"] = time.perf_counter() - t
-    if selection is not None:
-        trained_ids = set(selection["transition_ids"])
-        samples = [s for s in samples if s.transition_id in trained_ids]
-    else:
-        usable = stats.n_rollouts - stats.n_rollouts_incomplete - stats.n_rollouts_no_reward
-        due = usable >= settings.min_rollouts or _every_due(settings, loc, last, usable)
-        if not due or not samples:
-            why = (f"{usable} complete rewarded rollouts of policy@{v} (need --min-rollouts {settings.min_rollouts})"
-                   if not due else f"all {usable} rollouts of policy@{v} are in zero-reward-variance groups "
-                                   f"(estimator {stats.estimator}; {stats.estimator_reason})")
-            msg = f"round {k}: waiting: {why}" + (f"; {window.note()}" if window.note() else "") + "; nothing written"
-            log(msg)
-            return RoundOutcome("waiting", k, message=msg)
-        # consumed: the trained, those whose group had no signal, and those closed without feedback
-        rollout_ids = sorted({s.rollout_id for s in samples} | _usable_rollouts(rows, exclude) | window.unrewarded)
-        selection = {"round": k, "versions": [lo, v], "rollout_ids": rollout_ids,
-                     "transition_ids": sorted(s.transition_id for s in samples), "created_at": _now().isoformat()}
-        held.confirm()
-        write_json_atomic(selection_path(loc, k), selection, loc.fs)
-
+    selection = _select(r, step, k, v, last)
+    if isinstance(selection, RoundOutcome):
+        return selection
+    samples, stats = step.samples, step.stats
     row = {
         "round": k, "policy_version": v, "parent_version": v, "base_model": str(base_model), "checkpoint_path": None,
         "adapter": None, "n_rollouts": len({s.rollout_id for s in samples}), "n_transitions": len(samples),
@@ -372,69 +467,34 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         "timings": json.dumps(timings), "published_at": None, "status": "started", "metrics": None,
         "estimator": stats.estimator, "estimator_reason": stats.estimator_reason,
     }
-    held.confirm()
-    write_round(loc, row)
+    r.write(row)
     final = ckpts.ensure_local(k + 1)
-    metrics: TrainMetrics | None = None
-    pending: BackgroundWrite | None = None
     try:
-        if is_complete(final) and read_manifest(final).get("round") == k:
-            log(f"round {k}: adopting checkpoint {final} written before the previous run stopped")
-            man = read_manifest(final)
-            metrics = TrainMetrics(**{f.name: man["metrics"].get(f.name, 0) for f in dataclasses.fields(TrainMetrics)
-                                      if f.name != "extra"})
-            adapter = bool(man["adapter"])
-            nproc = int(man["settings"].get("nproc", 1))
-        else:
-            nproc = settings.nproc
-            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-            # OpenRLHF's model takes one sample per row: a shared prefix is the torch backend's alone
-            batches = make_batches(samples, settings.pack_tokens, pad_id,
-                                   share_prefix=settings.share_prefix and settings.backend == "torch")
-            ranks = f" in {nproc} ranks" if nproc > 1 else " in 1 rank" if settings.backend == "openrlhf" else ""
-            log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
-                f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if resuming else ""))
-            with contextlib.ExitStack() as stack:
-                metrics, adapter, save, resume = _train(settings, base_model, parent, batches, final, on_step,
-                                                        timings, stack, threads_now)
-                t = time.perf_counter()
-                manifest = {
-                    "round": k, "trained_on_version": v, "publishes": version_name(settings.served_name, k + 1),
-                    "version": k + 1, "base_model": str(base_model),
-                    "parent": str(parent) if parent else None, "adapter": adapter,
-                    "backend": settings.backend, "settings": dataclasses.asdict(settings),
-                    "git_sha": git_sha(), "selection": selection, "dataset": dataclasses.asdict(stats),
-                    "metrics": dataclasses.asdict(metrics), "created_at": _now().isoformat(),
-                }
-                write_checkpoint(final, save, manifest)
-                timings["save"] = time.perf_counter() - t
-                if resume is not None:  # the optimizer state, beside the publish: only the next round reads it
-                    pending = BackgroundWrite(functools.partial(resume, final))
+        adopt = is_complete(final) and read_manifest(final).get("round") == k
+        trained = (_adopt(final, log, k) if adopt
+                   else _train_round(r, step, selection, k, v, parent, final, on_step, timings, threads_now))
         t = time.perf_counter()
         held.confirm()
-        if pending is not None and ckpts.mirror is not None:  # the bucket's copy is whole, resume state included
-            timings["resume_state"] = pending.wait()
-            pending = None
+        if trained.pending is not None and ckpts.mirror is not None:  # the bucket's copy is whole, resume state too
+            timings["resume_state"], trained.pending = trained.pending.wait(), None
         if ckpts.upload(k + 1):
             timings["upload"] = time.perf_counter() - t
     except LeaseLost:
         raise  # the store is another trainer's now: write nothing more
     except BaseException:
         with contextlib.suppress(LeaseLost):
-            held.confirm()
-            write_round(loc, {**row, "status": "failed", "timings": json.dumps(timings)})
+            r.write({**row, "status": "failed", "timings": json.dumps(timings)})
         raise
-    row.update(checkpoint_path=ckpts.name(k + 1), adapter=adapter, loss=metrics.loss, kl=metrics.kl,
-               clip_fraction=metrics.clip_fraction, timings=json.dumps(timings), status="trained",
-               metrics=metrics_json(metrics, stats, nproc))
-    held.confirm()
-    write_round(loc, row)
+    m = trained.metrics
+    row.update(checkpoint_path=ckpts.name(k + 1), adapter=trained.adapter, loss=m.loss, kl=m.kl,
+               clip_fraction=m.clip_fraction, timings=json.dumps(timings), status="trained",
+               metrics=metrics_json(m, stats, trained.nproc))
+    r.write(row)
     if publisher is not None:
-        row = _publish(loc, ckpts, held, row, base_model, publisher, log, settings.served_name,
-                       settings.keep_checkpoints, settings.canary)
-    if pending is not None:
-        log(f"round {k}: resume state (optimizer) written in {pending.wait():.1f}s, beside the publish")
-    log(metrics_line(row, stats, metrics))
+        row = r.publish(row)
+    if trained.pending is not None:
+        log(f"round {k}: resume state (optimizer) written in {trained.pending.wait():.1f}s, beside the publish")
+    log(metrics_line(row, stats, m))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
 
 

@@ -129,7 +129,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     lines: list[str] = []
     out = run_once(s, log=lines.append)
     assert out.status == "trained" and out.round == 0
-    sel = read_selection(layout, 0)
+    sel = read_selection(layout.location, 0)
     ids = set(sel["rollout_ids"])
     assert {r["rollout_id"] for r in closed} <= ids and {r["rollout_id"] for r in silent} <= ids  # consumed
     assert not any(
@@ -152,7 +152,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     monkeypatch.setattr("trainer.rounds._now", _at(NOW + HOUR + S))
     out = run_once(s, log=lines.append)
     assert out.status == "trained" and out.round == 1
-    sel1 = read_selection(layout, 1)
+    sel1 = read_selection(layout.location, 1)
     assert {r["rollout_id"] for r in waiting} <= set(sel1["rollout_ids"])
     m1 = json.loads(read_rounds(layout.location)[1]["metrics"])
     stale_calls = len(waiting)  # every call of the policy@0 rollouts, one version behind round 1

@@ -315,7 +315,7 @@ def test_a_round_of_all_distinct_tasks_trains_with_the_group_free_estimator(tmp_
     assert out.status == "waiting" and "zero-reward-variance" in logs[-1] and "nothing written" in logs[-1]
     out = run_once(train_settings(store), log=logs.append)
     assert out.status == "trained" and out.round == 0
-    row = read_rounds(StoreLayout.at(store))[0]
+    row = read_rounds(StoreLayout.at(store).location)[0]
     assert row["estimator"] == "reinforce_plus_plus" and row["n_rollouts"] == 12
     assert row["estimator_reason"].startswith("auto: 0 of 12 rollouts share their task")
     assert "estimator=reinforce_plus_plus" in logs[-1]
@@ -334,14 +334,14 @@ def test_rounds_written_before_the_estimator_columns_still_read(tmp_path, write_
     write_rows(store, make_rollouts(0))
     run_once(train_settings(store), log=lambda m: None)
     layout = StoreLayout.at(store)
-    new = read_rounds(layout)[0]
+    new = read_rounds(layout.location)[0]
     old_schema = pa.schema([f for f in ROUNDS_SCHEMA if f.name not in ("estimator", "estimator_reason")])
     old = {k: v for k, v in new.items() if k in old_schema.names} | {"round": 7}
     part = store / "rounds" / "date=2026-01-01"
     part.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([old], schema=old_schema), part / "round-000007.parquet")
-    rounds = read_rounds(layout)
+    rounds = read_rounds(layout.location)
     assert rounds[7]["estimator"] is None and rounds[0]["estimator"] == "grpo"
     assert rounds[0]["estimator_reason"].startswith("auto: 12 of 12 rollouts share their task")
-    table = format_table(round_rows(str(store)))
+    table = format_table(round_rows(layout.location))
     assert "round 0: estimator grpo: auto: 12 of 12" in table and table.count("\n") == 3
