@@ -343,6 +343,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=2, help="tracerl train --max-staleness (default: 2)")
     p.add_argument("--train-threads", type=int, default=2, help="tracerl train --threads (default: 2)")
     p.add_argument(
+        "--eval-every-s",
+        type=float,
+        default=300,
+        help="measure held-out success after a publish at most this often, and at the end (default: %(default)s)",
+    )
+    p.add_argument(
         "--heldout-samples",
         type=int,
         default=2,
@@ -355,6 +361,56 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "feedback would come after its rollout's window closed; raise the window"
         )
     return args
+
+
+def traffic_cmd(args: argparse.Namespace, service: str, db: Path, logs: Path) -> list[str]:
+    """The simulated users, for --minutes."""
+    flags = {"--service": service, "--db": str(db), "--users": str(args.users),
+             "--duration-s": f"{args.minutes * 60:g}", "--delay-max-s": f"{args.delay_max_s:g}",
+             "--feedback-rate": f"{args.feedback_rate:g}", "--flip": f"{args.flip:g}",
+             "--log": str(logs / "requests.jsonl")}  # fmt: skip
+    return [sys.executable, str(HERE / "traffic.py"), *(x for kv in flags.items() for x in kv)]
+
+
+def ended_within(proc: subprocess.Popen, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``proc``; whether it has exited."""
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def serving_version(store: Path) -> int:
+    """The version the server holds: one past the last published round (0 before any)."""
+    done = [r["round"] for r in rounds(store) if r.get("status") == "published"]
+    return max(done) + 1 if done else 0
+
+
+def cron(
+    args: argparse.Namespace,
+    paths: dict[str, Path],
+    urls: dict[str, str],
+    traffic: subprocess.Popen,
+    measure,
+    summary: dict,
+) -> None:
+    """``tracerl train --once`` every --train-every-s while the traffic runs; held-out success after a
+    publish once --eval-every-s passed since the last measurement, and at the end."""
+    t0, measured, last_eval = time.monotonic(), 0, time.monotonic()
+    while True:
+        ended = ended_within(traffic, args.train_every_s)
+        line = train_once(args, paths["store"], paths["model"], urls["server"], paths["logs"])
+        minute = (time.monotonic() - t0) / 60
+        summary["cron"].append({"minute": round(minute, 1), "train": line})
+        say(f"cron at minute {minute:.1f}: tracerl train --once: {line}")
+        version = serving_version(paths["store"])
+        if version > measured and (ended or time.monotonic() - last_eval >= args.eval_every_s):
+            measure(minute, version)
+            measured, last_eval = version, time.monotonic()
+        (paths["work"] / "summary.json").write_text(json.dumps(summary, indent=1))
+        if ended:
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,49 +444,18 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         measure(0.0, 0)
-        traffic = procs.start(
-            "traffic",
-            [
-                sys.executable,
-                str(HERE / "traffic.py"),
-                "--service",
-                urls["service"],
-                "--db",
-                str(db),
-                "--users",
-                str(args.users),
-                "--duration-s",
-                f"{args.minutes * 60:g}",
-                "--delay-max-s",
-                f"{args.delay_max_s:g}",
-                "--feedback-rate",
-                f"{args.feedback_rate:g}",
-                "--flip",
-                f"{args.flip:g}",
-                "--log",
-                str(logs / "requests.jsonl"),
-            ],
-        )
-        t0, version = time.monotonic(), 0
-        while traffic.poll() is None:
-            time.sleep(args.train_every_s)
-            line = train_once(args, store, model, urls["server"], logs)
-            minute = (time.monotonic() - t0) / 60
-            summary["cron"].append({"minute": round(minute, 1), "train": line})
-            say(f"cron at minute {minute:.1f}: tracerl train --once: {line}")
-            done = [r for r in rounds(store) if r.get("status") == "published"]
-            if done and done[-1]["policy_version"] + 1 > version:
-                version = done[-1]["policy_version"] + 1
-                measure(minute, version)
-            (work / "summary.json").write_text(json.dumps(summary, indent=1))
+        traffic = procs.start("traffic", traffic_cmd(args, urls["service"], db, logs))
+        paths = {"work": work, "store": store, "logs": logs, "model": model}
+        cron(args, paths, urls, traffic, measure, summary)
     except KeyboardInterrupt:
         say("interrupted; stopping")
     finally:
         sampler.stop.set()
         procs.stop()
         summary["rounds"] = rounds(store)
+        n = max(1, len(sampler.samples))
         summary["load_avg"] = {
-            "mean": round(sum(sampler.samples) / max(1, len(sampler.samples)), 2),
+            "mean": round(sum(sampler.samples) / n, 2),
             "max": max(sampler.samples, default=0.0),
         }
         (work / "summary.json").write_text(json.dumps(summary, indent=1))
