@@ -11,8 +11,10 @@ in WORKDIR/logs/):
   and noisy;
 
 and, standing in for cron, ``tracerl train --once --feedback-window …`` every ``--train-every-s``
-seconds (REINFORCE++ is what ``--estimator auto`` picks: no question repeats within a round). After
-every published round (and before the first) it measures held-out success *through the service*:
+seconds; ``--estimator auto`` picks per round: REINFORCE++ while questions do not repeat within a
+round, GRPO once the traffic asks the same question again (83 training questions; a busy service
+repeats them within minutes). After a publish, at most every ``--eval-every-s`` (and before the first
+round and at the end), it measures held-out success *through the service*:
 the demo's 30 held-out questions x ``--heldout-samples``, each sample with its own seed, graded by the
 demo's grader, with no feedback sent, so they never train (unrewarded rollouts are never
 converted). WORKDIR/summary.json holds the curve (minutes of traffic, policy version, held-out
