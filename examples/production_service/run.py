@@ -328,7 +328,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "'tracerl init-model --from smollm2-135m-instruct'",
     )
     p.add_argument("--minutes", type=float, default=30, help="minutes of traffic (default: %(default)s)")
-    p.add_argument("--users", type=int, default=12, help="simulated users at once (default: %(default)s)")
+    p.add_argument("--users", type=int, default=6, help="simulated users at once (default: %(default)s)")
+    p.add_argument(
+        "--think-s",
+        type=float,
+        default=10,
+        help="mean pause between a user's requests, i.e. the request rate: users that never pause keep vLLM "
+        "busy and each round trains everything that piled up since the last (default: %(default)s)",
+    )
     p.add_argument("--train-every-s", type=float, default=120, help="the cron period (default: %(default)s)")
     p.add_argument(
         "--feedback-window-s",
@@ -369,7 +376,7 @@ def traffic_cmd(args: argparse.Namespace, service: str, db: Path, logs: Path) ->
     """The simulated users, for --minutes."""
     flags = {"--service": service, "--db": str(db), "--users": str(args.users),
              "--duration-s": f"{args.minutes * 60:g}", "--delay-max-s": f"{args.delay_max_s:g}",
-             "--feedback-rate": f"{args.feedback_rate:g}", "--flip": f"{args.flip:g}",
+             "--feedback-rate": f"{args.feedback_rate:g}", "--flip": f"{args.flip:g}", "--think-s": f"{args.think_s:g}",
              "--log": str(logs / "requests.jsonl")}  # fmt: skip
     return [sys.executable, str(HERE / "traffic.py"), *(x for kv in flags.items() for x in kv)]
 
