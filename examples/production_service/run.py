@@ -1,0 +1,476 @@
+"""The deployed text-to-SQL service learning from its own traffic, with training from cron.
+
+Starts, on free ports of 127.0.0.1, what a team runs (each command printed as it starts, its output
+in WORKDIR/logs/):
+
+* ``tracerl collect --convert`` (the store: spans, feedback, transitions as rollouts complete);
+* ``tracerl serve --engine vllm`` (SmolLM2-135M-Instruct on CPU, full weights in fp32, as the demo);
+* ``tracerl gateway`` (exact token ids) in front of it;
+* the service (service.py) under ``opentelemetry-instrument uvicorn``, configured by env vars only;
+* the simulated users (traffic.py) for ``--minutes``: distinct questions, 60 % give feedback, late
+  and noisy;
+
+and, standing in for cron, ``tracerl train --once --feedback-window …`` every ``--train-every-s``
+seconds; ``--estimator auto`` picks per round: REINFORCE++ while questions do not repeat within a
+round, GRPO once the traffic asks the same question again (83 training questions; a busy service
+repeats them within minutes). After a publish, at most every ``--eval-every-s`` (and before the first
+round and at the end), it measures held-out success *through the service*:
+the demo's 30 held-out questions x ``--heldout-samples``, each sample with its own seed, graded by the
+demo's grader, with no feedback sent, so they never train (unrewarded rollouts are never
+converted). WORKDIR/summary.json holds the curve (minutes of traffic, policy version, held-out
+success and mean grade), the rounds' manifest rows and the load average sampled every 15 s.
+
+    .venv/bin/python examples/production_service/run.py --workdir /tmp/prod --minutes 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+DEMO = HERE.parent / "demo"
+BIN = Path(sys.executable).parent
+TRACERL = str(BIN / "tracerl")
+TRAIN = [
+    "--lora-rank",
+    "16",
+    "--lora-targets",
+    "q_proj,k_proj,v_proj,o_proj",
+    "--lr",
+    "1e-3",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "1",
+]  # the real demo's SQL preset (tracerl/demo_tasks.py)
+sys.path.insert(0, str(HERE))
+from traffic import _load  # noqa: E402  (the demo's tasks and grader, loaded by path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class Procs:
+    """The long-running processes, each in its own session (stopped as a group) with a log file."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs, self.items = logs, []
+
+    def start(
+        self, name: str, cmd: list[str], env: dict | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen:
+        say(f"$ {shlex.join(cmd)}   > logs/{name}.log")
+        with open(self.logs / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd
+            )
+        self.items.append((name, proc))
+        return proc
+
+    def wait(self, url: str, what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not http_ok(url):
+            for name, p in self.items:
+                if p.poll() is not None:
+                    raise SystemExit(
+                        f"{name} exited with {p.returncode} while waiting for {what}; "
+                        f"see {self.logs / (name + '.log')}"
+                    )
+            if time.monotonic() > deadline:
+                raise SystemExit(f"gave up waiting for {what} after {timeout_s:.0f}s")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        for _, p in reversed(self.items):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for _, p in reversed(self.items):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def service_env(db: Path, otlp: str, gateway: str, rewards: str) -> dict[str, str]:
+    """The service's whole configuration: env vars (OpenTelemetry's, OpenAI's, its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+    env.update(
+        {
+            "OTEL_SERVICE_NAME": "sql-assistant",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_PYTHON_FASTAPI_EXCLUDED_URLS": "feedback,health",  # a verdict is no request to learn from
+            "TRACELOOP_TRACE_CONTENT": "true",  # OpenLLMetry records the messages (its default; said here)
+            "OPENAI_BASE_URL": f"{gateway}/v1",
+            "OPENAI_API_KEY": "unused",
+            "SQL_SERVICE_DB": str(db),
+            "SQL_SERVICE_FEEDBACK_URL": rewards,
+        }
+    )
+    return env
+
+
+def start_service(procs: Procs, env: dict[str, str], port: int) -> str:
+    procs.start(
+        "service",
+        [
+            str(BIN / "opentelemetry-instrument"),
+            str(BIN / "uvicorn"),
+            "service:app",
+            "--app-dir",
+            str(HERE),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+        ],
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    procs.wait(f"{url}/health", "the service", 120)
+    return url
+
+
+def heldout(service: str, tasks: list[dict], sql_reward, concurrency: int) -> dict:
+    """Held-out success through the service: seeded samples, graded here, no feedback sent."""
+
+    def one(task: dict) -> float:
+        r = httpx.post(
+            f"{service}/ask", json={"question": task["question"], "seed": task["seed"]}, timeout=600
+        )
+        r.raise_for_status()
+        return sql_reward.grade(task, r.json()["sql"] or None)
+
+    t = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        grades = list(pool.map(one, tasks))
+    n = len(grades) or 1
+    return {
+        "n": len(grades),
+        "success": sum(g >= 1.0 for g in grades) / n,
+        "mean_grade": sum(grades) / n,
+        "seconds": round(time.monotonic() - t, 1),
+    }
+
+
+def rounds(store: Path) -> list[dict]:
+    """The rounds manifest (tracerl sql, as a user would query it)."""
+    out = subprocess.run(
+        [
+            TRACERL,
+            "sql",
+            "--store",
+            str(store),
+            "--format",
+            "json",
+            "SELECT round, policy_version, n_rollouts, mean_reward, status, estimator, "
+            "estimator_reason FROM rounds ORDER BY round",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    try:
+        return json.loads(out.stdout) if out.returncode == 0 else []
+    except json.JSONDecodeError:
+        return []
+
+
+class LoadSampler(threading.Thread):
+    """/proc/loadavg's 1-minute figure every 15 s (what `uptime` shows)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
+            self.stop.wait(15)
+
+
+def start_stack(procs: Procs, model: Path, store: Path, db: Path, max_num_seqs: int) -> dict[str, str]:
+    """Collector (converting), vLLM, gateway and the service, healthy; their URLs."""
+    grpc, http, serve, gw, svc = (free_port() for _ in range(5))
+    procs.start(
+        "collect",
+        [
+            TRACERL,
+            "collect",
+            "--store",
+            str(store),
+            "--grpc",
+            f"127.0.0.1:{grpc}",
+            "--http",
+            f"127.0.0.1:{http}",
+            "--convert",
+            "--quiet-s",
+            "5",
+            "--segment-age-s",
+            "0.5",
+        ],
+    )
+    server = f"http://127.0.0.1:{serve}"
+    procs.start(
+        "serve",
+        [
+            TRACERL,
+            "serve",
+            "--engine",
+            "vllm",
+            "--model",
+            str(model),
+            "--listen",
+            f"127.0.0.1:{serve}",
+            "--no-enable-lora",
+            "--max-model-len",
+            "1024",
+            "--dtype",
+            "float32",
+            "--max-num-seqs",
+            str(max_num_seqs),
+        ],
+    )
+    gateway = f"http://127.0.0.1:{gw}"
+    procs.start(
+        "gateway",
+        [
+            TRACERL,
+            "gateway",
+            "--upstream",
+            server,
+            "--listen",
+            f"127.0.0.1:{gw}",
+            "--otlp",
+            f"http://127.0.0.1:{grpc}",
+        ],
+    )
+    procs.wait(f"http://127.0.0.1:{http}/healthz", "the collector", 60)
+    procs.wait(f"{server}/health", "vLLM", 900)
+    procs.wait(f"{gateway}/health", "the gateway", 60)
+    rewards = f"http://127.0.0.1:{http}/v1/rewards"
+    service = start_service(procs, service_env(db, f"http://127.0.0.1:{grpc}", gateway, rewards), svc)
+    return {"server": server, "gateway": gateway, "rewards": rewards, "service": service}
+
+
+def train_once(args: argparse.Namespace, store: Path, model: Path, server: str, logs: Path) -> str:
+    """One cron run of ``tracerl train --once``; its last output line."""
+    cmd = [
+        TRACERL,
+        "train",
+        "--once",
+        "--store",
+        str(store),
+        "--model",
+        str(model),
+        "--server",
+        server,
+        "--feedback-window",
+        f"{args.feedback_window_s:g}",
+        "--max-staleness",
+        str(args.max_staleness),
+        "--min-rollouts",
+        str(args.min_rollouts),
+        "--threads",
+        str(args.train_threads),
+        *TRAIN,
+    ]
+    with open(logs / "train.log", "a") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log.write(proc.stdout)
+    lines = proc.stdout.strip().splitlines()
+    return f"exit {proc.returncode}: {lines[-1] if lines else ''}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--workdir", default="./production-run", help="store, logs, summary (default: %(default)s)"
+    )
+    p.add_argument(
+        "--model",
+        default="",
+        help="HF model dir; default: WORKDIR/smollm2 built with "
+        "'tracerl init-model --from smollm2-135m-instruct'",
+    )
+    p.add_argument("--minutes", type=float, default=30, help="minutes of traffic (default: %(default)s)")
+    p.add_argument("--users", type=int, default=6, help="simulated users at once (default: %(default)s)")
+    p.add_argument(
+        "--think-s",
+        type=float,
+        default=10,
+        help="mean pause between a user's requests, i.e. the request rate: users that never pause keep vLLM "
+        "busy and each round trains everything that piled up since the last (default: %(default)s)",
+    )
+    p.add_argument("--train-every-s", type=float, default=120, help="the cron period (default: %(default)s)")
+    p.add_argument(
+        "--feedback-window-s",
+        type=float,
+        default=90,
+        help="tracerl train --feedback-window, seconds (default: %(default)s)",
+    )
+    p.add_argument("--delay-max-s", type=float, default=60, help="latest feedback (default: %(default)s)")
+    p.add_argument(
+        "--feedback-rate", type=float, default=0.6, help="share of users who answer (default: 0.6)"
+    )
+    p.add_argument("--flip", type=float, default=0.1, help="probability a verdict is wrong (default: 0.1)")
+    p.add_argument("--min-rollouts", type=int, default=16, help="tracerl train --min-rollouts (default: 16)")
+    p.add_argument("--max-staleness", type=int, default=2, help="tracerl train --max-staleness (default: 2)")
+    p.add_argument("--train-threads", type=int, default=2, help="tracerl train --threads (default: 2)")
+    p.add_argument(
+        "--eval-every-s",
+        type=float,
+        default=300,
+        help="measure held-out success after a publish at most this often, and at the end (default: %(default)s)",
+    )
+    p.add_argument(
+        "--heldout-samples",
+        type=int,
+        default=2,
+        help="seeded samples per held-out question (30 questions) (default: %(default)s)",
+    )
+    args = p.parse_args(argv)
+    if args.feedback_window_s < args.delay_max_s:
+        p.error(
+            f"--feedback-window-s {args.feedback_window_s:g} < --delay-max-s {args.delay_max_s:g}: "
+            "feedback would come after its rollout's window closed; raise the window"
+        )
+    return args
+
+
+def traffic_cmd(args: argparse.Namespace, service: str, db: Path, logs: Path) -> list[str]:
+    """The simulated users, for --minutes."""
+    flags = {"--service": service, "--db": str(db), "--users": str(args.users),
+             "--duration-s": f"{args.minutes * 60:g}", "--delay-max-s": f"{args.delay_max_s:g}",
+             "--feedback-rate": f"{args.feedback_rate:g}", "--flip": f"{args.flip:g}", "--think-s": f"{args.think_s:g}",
+             "--log": str(logs / "requests.jsonl")}  # fmt: skip
+    return [sys.executable, str(HERE / "traffic.py"), *(x for kv in flags.items() for x in kv)]
+
+
+def ended_within(proc: subprocess.Popen, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``proc``; whether it has exited."""
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def serving_version(store: Path) -> int:
+    """The version the server holds: one past the last published round (0 before any)."""
+    done = [r["round"] for r in rounds(store) if r.get("status") == "published"]
+    return max(done) + 1 if done else 0
+
+
+def cron(
+    args: argparse.Namespace,
+    paths: dict[str, Path],
+    urls: dict[str, str],
+    traffic: subprocess.Popen,
+    measure,
+    summary: dict,
+) -> None:
+    """``tracerl train --once`` every --train-every-s while the traffic runs; held-out success after a
+    publish once --eval-every-s passed since the last measurement, and at the end."""
+    t0, measured, last_eval = time.monotonic(), 0, time.monotonic()
+    while True:
+        ended = ended_within(traffic, args.train_every_s)
+        line = train_once(args, paths["store"], paths["model"], urls["server"], paths["logs"])
+        minute = (time.monotonic() - t0) / 60
+        summary["cron"].append({"minute": round(minute, 1), "train": line})
+        say(f"cron at minute {minute:.1f}: tracerl train --once: {line}")
+        version = serving_version(paths["store"])
+        if version > measured and (ended or time.monotonic() - last_eval >= args.eval_every_s):
+            measure(minute, version)
+            measured, last_eval = version, time.monotonic()
+        (paths["work"] / "summary.json").write_text(json.dumps(summary, indent=1))
+        if ended:
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    work = Path(args.workdir).resolve()
+    store, logs = work / "store", work / "logs"
+    if store.exists() and any(store.iterdir()):
+        raise SystemExit(f"{store} already holds data; pass a new --workdir")
+    logs.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model).resolve() if args.model else work / "smollm2"
+    if not args.model:
+        subprocess.run([TRACERL, "init-model", str(model), "--from", "smollm2-135m-instruct"], check=True)
+    sql_tasks, sql_reward = _load("sql_tasks"), _load("sql_reward")
+    db = work / "shop.db"
+    if not db.exists():
+        sql_tasks.build_db(db)
+    held = sql_tasks.with_seeds(sql_tasks.questions(db)["heldout"], args.heldout_samples)
+    sampler, procs = LoadSampler(), Procs(logs)
+    sampler.start()
+    summary: dict = {"settings": vars(args), "curve": [], "cron": []}
+    try:
+        urls = start_stack(procs, model, store, db, max_num_seqs=max(16, args.users))
+
+        def measure(minute: float, version: int) -> None:
+            h = heldout(urls["service"], held, sql_reward, concurrency=16)
+            summary["curve"].append({"minute": round(minute, 1), "policy_version": version, **h})
+            say(
+                f"held-out policy@{version} at minute {minute:.1f}: success {h['success']:.3f}, mean grade "
+                f"{h['mean_grade']:.3f} ({h['n']} seeded requests, {h['seconds']}s)"
+            )
+
+        measure(0.0, 0)
+        traffic = procs.start("traffic", traffic_cmd(args, urls["service"], db, logs))
+        paths = {"work": work, "store": store, "logs": logs, "model": model}
+        cron(args, paths, urls, traffic, measure, summary)
+    except KeyboardInterrupt:
+        say("interrupted; stopping")
+    finally:
+        sampler.stop.set()
+        procs.stop()
+        summary["rounds"] = rounds(store)
+        n = max(1, len(sampler.samples))
+        summary["load_avg"] = {
+            "mean": round(sum(sampler.samples) / n, 2),
+            "max": max(sampler.samples, default=0.0),
+        }
+        (work / "summary.json").write_text(json.dumps(summary, indent=1))
+        say(f"summary: {work / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
