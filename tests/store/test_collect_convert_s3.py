@@ -71,7 +71,18 @@ def _rows_when(store: str, n: int, timeout_s: float = 60) -> list[dict]:
 
 
 def _lease(loc: StoreLocation) -> dict:
-    return json.loads(loc.read_bytes(loc.path("transitions", "_state.lease")))
+    """The converter's lease record. moto's server (the stand-in) can answer a GET with a body torn by a PUT
+    it is serving at the same moment, which S3 never does (a GET returns one whole version): a torn read is
+    read again, a few times, and only then is it an error."""
+    for attempt in range(5):
+        raw = loc.read_bytes(loc.path("transitions", "_state.lease"))
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            if attempt == 4:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
 
 
 def _after_another_pass(loc: StoreLocation, timeout_s: float = 30) -> None:
