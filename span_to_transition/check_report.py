@@ -33,7 +33,9 @@ captured no LLM call."""
 def _text(content: Any, limit: int = 160) -> str:
     if isinstance(content, list):
         content = " ".join(p.get("text", f"[{p.get('type')}]") for p in content if isinstance(p, dict))
-    text = "" if content is None else str(content)
+    text = ("" if content is None else str(content)).replace(
+        "\n", "\\n"
+    )  # one message, one line: a newline as \n
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -50,7 +52,9 @@ def message_lines(m: dict[str, Any]) -> list[str]:
 def captured(con: Any) -> str:
     """Spans by scope and every transition, message by message (``con``: the store's read-only views)."""
     out = ["spans by instrumentation scope:"]
-    scopes = con.sql("SELECT coalesce(scope_name, '(none)'), count(*) FROM spans GROUP BY 1 ORDER BY 2 DESC").fetchall()
+    scopes = con.sql(
+        "SELECT coalesce(scope_name, '(none)'), count(*) FROM spans GROUP BY 1 ORDER BY 2 DESC"
+    ).fetchall()
     out += [f"  {scope}: {n}" for scope, n in scopes] or ["  (no spans)"]
     rows = con.sql(
         "SELECT rollout_id, step, agent_name, token_source, trainable, untrainable_reason, reward, reward_source, "
@@ -58,8 +62,10 @@ def captured(con: Any) -> str:
     ).fetchall()
     out.append(f"calls converted: {len(rows)}")
     for rollout, step, agent, source, trainable, why, reward, reward_source, prompt, response in rows:
-        out.append(f"- rollout {rollout} step {step}: agent {agent or '(none)'}, token_source {source}, "
-                   f"trainable {trainable}{f' ({why})' if why else ''}, reward {reward} ({reward_source})")
+        out.append(
+            f"- rollout {rollout} step {step}: agent {agent or '(none)'}, token_source {source}, "
+            f"trainable {trainable}{f' ({why})' if why else ''}, reward {reward} ({reward_source})"
+        )
         for m in json.loads(prompt or "[]"):
             out += ["    " + line for line in message_lines(m)]
         resp = json.loads(response or "null")

@@ -14,14 +14,27 @@ HERE = Path(__file__).parent.parent / "span_to_transition"
 
 
 def test_messages_print_as_the_trainer_sees_them() -> None:
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+            }
+        ],
+    }
     assert message_lines(call) == ["assistant: ", '  -> tool call c1: get_weather({"city": "Paris"})']
-    assert message_lines({"role": "tool", "content": "sunny", "tool_call_id": "c1"}) == ["tool (answers c1): sunny"]
+    assert message_lines({"role": "tool", "content": "sunny", "tool_call_id": "c1"}) == [
+        "tool (answers c1): sunny"
+    ]
 
 
 def test_framework_hints_only_when_nothing_was_captured() -> None:
-    assert framework_hints({"haystack-ai", "openai"}, calls_captured=False) == [FRAMEWORK_HINTS["haystack-ai"]]
+    assert framework_hints({"haystack-ai", "openai"}, calls_captured=False) == [
+        FRAMEWORK_HINTS["haystack-ai"]
+    ]
     assert "after `import haystack`" in FRAMEWORK_HINTS["haystack-ai"]
     assert framework_hints({"haystack-ai"}, calls_captured=True) == []
     assert framework_hints({"openai"}, calls_captured=False) == []
@@ -33,7 +46,6 @@ def test_no_command_is_a_usage_error() -> None:
     assert proc.returncode == 2 and "give the agent command after --" in proc.stderr
 
 
-
 @pytest.mark.slow
 def test_an_agent_behind_the_gateway_is_captured_with_exact_ids(tmp_path: Path) -> None:
     from serving.embedded.server import EmbeddedServer
@@ -41,10 +53,20 @@ def test_an_agent_behind_the_gateway_is_captured_with_exact_ids(tmp_path: Path) 
 
     engine = EmbeddedServer.start(str(build_tiny_model(tmp_path / "tiny", seed=0)))
     try:
-        proc = tracerl("check", "--store", str(tmp_path / "store"), "--upstream", engine.url, "--",
-                       str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(HERE / "gateway_agent.py"),
-                       check=False, timeout=300, env={"OPENAI_API_KEY": "x", "OTEL_METRICS_EXPORTER": "none",
-                                                      "OTEL_LOGS_EXPORTER": "none"})
+        proc = tracerl(
+            "check",
+            "--store",
+            str(tmp_path / "store"),
+            "--upstream",
+            engine.url,
+            "--",
+            str(BIN / "opentelemetry-instrument"),
+            str(BIN / "python"),
+            str(HERE / "gateway_agent.py"),
+            check=False,
+            timeout=300,
+            env={"OPENAI_API_KEY": "x", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"},
+        )
     finally:
         engine.stop()
     out = proc.stdout

@@ -36,9 +36,15 @@ INSTALLED = "import importlib.metadata as m; print('\\n'.join(sorted({d.metadata
 class CheckConfig:
     """Settings for ``tracerl check``."""
 
-    store: str = opt("", "store directory to collect into (default: a new temporary directory, kept)", metavar="DIR")
-    upstream: str = opt("", "model server URL: the agent's calls go through a gateway in front of it "
-                            "(OPENAI_BASE_URL), for exact token ids", metavar="URL")
+    store: str = opt(
+        "", "store directory to collect into (default: a new temporary directory, kept)", metavar="DIR"
+    )
+    upstream: str = opt(
+        "",
+        "model server URL: the agent's calls go through a gateway in front of it "
+        "(OPENAI_BASE_URL), for exact token ids",
+        metavar="URL",
+    )
     timeout_s: float = opt(600.0, "stop the agent after this many seconds")
 
 
@@ -59,19 +65,33 @@ def _installed(command: list[str], env: dict[str, str]) -> set[str]:
 def _run_agent(command: list[str], cfg: CheckConfig, store: str) -> tuple[int, str, dict[str, str]]:
     from collector_exporter.collector import Collector, CollectorSettings
 
-    collector = Collector(CollectorSettings(store=store, grpc="127.0.0.1:0", http="127.0.0.1:0",
-                                            max_segment_age_s=0.2)).start()
+    collector = Collector(
+        CollectorSettings(store=store, grpc="127.0.0.1:0", http="127.0.0.1:0", max_segment_age_s=0.2)
+    ).start()
     gw = provider = None
     try:
-        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.grpc_endpoint,
-               "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_TRACES_EXPORTER": "otlp",
-               "OTEL_RESOURCE_ATTRIBUTES": ",".join(filter(None, [os.environ.get("OTEL_RESOURCE_ATTRIBUTES"),
-                                                                 f"tracerl.rollout_id=check-{uuid.uuid4().hex[:8]}"]))}
+        env = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_RESOURCE_ATTRIBUTES": ",".join(
+                filter(
+                    None,
+                    [
+                        os.environ.get("OTEL_RESOURCE_ATTRIBUTES"),
+                        f"tracerl.rollout_id=check-{uuid.uuid4().hex[:8]}",
+                    ],
+                )
+            ),
+        }
         if cfg.upstream:
             from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
 
             provider = make_tracer_provider(collector.grpc_endpoint)
-            gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[cfg.upstream]), provider).start_background()
+            gw = Gateway(
+                ("127.0.0.1", 0), GatewayConfig(upstreams=[cfg.upstream]), provider
+            ).start_background()
             env["OPENAI_BASE_URL"] = f"{gw.url}/v1"
         try:
             agent = subprocess.run(command, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
@@ -92,10 +112,13 @@ def _run_agent(command: list[str], cfg: CheckConfig, store: str) -> tuple[int, s
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(CheckConfig, args)
-    command = [a for a in args.agent if a != "--"] if args.agent and args.agent[0] == "--" else list(args.agent)
+    command = (
+        [a for a in args.agent if a != "--"] if args.agent and args.agent[0] == "--" else list(args.agent)
+    )
     if not command:
-        raise UsageError("give the agent command after --, e.g. tracerl check -- opentelemetry-instrument python "
-                         "agent.py")
+        raise UsageError(
+            "give the agent command after --, e.g. tracerl check -- opentelemetry-instrument python agent.py"
+        )
     from span_to_transition.check_report import captured, framework_hints
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.doctor import diagnose
@@ -115,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
         con.close()
     print(f"\nconvert: {stats.summary()}")
     facts = gather(loc)
-    facts.training = None  # (one run has one reward: the next round's judgements, variance first, do not apply)
+    facts.training = (
+        None  # (one run has one reward: the next round's judgements, variance first, do not apply)
+    )
     findings = diagnose(facts)
     hints = framework_hints(_installed(command, env), stats.transitions_written > 0)
     print(f"\nagent exit status: {code}" + (f"; its stderr ends:\n{tail}" if code and tail else ""))
