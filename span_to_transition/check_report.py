@@ -11,7 +11,10 @@ without a word.
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any
+
+from span_to_transition.doctor_finding import Finding
 
 FRAMEWORK_HINTS: dict[str, str] = {
     "haystack-ai": (
@@ -20,10 +23,6 @@ FRAMEWORK_HINTS: dict[str, str] = {
         "`from openinference.instrumentation.haystack import HaystackInstrumentor; "
         "HaystackInstrumentor().instrument()` after `import haystack` in the agent (it then records message text "
         "only: instrument the OpenAI client too, e.g. opentelemetry-instrumentation-openai, for tool calls)"
-    ),
-    "llama-index-core": (
-        "LlamaIndex: opentelemetry-instrument skips openinference-instrumentation-llama-index without a word when "
-        "its [instruments] extra is missing; pip install 'openinference-instrumentation-llama-index[instruments]'"
     ),
 }
 """Distribution name (as installed in the agent's environment) -> what its tracing needs, shown when the run
@@ -78,3 +77,54 @@ def framework_hints(installed: set[str], calls_captured: bool) -> list[str]:
     if calls_captured:
         return []
     return [hint for dist, hint in FRAMEWORK_HINTS.items() if dist in installed]
+
+
+def instrumentor_findings(probe: dict[str, Any], python: str) -> list[Finding]:
+    """Installed instrumentors that ``opentelemetry-instrument`` skips at startup (with only a debug log), each
+    with the pip command that fixes it. ``probe``: ``tracerl/commands/check_probe.py``'s facts from the agent's
+    Python (``python``); each instrumentor's ``conflict`` is the one opentelemetry-instrument computes itself.
+
+    A conflict is a problem when the library it instruments is there: installed at a version outside the
+    instrumentor's range, or installed while another requirement of its ``[instruments]`` extra is not (the
+    extra was left out). When none of its libraries is installed the agent does not use them: no finding.
+    """
+    out = []
+    for ins in probe.get("instrumentors", []):
+        conflict = ins.get("conflict")
+        if not conflict:
+            continue
+        label = f"{ins['name']} ({ins['dist']} {ins['version']})"
+        pip = f"{shlex.quote(python)} -m pip install"
+        present = [t for t in ins.get("targets", []) if t.get("installed")]
+        means = (
+            "opentelemetry-instrument skips it at startup (a debug log, nothing else), so nothing of "
+            f"{', '.join(t['name'] for t in present) or 'its library'} is recorded"
+        )
+        if conflict.get("found") or conflict.get("found_any"):
+            found = conflict.get("found") or ", ".join(conflict["found_any"])
+            wanted = (
+                [conflict["required"]] if conflict.get("required") else list(conflict.get("required_any", []))
+            )
+            out.append(
+                Finding(
+                    problem=f"instrumentation {ins['name']} is skipped: the installed {found} is outside its range",
+                    saw=f"{label} instruments {' or '.join(wanted)}; the agent's environment has {found}",
+                    means=means,
+                    fix=f"{pip} {shlex.quote(wanted[0])} (or a {ins['dist']} release that instruments {found})",
+                )
+            )
+        elif present:
+            missing = [t for t in ins.get("targets", []) if not t.get("installed")]
+            extra = missing[0]["extra"] if missing else "instruments"
+            spec = f"{ins['dist']}[{extra}]=={ins['version']}"
+            out.append(
+                Finding(
+                    problem=f"instrumentation {ins['name']} is skipped: its [{extra}] extra is not installed",
+                    saw=f"{label} needs {', '.join(t['requirement'] for t in missing) or conflict.get('message')}, "
+                    f"which the agent's environment lacks; it has "
+                    + ", ".join(f"{t['name']} {t['installed']}" for t in present),
+                    means=means,
+                    fix=f"{pip} {shlex.quote(spec)}",
+                )
+            )
+    return out

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from tracerl_testing import BIN, tracerl
 
-from span_to_transition.check_report import FRAMEWORK_HINTS, framework_hints, message_lines
+from span_to_transition.check_report import (
+    FRAMEWORK_HINTS,
+    framework_hints,
+    instrumentor_findings,
+    message_lines,
+)
+from tracerl.commands.check import agent_python
 
 HERE = Path(__file__).parent.parent / "span_to_transition"
 
@@ -75,3 +81,72 @@ def test_an_agent_behind_the_gateway_is_captured_with_exact_ids(tmp_path: Path) 
     assert "user: What is the weather in Paris?" in out
     assert "opentelemetry.instrumentation.openai" in out  # the scope its spans came from
     assert proc.returncode == 1 and "problem: no rewards" in out  # the agent emits none: named, with the fix
+
+
+LLAMA = {"name": "llama_index", "dist": "openinference-instrumentation-llama-index", "version": "4.6.1"}
+CORE = {"requirement": "llama-index-core>=0.14.19", "name": "llama-index-core", "extra": "instruments"}
+MULTI = {
+    "requirement": "llama-index-multi-modal-llms-openai>=0.1.7",
+    "name": "llama-index-multi-modal-llms-openai",
+    "extra": "instruments",
+}
+
+
+def test_an_instrumentor_without_its_instruments_extra_is_named_with_the_pip_command() -> None:
+    probe = {
+        "instrumentors": [
+            {
+                **LLAMA,
+                "targets": [{**CORE, "installed": "0.14.25"}, {**MULTI, "installed": None}],
+                "conflict": {"required": MULTI["requirement"], "found": None},
+            }
+        ]
+    }
+    [f] = instrumentor_findings(probe, "/venv/bin/python")
+    assert f.problem == "instrumentation llama_index is skipped: its [instruments] extra is not installed"
+    assert (
+        "needs llama-index-multi-modal-llms-openai>=0.1.7" in f.saw
+        and "it has llama-index-core 0.14.25" in f.saw
+    )
+    assert (
+        f.fix
+        == "/venv/bin/python -m pip install 'openinference-instrumentation-llama-index[instruments]==4.6.1'"
+    )
+
+
+def test_an_instrumentor_outside_its_librarys_version_range_is_named_with_the_pip_command() -> None:
+    probe = {
+        "instrumentors": [
+            {
+                **LLAMA,
+                "targets": [{**CORE, "installed": "0.13.0"}, {**MULTI, "installed": "0.6.2"}],
+                "conflict": {"required": CORE["requirement"], "found": "llama-index-core 0.13.0"},
+            }
+        ]
+    }
+    [f] = instrumentor_findings(probe, "/my venv/bin/python")
+    assert "the installed llama-index-core 0.13.0 is outside its range" in f.problem
+    assert f.fix.startswith("'/my venv/bin/python' -m pip install 'llama-index-core>=0.14.19' (or a ")
+
+
+def test_an_instrumentor_of_a_library_the_agent_does_not_have_is_no_problem() -> None:
+    absent = {
+        **LLAMA,
+        "targets": [{**CORE, "installed": None}, {**MULTI, "installed": None}],
+        "conflict": {"required": CORE["requirement"], "found": None},
+    }
+    fine = {**LLAMA, "targets": [{**CORE, "installed": "0.14.25"}], "conflict": None}
+    assert instrumentor_findings({"instrumentors": [absent, fine]}, "python") == []
+
+
+def test_the_agents_python_is_its_interpreter_or_the_one_its_script_names(tmp_path: Path) -> None:
+    venv_python = tmp_path / "bin" / "python3.11"
+    venv_python.parent.mkdir()
+    venv_python.write_text("")
+    venv_python.chmod(0o755)
+    script = tmp_path / "bin" / "opentelemetry-instrument"
+    script.write_text(f"#!{venv_python}\nimport sys\n")
+    env = {"PATH": str(tmp_path / "bin")}
+    assert agent_python([str(script), "python", "agent.py"], env) == str(venv_python)
+    assert agent_python(["python3.11", "agent.py"], env) == str(venv_python)
+    assert agent_python(["node", "agent.js"], env) is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,33 +45,30 @@ def printed_call(request: dict) -> str:
     return "\n".join(lines)
 
 
+def run_check(
+    store: Path, upstream: str, bin_dir: Path, agent: str, task: str
+) -> subprocess.CompletedProcess:
+    """``tracerl check --upstream URL -- BIN/opentelemetry-instrument BIN/python AGENT TASK``, as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
+    env.update({"OPENAI_API_KEY": "sk-local", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
+    return tracerl(
+        *("check", "--store", str(store), "--upstream", upstream, "--timeout-s", "120", "--"),
+        *(str(bin_dir / "opentelemetry-instrument"), str(bin_dir / "python"), str(HERE / agent), task),
+        check=False,
+        timeout=240,
+        env=env,
+    )
+
+
 @pytest.mark.parametrize("framework", list(CASES))
 def test_check_prints_each_framework_as_the_trainer_sees_it(tmp_path: Path, framework: str) -> None:
     venv, agent, name, scope = CASES[framework]
     bin_dir = example_venv(f"frameworks-{venv}", HERE / f"requirements-{venv}.txt")
     engine = ScriptedEngine(reply)
     server = start_engine(engine)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
-    env.update({"OPENAI_API_KEY": "sk-local", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
     task = json.dumps({"question": f"What is the weather in Paris? ({framework})"})
     try:
-        proc = tracerl(
-            "check",
-            "--store",
-            str(tmp_path / "store"),
-            "--upstream",
-            server.url,
-            "--timeout-s",
-            "120",
-            "--",
-            str(bin_dir / "opentelemetry-instrument"),
-            str(bin_dir / "python"),
-            str(HERE / agent),
-            task,
-            check=False,
-            timeout=240,
-            env=env,
-        )
+        proc = run_check(tmp_path / "store", server.url, bin_dir, agent, task)
     finally:
         server.stop()
     out = proc.stdout
@@ -82,7 +80,50 @@ def test_check_prints_each_framework_as_the_trainer_sees_it(tmp_path: Path, fram
     for request in engine.requests:
         assert printed_call(request) in out, (printed_call(request), out)
     assert "agent exit status: 0" in out
-    assert "problem: no rewards" in out and proc.returncode == 1, (
-        out
-    )  # the agent emits none: named, with the fix
-    assert "instrumentation skipped" not in out and "framework:" not in out, out  # no false alarm
+    # the agent emits no reward: named, with the fix; its environment probed (no note), with no false alarm
+    assert "problem: no rewards" in out and proc.returncode == 1, out
+    assert "is skipped" not in out and "framework:" not in out and "\nnote:" not in out, out
+
+
+def venv_without(source_bin: Path, dest: Path, dist_info_prefix: str) -> Path:
+    """A real virtualenv holding ``source_bin``'s packages (linked), less one distribution's record: to pip and to
+    ``opentelemetry-instrument`` that distribution is not installed. Its own ``opentelemetry-instrument`` script,
+    as pip writes one, names its own Python."""
+    subprocess.run(
+        [str(source_bin / "python"), "-m", "venv", "--without-pip", str(dest)], check=True, timeout=120
+    )
+    source_site = next((source_bin.parent / "lib").glob("python3*/site-packages"))
+    site = next((dest / "lib").glob("python3*/site-packages"))
+    for entry in source_site.iterdir():
+        if not entry.name.startswith(dist_info_prefix):
+            (site / entry.name).symlink_to(entry.resolve())
+    script = dest / "bin" / "opentelemetry-instrument"
+    script.write_text(
+        f"#!{dest}/bin/python\nimport sys\n"
+        "from opentelemetry.instrumentation.auto_instrumentation import run\nsys.exit(run())\n"
+    )
+    script.chmod(0o755)
+    return dest / "bin"
+
+
+def test_check_names_an_instrumentor_opentelemetry_instrument_skips_and_the_pip_command(
+    tmp_path: Path,
+) -> None:
+    """Issue #30: a LlamaIndex install without ``openinference-instrumentation-llama-index[instruments]`` (here:
+    the LlamaIndex virtualenv less ``llama-index-multi-modal-llms-openai``, which that extra brings) records
+    nothing and nothing says why; check asks the agent's own Python and names the conflict and the fix."""
+    source = example_venv("frameworks-openai2", HERE / "requirements-openai2.txt")
+    bin_dir = venv_without(source, tmp_path / "venv", "llama_index_multi_modal_llms_openai-")
+    server = start_engine(ScriptedEngine(reply))
+    try:
+        proc = run_check(tmp_path / "store", server.url, bin_dir, "llama_agent.py", "{}")
+    finally:
+        server.stop()
+    out = proc.stdout
+    assert "calls converted: 0" in out and proc.returncode == 1, out + proc.stderr
+    assert (
+        "problem: instrumentation llama_index is skipped: its [instruments] extra is not installed" in out
+    ), out
+    assert "needs llama-index-multi-modal-llms-openai>=" in out and "it has llama-index-core 0.14" in out
+    pip = f"fix:   {bin_dir / 'python'} -m pip install 'openinference-instrumentation-llama-index[instruments]==4.6.1'"
+    assert pip in out, out

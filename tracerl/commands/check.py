@@ -2,9 +2,10 @@
 once through them, convert, and print what was captured as the trainer will see it, then what is wrong and the fix.
 
 Printed: spans by instrumentation scope; each converted call with its agent name, token_source, reward and its
-messages; the doctor's findings (content capture, dialect, rewards, token ids, malformed chat, agent names); for
-a run that captured no LLM call, what the frameworks installed in the agent's environment need (Haystack's
-instrumentor must run after the import; LlamaIndex's needs its [instruments] extra). The agent runs with
+messages; the doctor's findings (content capture, dialect, rewards, token ids, malformed chat, agent names);
+installed instrumentors that opentelemetry-instrument skips without a word (a dependency conflict, asked of the
+agent's own Python: check_probe.py), with the pip command that fixes each; for a run that captured no LLM call,
+what known frameworks need (Haystack's instrumentor must run after the import). The agent runs with
 OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER=otlp, tracerl.rollout_id in OTEL_RESOURCE_ATTRIBUTES and, with
 --upstream, OPENAI_BASE_URL at the gateway; run it under opentelemetry-instrument as you would in production.
 Exit status: 0 healthy, 1 problems found (or the agent failed), 2 bad usage.
@@ -13,9 +14,10 @@ Exit status: 0 healthy, 1 problems found (or the agent failed), 2 bad usage.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -28,8 +30,8 @@ examples:
   tracerl check --upstream http://127.0.0.1:8000 -- opentelemetry-instrument python agent.py   # exact token ids
 """
 
-INSTALLED = "import importlib.metadata as m; print('\\n'.join(sorted({d.metadata['Name'] or '' for d in m.distributions()})))"
-"""Run with the agent's Python: the distributions installed in its environment (for the framework hints)."""
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_probe.py")
+"""Run with the agent's Python: its installed distributions and instrumentors (``check_probe.py``)."""
 
 
 @dataclass
@@ -53,13 +55,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("agent", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="the agent command")
 
 
-def _installed(command: list[str], env: dict[str, str]) -> set[str]:
-    python = next((c for c in command if os.path.basename(c).startswith("python")), sys.executable)
+def agent_python(command: list[str], env: dict[str, str]) -> str | None:
+    """The Python that runs the agent: the first word of the command that is a Python interpreter, or a script
+    whose ``#!`` line names one (``opentelemetry-instrument``'s own, in the agent's virtualenv); None if neither."""
+    for word in command:
+        path = word if os.sep in word else shutil.which(word, path=env.get("PATH"))
+        if not path or not os.path.isfile(path):
+            continue
+        if os.path.basename(path).startswith("python"):
+            return path
+        try:
+            with open(path, "rb") as f:
+                head = f.readline(512).decode(errors="replace")
+        except OSError:
+            continue
+        if head.startswith("#!") and "python" in head:
+            words = head[2:].split()
+            if os.path.basename(words[0]) == "env" and len(words) > 1:
+                return shutil.which(words[-1], path=env.get("PATH"))
+            return words[0]
+    return None
+
+
+def _probe(python: str, env: dict[str, str]) -> dict | None:
+    """``check_probe.py``'s facts from the agent's Python; None when it cannot run there (then said so)."""
     try:
-        out = subprocess.run([python, "-c", INSTALLED], env=env, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return {line.strip().lower() for line in out.stdout.splitlines() if line.strip()}
+        out = subprocess.run([python, PROBE], env=env, capture_output=True, text=True, timeout=120)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
 
 
 def _run_agent(command: list[str], cfg: CheckConfig, store: str) -> tuple[int, str, dict[str, str]]:
@@ -112,14 +136,12 @@ def _run_agent(command: list[str], cfg: CheckConfig, store: str) -> tuple[int, s
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(CheckConfig, args)
-    command = (
-        [a for a in args.agent if a != "--"] if args.agent and args.agent[0] == "--" else list(args.agent)
-    )
+    command = list(args.agent[1:] if args.agent[:1] == ["--"] else args.agent)
     if not command:
         raise UsageError(
             "give the agent command after --, e.g. tracerl check -- opentelemetry-instrument python agent.py"
         )
-    from span_to_transition.check_report import captured, framework_hints
+    from span_to_transition.check_report import captured
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.doctor import diagnose
     from span_to_transition.store import convert_store
@@ -142,11 +164,43 @@ def run(args: argparse.Namespace) -> int:
         None  # (one run has one reward: the next round's judgements, variance first, do not apply)
     )
     findings = diagnose(facts)
-    hints = framework_hints(_installed(command, env), stats.transitions_written > 0)
+    env_findings, hints, note = _environment(command, env, stats.transitions_written > 0)
     print(f"\nagent exit status: {code}" + (f"; its stderr ends:\n{tail}" if code and tail else ""))
-    for f in findings:
+    for f in [*env_findings, *findings]:
         print("\n" + f.text())
     for h in hints:
         print(f"\nframework: {h}")
+    if note:
+        print(f"\nnote: {note}")
     print(f"\nstore: {store} (tracerl doctor --store {store}; tracerl sql --store {store} ...)")
-    return 0 if code == 0 and stats.transitions_written and not findings and not hints else 1
+    problems = env_findings or findings or hints
+    return 0 if code == 0 and stats.transitions_written and not problems else 1
+
+
+def _environment(
+    command: list[str], env: dict[str, str], calls_captured: bool
+) -> tuple[list, list[str], str]:
+    """What the agent's own environment says (run in its Python): instrumentors ``opentelemetry-instrument``
+    skips, the framework hints; and a note when that Python could not be found or probed."""
+    from span_to_transition.check_report import framework_hints, instrumentor_findings
+
+    python = agent_python(command, env)
+    if python is None:
+        return (
+            [],
+            [],
+            (
+                "could not tell which Python runs the agent (no python or #! script in the command), so "
+                "its installed instrumentors were not checked; name it, e.g. tracerl check -- "
+                ".venv/bin/opentelemetry-instrument .venv/bin/python agent.py"
+            ),
+        )
+    facts = _probe(python, env)
+    if facts is None:
+        return (
+            [],
+            [],
+            f"{python} could not run the environment probe ({PROBE}); its instrumentors were not checked",
+        )
+    installed = set(facts.get("installed", []))
+    return instrumentor_findings(facts, python), framework_hints(installed, calls_captured), ""
