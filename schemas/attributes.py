@@ -51,6 +51,9 @@ REQUEST_MESSAGES = "tracerl.request.messages"
 """Chat: the request's ``messages``, JSON, exactly as the client sent them (the converter's content join)."""
 RESPONSE_MESSAGE = "tracerl.response.message"
 """Chat: choice 0's assistant message (content, tool calls; streamed deltas merged), JSON, as returned."""
+CONTENT_RECORDED = "tracerl.gateway.content_recorded"
+"""Gateway span: ``false`` when the gateway ran with ``--no-record-content`` (no ``REQUEST_MESSAGES`` /
+``RESPONSE_MESSAGE``, so no content join); absent when it records them."""
 
 
 def choice_prefix(index: int) -> str:

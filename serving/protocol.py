@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.attributes import (
+    CONTENT_RECORDED,
     GATEWAY_FLAG,
     POLICY_VERSION,
     PROMPT_TOKEN_IDS,
@@ -280,7 +281,9 @@ class StreamAccumulator:
         return self.record
 
 
-def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None = None) -> dict[str, Any]:
+def span_attributes(
+    rec: CallRecord, upstream: str, weight_version: str | None = None, record_content: bool = True
+) -> dict[str, Any]:
     """The gateway span's attributes; names are the contract the converter reads.
 
     ``tracerl.policy_version`` comes from the served name (``policy@k``), else from the
@@ -288,7 +291,9 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
     A chat call also records ``tracerl.request.messages`` (the request's messages as the client sent them) and
     ``tracerl.response.message`` (the first choice's assistant message as returned), JSON: the converter joins
     the span to the agent's call span by this content when no ``traceparent`` or response id does
-    (``span_to_transition/content_join.py``).
+    (``span_to_transition/content_join.py``). ``record_content=False`` (``--no-record-content``: the agent's own
+    spans already hold the messages, and the user wants them stored once) leaves both out and says so
+    (``tracerl.gateway.content_recorded=false``), so the doctor can tell why no content join applied.
     """
     attrs: dict[str, Any] = {
         GATEWAY_FLAG: True,
@@ -317,7 +322,9 @@ def span_attributes(rec: CallRecord, upstream: str, weight_version: str | None =
         attrs["gen_ai.usage.output_tokens"] = int(rec.output_tokens)
     if rec.prompt_token_ids:
         attrs[PROMPT_TOKEN_IDS] = [int(t) for t in rec.prompt_token_ids]
-    if rec.request_messages is not None and rec.choices:  # for the converter's content join
+    if not record_content:
+        attrs[CONTENT_RECORDED] = False
+    elif rec.request_messages is not None and rec.choices:  # for the converter's content join
         first = rec.choices[0]
         attrs[REQUEST_MESSAGES] = json.dumps(rec.request_messages, ensure_ascii=False)
         attrs[RESPONSE_MESSAGE] = json.dumps(

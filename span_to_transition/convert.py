@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from options import opt
-from schemas.attributes import REQUEST_MESSAGES, TASK_ID
+from schemas.attributes import CONTENT_RECORDED, REQUEST_MESSAGES, TASK_ID
 from span_to_transition.agents import (
     AGENT_FROM,
     RESOURCE_AGENT,
@@ -411,6 +411,8 @@ def _claim_gateways(unique: list[LLMCall], gateways: list[Span], tree: SpanTree,
                 claimed[g.span_id] = g
                 continue
         content = ("no call of its rollout has its request and response" if REQUEST_MESSAGES in g.attributes
+                   else "records no content (the gateway runs with --no-record-content)"
+                   if g.attributes.get(CONTENT_RECORDED) == "false"
                    else "records no gen_ai.input.messages/gen_ai.output.messages")
         out.problems.append(
             f"gateway span {g.span_id} in trace {g.trace_id} matches no LLM call span (no parent call span, "

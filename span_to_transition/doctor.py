@@ -342,6 +342,8 @@ def _reward_findings(f: StoreFacts) -> list[Finding]:
 def _token_findings(f: StoreFacts, n_calls: int) -> list[Finding]:
     retokenized = f.token_sources.get("retokenized", 0)
     exact = f.token_sources.get("gateway", 0) + f.token_sources.get("span", 0)
+    if f.gateway_content_off and f.gateway_roots and (retokenized or not f.transitions):
+        return [_content_off_finding(f, retokenized)]
     if f.gateway_spans and f.gateway_roots and (retokenized or not f.transitions):
         return [
             Finding(
@@ -374,6 +376,23 @@ def _token_findings(f: StoreFacts, n_calls: int) -> list[Finding]:
             )
         ]
     return []
+
+
+def _content_off_finding(f: StoreFacts, retokenized: int) -> Finding:
+    """Gateway spans in traces of their own that record no content: no join (traceparent, response id, content)
+    is left to give their calls the exact token ids."""
+    return Finding(
+        "the gateway records no content (--no-record-content), so the content join cannot apply",
+        f"{_plural(f.gateway_content_off, 'gateway span')} of {f.gateway_spans} record no request messages or "
+        f"response (tracerl.gateway.content_recorded=false); {f.gateway_roots} start a trace of their own"
+        + (f"; {retokenized} of {f.transitions} transitions have no exact token ids" if retokenized else ""),
+        "a gateway span joins its call by traceparent, by gen_ai.response.id, or by the request and response it "
+        "recorded; this agent's client sends no traceparent and its calls' response ids match no gateway span, so "
+        "with the content off its calls are retokenized (token ids may not match what the model sampled)",
+        "run tracerl gateway without --no-record-content (each call's messages are then stored once more, on the "
+        "gateway's span), or let the agent's client send traceparent and record the response id: instrument the "
+        "OpenAI client with OpenLLMetry (pip install opentelemetry-instrumentation-openai)",
+    )
 
 
 def _has_span_ids(f: StoreFacts) -> bool:

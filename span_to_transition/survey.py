@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from schemas.attributes import GATEWAY_FLAG, REWARD
+from schemas.attributes import CONTENT_RECORDED, GATEWAY_FLAG, REWARD
 from schemas.tables import SPANS_SCHEMA
 from span_to_transition.columnar import SPAN_COLUMNS, logs_from_table, spans_from_table
 from span_to_transition.content_join import REQUEST_MESSAGES, WINDOW_SLACK_NS, ContentJoin
@@ -25,7 +25,7 @@ from span_to_transition.dialects.registry import VALUE_KEYS, classify, parse_cal
 from span_to_transition.doctor_chat import Untrainable
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
-from span_to_transition.records import LogEvent, Span
+from span_to_transition.records import LogEvent, Span, as_bool
 from span_to_transition.store import rollout_statuses, table_files
 from span_to_transition.survey_training import TrainingFacts, gather_training
 from span_to_transition.tokens import is_gateway
@@ -77,6 +77,7 @@ class StoreFacts:
     reward_samples: dict[str, Span] = field(default_factory=dict)  # spelling -> one span carrying it
     gateway_spans: int = 0
     gateway_roots: int = 0  # gateway spans with no parent: the agent did not propagate traceparent
+    gateway_content_off: int = 0  # gateway spans that record no request/response (gateway --no-record-content)
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
     untrainable: list[Untrainable] = field(default_factory=list)  # malformed chat, by reason
@@ -155,6 +156,9 @@ def _groups(con: duckdb.DuckDBPyConnection, f: StoreFacts) -> None:
         if is_gateway(sample):
             f.gateway_spans += n
             f.gateway_roots += row["roots"]
+            recorded = sample.attributes.get(CONTENT_RECORDED)
+            if recorded is not None and not as_bool(recorded):
+                f.gateway_content_off += n
     for g in f.groups:
         call = parse_call(g.sample, g.sample_logs) if classify(g.sample.attributes) else None
         if call is not None and not call.messages:

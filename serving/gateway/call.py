@@ -84,7 +84,7 @@ class Call:
     def end(self) -> None:
         """Record the call on its span and end it (the version only as ``read_version`` labelled it)."""
         rec = self.record or CallRecord(operation=self.op, request_model=self.body.get("model"))
-        attrs = span_attributes(rec, self.upstream, weight_version=self.version.version)
+        attrs = span_attributes(rec, self.upstream, self.version.version, self.gw.config.record_content)
         if self.arm is not None:
             attrs[ARM_ATTRIBUTE] = self.arm.name
             if "tracerl.policy_version" not in attrs and not self.version.ambiguous:

@@ -116,6 +116,7 @@ class GatewayConfig:
     reuse_port: bool = False  # other processes serve the same port (--workers, serving/gateway/workers.py)
     canary: float | None = None  # the candidate's share of new rollouts (canary.py); needs upstream_for
     upstream_for: dict[str, str] = field(default_factory=dict)  # "policy@5" -> URL: the canary's two arms
+    record_content: bool = True  # chat spans carry the request messages and response (the content join)
 
 
 def normalise_upstream(url: str) -> str:

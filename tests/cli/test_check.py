@@ -150,3 +150,16 @@ def test_the_agents_python_is_its_interpreter_or_the_one_its_script_names(tmp_pa
     assert agent_python([str(script), "python", "agent.py"], env) == str(venv_python)
     assert agent_python(["python3.11", "agent.py"], env) == str(venv_python)
     assert agent_python(["node", "agent.js"], env) is None
+
+
+def test_gateway_and_check_take_no_record_content() -> None:
+    import argparse
+
+    from options import from_args
+    from tracerl.commands import check, gateway
+
+    for module, config in ((gateway, gateway.GatewayCommandConfig), (check, check.CheckConfig)):
+        parser = argparse.ArgumentParser()
+        module.configure(parser)
+        assert from_args(config, parser.parse_args(["--no-record-content"])).record_content is False
+        assert from_args(config, parser.parse_args([])).record_content is True

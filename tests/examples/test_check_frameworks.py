@@ -46,13 +46,13 @@ def printed_call(request: dict) -> str:
 
 
 def run_check(
-    store: Path, upstream: str, bin_dir: Path, agent: str, task: str
+    store: Path, upstream: str, bin_dir: Path, agent: str, task: str, *flags: str
 ) -> subprocess.CompletedProcess:
     """``tracerl check --upstream URL -- BIN/opentelemetry-instrument BIN/python AGENT TASK``, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
     env.update({"OPENAI_API_KEY": "sk-local", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"})
     return tracerl(
-        *("check", "--store", str(store), "--upstream", upstream, "--timeout-s", "120", "--"),
+        *("check", "--store", str(store), "--upstream", upstream, "--timeout-s", "120", *flags, "--"),
         *(str(bin_dir / "opentelemetry-instrument"), str(bin_dir / "python"), str(HERE / agent), task),
         check=False,
         timeout=240,
@@ -127,3 +127,26 @@ def test_check_names_an_instrumentor_opentelemetry_instrument_skips_and_the_pip_
     assert "needs llama-index-multi-modal-llms-openai>=" in out and "it has llama-index-core 0.14" in out
     pip = f"fix:   {bin_dir / 'python'} -m pip install 'openinference-instrumentation-llama-index[instruments]==4.6.1'"
     assert pip in out, out
+
+
+def test_a_gateway_that_records_no_content_leaves_strands_retokenized_and_check_says_why(
+    tmp_path: Path,
+) -> None:
+    """``--no-record-content`` (as ``tracerl gateway --no-record-content``): Strands sends no traceparent and records
+    no response id, so only the content join could give its calls the exact ids; check names the switch."""
+    bin_dir = example_venv("frameworks-openai2", HERE / "requirements-openai2.txt")
+    server = start_engine(ScriptedEngine(reply))
+    task = json.dumps({"question": "What is the weather in Paris? (no content)"})
+    try:
+        proc = run_check(
+            tmp_path / "store", server.url, bin_dir, "strands_agent.py", task, "--no-record-content"
+        )
+    finally:
+        server.stop()
+    out = proc.stdout
+    assert "calls converted: 2" in out and out.count("token_source retokenized") == 2, out + proc.stderr
+    assert (
+        "problem: the gateway records no content (--no-record-content), so the content join cannot apply"
+        in out
+    )
+    assert "2 of 2 transitions have no exact token ids" in out and proc.returncode == 1, out

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from schemas.attributes import CONTENT_RECORDED, RESPONSE_MESSAGE
 from serving.protocol import CHAT, StreamAccumulator, record_from_response, span_attributes
 from span_to_transition.content_join import REQUEST_MESSAGES, content_key, match_by_content
 from span_to_transition.convert import ConvertConfig
@@ -48,7 +49,7 @@ def _chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def gateway_attrs(request: dict[str, Any], response: dict[str, Any], stream: bool,
-                  keep_id: bool = False) -> dict[str, str]:
+                  keep_id: bool = False, record_content: bool = True) -> dict[str, str]:
     """What the gateway writes for this call (its own code), minus the response id (the join must not need it)."""
     if stream:
         acc = StreamAccumulator(request, CHAT)
@@ -60,7 +61,8 @@ def gateway_attrs(request: dict[str, Any], response: dict[str, Any], stream: boo
                 "choices": [{**response["choices"][0], "token_ids": [7]}]}
         rec = record_from_response(request, resp, CHAT)
     rec.response_id = rec.response_id if keep_id else None
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in span_attributes(rec, "http://up").items()}
+    attrs = span_attributes(rec, "http://up", record_content=record_content)
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in attrs.items()}
 
 
 def _gateway_span(n: int, attrs: dict[str, str], start: int, end: int) -> Span:
@@ -130,12 +132,13 @@ def _run(store: Path, trace: str, rollout: str, question: str, answer: str, at: 
     return t
 
 
-def _gateway_for(store: Path, n: int, t: TraceBuilder, question: str, answer: str) -> None:
+def _gateway_for(store: Path, n: int, t: TraceBuilder, question: str, answer: str, record_content: bool = True) -> None:
     call = t.spans[1]
     request = {"model": "policy@1", "messages": [user(question)]}
     response = {"id": "r", "model": "policy@1",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}
-    g = _gateway_span(n, gateway_attrs(request, response, False), call.start_time_ns + 1, call.end_time_ns - 1)
+    attrs = gateway_attrs(request, response, False, record_content=record_content)
+    g = _gateway_span(n, attrs, call.start_time_ns + 1, call.end_time_ns - 1)
     put(store, "spans", spans_table([g]), f"gw{n}")
 
 
@@ -200,3 +203,22 @@ def test_the_doctor_shows_the_ties(tmp_path: Path) -> None:
     [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if "by content" in f.problem]
     assert "2 gateway spans in a trace of their own match several agent calls" in finding.saw
     assert "joined by content: 0" in finding.saw and "traceparent" in finding.fix
+
+
+def test_a_gateway_that_records_no_content_joins_nothing_and_the_doctor_says_why(tmp_path: Path) -> None:
+    """``tracerl gateway --no-record-content``: the span keeps its token ids but not the request and response, so
+    a call with no traceparent and no response id stays retokenized; convert and the doctor name the switch."""
+    request = {"model": "m", "messages": [user("q")]}
+    response = {"id": "r", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}}]}
+    attrs = gateway_attrs(request, response, False, record_content=False)
+    assert attrs[CONTENT_RECORDED] == "false" and REQUEST_MESSAGES not in attrs and RESPONSE_MESSAGE not in attrs
+    assert attrs["tracerl.prompt_token_ids"] == "[5, 6]"  # the token ids are still recorded
+    a = _run(tmp_path, "a", "run-a", "2+2?", "4", 1_700_000_000_000_000_000)
+    _gateway_for(tmp_path, 7, a, "2+2?", "4", record_content=False)
+    stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0, missing_reward="fill"), now_ns=LATER)
+    [row] = [r for r in transitions(tmp_path) if r["rollout_id"] == "run-a"]
+    assert row["token_source"] == "retokenized" and stats.content_joined == 0
+    assert any("records no content (the gateway runs with --no-record-content)" in p for p in stats.problems)
+    [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if "records no content" in f.problem]
+    assert "1 of 1 transitions have no exact token ids" in finding.saw
+    assert "without --no-record-content" in finding.fix

@@ -48,6 +48,11 @@ class CheckConfig:
         metavar="URL",
     )
     timeout_s: float = opt(600.0, "stop the agent after this many seconds")
+    record_content: bool = opt(
+        True,
+        "with --upstream: the gateway records each call's request and response for the content join; "
+        "--no-record-content checks what `tracerl gateway --no-record-content` gives this agent",
+    )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -113,9 +118,8 @@ def _run_agent(command: list[str], cfg: CheckConfig, store: str) -> tuple[int, s
             from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
 
             provider = make_tracer_provider(collector.grpc_endpoint)
-            gw = Gateway(
-                ("127.0.0.1", 0), GatewayConfig(upstreams=[cfg.upstream]), provider
-            ).start_background()
+            gw_cfg = GatewayConfig(upstreams=[cfg.upstream], record_content=cfg.record_content)
+            gw = Gateway(("127.0.0.1", 0), gw_cfg, provider).start_background()
             env["OPENAI_BASE_URL"] = f"{gw.url}/v1"
         try:
             agent = subprocess.run(command, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)

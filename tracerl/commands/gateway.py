@@ -75,6 +75,13 @@ class GatewayCommandConfig:
         "calls for NAME are split, calls for NAME@k go to their arm",
         metavar="VERSION=URL",
     )
+    record_content: bool = opt(
+        True,
+        "record each chat call's request messages and response on its span (tracerl.request.messages, "
+        "tracerl.response.message), for the content join that gives exact token ids to calls whose client sends "
+        "no traceparent and whose span records no response id; --no-record-content stores the content only once "
+        "(in the agent's own spans), and such calls then stay retokenized",
+    )
     workers: int = opt(
         1,
         "gateway processes serving the port (SO_REUSEPORT); one process relays what one core "
@@ -134,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             tls_key=cfg.tls_key or None,
             latest_alias=cfg.latest_alias,
             models_ttl_s=cfg.models_ttl_s,
+            record_content=cfg.record_content,
             reuse_port=cfg.workers > 1,
             canary=cfg.canary,
             upstream_for=upstream_for,
