@@ -72,6 +72,19 @@ def captured(con: Any) -> str:
     return "\n".join(out)
 
 
+def agent_hint(transitions: int, without_agent: int) -> str | None:
+    """A hint (not a problem: without ``--agents`` every call trains) when calls have no agent name, with the
+    ways to name one that need no code."""
+    if not without_agent:
+        return None
+    return (
+        f"{without_agent} of {transitions} calls have no agent name (no span above them names an agent), so "
+        "--agents REGEX cannot select them; name the agent without code: run the agent process with "
+        "OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=NAME (also before tracerl check: it keeps that variable), or "
+        "convert with --agent-from span-name (the nearest chain span's name, e.g. DSPy's ReAct.forward -> ReAct)"
+    )
+
+
 def framework_hints(installed: set[str], calls_captured: bool) -> list[str]:
     """Fixes for the frameworks installed in the agent's environment, when the run captured no LLM call."""
     if calls_captured:

@@ -10,6 +10,7 @@ from tracerl_testing import BIN, tracerl
 
 from span_to_transition.check_report import (
     FRAMEWORK_HINTS,
+    agent_hint,
     framework_hints,
     instrumentor_findings,
     message_lines,
@@ -80,6 +81,8 @@ def test_an_agent_behind_the_gateway_is_captured_with_exact_ids(tmp_path: Path) 
     assert out.count("token_source gateway") == 2
     assert "user: What is the weather in Paris?" in out
     assert "opentelemetry.instrumentation.openai" in out  # the scope its spans came from
+    # no agent name: the ways to name one, as a note (not a problem)
+    assert "note: 2 of 2 calls have no agent name" in out and "gen_ai.agent.name=NAME" in out
     assert proc.returncode == 1 and "problem: no rewards" in out  # the agent emits none: named, with the fix
 
 
@@ -163,3 +166,10 @@ def test_gateway_and_check_take_no_record_content() -> None:
         module.configure(parser)
         assert from_args(config, parser.parse_args(["--no-record-content"])).record_content is False
         assert from_args(config, parser.parse_args([])).record_content is True
+
+
+def test_calls_without_an_agent_name_get_the_ways_to_name_one() -> None:
+    hint = agent_hint(transitions=3, without_agent=2)
+    assert hint is not None and hint.startswith("2 of 3 calls have no agent name")
+    assert "OTEL_RESOURCE_ATTRIBUTES=gen_ai.agent.name=NAME" in hint and "--agent-from span-name" in hint
+    assert agent_hint(transitions=3, without_agent=0) is None

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "give the agent command after --, e.g. tracerl check -- opentelemetry-instrument python agent.py"
         )
-    from span_to_transition.check_report import captured
+    from span_to_transition.check_report import agent_hint, captured
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.doctor import diagnose
     from span_to_transition.store import convert_store
@@ -164,9 +164,8 @@ def run(args: argparse.Namespace) -> int:
         con.close()
     print(f"\nconvert: {stats.summary()}")
     facts = gather(loc)
-    facts.training = (
-        None  # (one run has one reward: the next round's judgements, variance first, do not apply)
-    )
+    # one run has one reward: the next round's judgements (variance first) do not apply
+    facts.training = None
     findings = diagnose(facts)
     env_findings, hints, note = _environment(command, env, stats.transitions_written > 0)
     print(f"\nagent exit status: {code}" + (f"; its stderr ends:\n{tail}" if code and tail else ""))
@@ -174,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n" + f.text())
     for h in hints:
         print(f"\nframework: {h}")
-    if note:
-        print(f"\nnote: {note}")
+    for line in filter(None, [agent_hint(facts.transitions, facts.transitions_without_agent), note]):
+        print(f"\nnote: {line}")
     print(f"\nstore: {store} (tracerl doctor --store {store}; tracerl sql --store {store} ...)")
     problems = env_findings or findings or hints
     return 0 if code == 0 and stats.transitions_written and not problems else 1
