@@ -153,6 +153,9 @@ def test_the_agents_python_is_its_interpreter_or_the_one_its_script_names(tmp_pa
     assert agent_python([str(script), "python", "agent.py"], env) == str(venv_python)
     assert agent_python(["python3.11", "agent.py"], env) == str(venv_python)
     assert agent_python(["node", "agent.js"], env) is None
+    via_env = tmp_path / "bin" / "agent"
+    via_env.write_text("#!/usr/bin/env -S python3.11 -u\n")
+    assert agent_python([str(via_env)], env) == str(venv_python)
 
 
 def test_gateway_and_check_take_no_record_content() -> None:

@@ -76,8 +76,9 @@ def agent_python(command: list[str], env: dict[str, str]) -> str | None:
             continue
         if head.startswith("#!") and "python" in head:
             words = head[2:].split()
-            if os.path.basename(words[0]) == "env" and len(words) > 1:
-                return shutil.which(words[-1], path=env.get("PATH"))
+            if os.path.basename(words[0]) == "env":  # #!/usr/bin/env [-S] python3 [-u]
+                name = next((w for w in words[1:] if not w.startswith("-")), "python")
+                return shutil.which(name, path=env.get("PATH"))
             return words[0]
     return None
 
