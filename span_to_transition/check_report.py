@@ -115,15 +115,19 @@ def instrumentor_findings(probe: dict[str, Any], python: str) -> list[Finding]:
         )
         if conflict.get("found") or conflict.get("found_any"):
             found = conflict.get("found") or ", ".join(conflict["found_any"])
-            wanted = (
-                [conflict["required"]] if conflict.get("required") else list(conflict.get("required_any", []))
-            )
+            # the requirement as pip takes it: without its marker (``; extra == "instruments"``)
+            wanted = [
+                w.split(";", 1)[0].strip()
+                for w in (
+                    [conflict["required"]] if conflict.get("required") else conflict.get("required_any", [])
+                )
+            ]
             out.append(
                 Finding(
                     problem=f"instrumentation {ins['name']} is skipped: the installed {found} is outside its range",
                     saw=f"{label} instruments {' or '.join(wanted)}; the agent's environment has {found}",
                     means=means,
-                    fix=f"{pip} {shlex.quote(wanted[0])} (or a {ins['dist']} release that instruments {found})",
+                    fix=f"{pip} {shlex.quote(wanted[0])} (or install the release of {ins['dist']} that instruments {found})",
                 )
             )
         elif present:

@@ -123,13 +123,21 @@ def test_an_instrumentor_outside_its_librarys_version_range_is_named_with_the_pi
             {
                 **LLAMA,
                 "targets": [{**CORE, "installed": "0.13.0"}, {**MULTI, "installed": "0.6.2"}],
-                "conflict": {"required": CORE["requirement"], "found": "llama-index-core 0.13.0"},
+                "conflict": {
+                    "required": CORE["requirement"] + '; extra == "instruments"',
+                    "found": "llama-index-core 0.13.0",
+                },
             }
         ]
     }
     [f] = instrumentor_findings(probe, "/my venv/bin/python")
     assert "the installed llama-index-core 0.13.0 is outside its range" in f.problem
-    assert f.fix.startswith("'/my venv/bin/python' -m pip install 'llama-index-core>=0.14.19' (or a ")
+    # the requirement as pip takes it (no marker), the interpreter quoted for the shell
+    assert f.fix == (
+        "'/my venv/bin/python' -m pip install 'llama-index-core>=0.14.19' (or install the release of "
+        "openinference-instrumentation-llama-index that instruments llama-index-core 0.13.0)"
+    )
+    assert "instruments llama-index-core>=0.14.19; the agent's environment" in f.saw
 
 
 def test_an_instrumentor_of_a_library_the_agent_does_not_have_is_no_problem() -> None:
