@@ -68,6 +68,24 @@ def summarize(
     )
 
 
+def combine(
+    done: list[BatchJudgment], pairs: list[tuple[str, float | None, float | None]], threshold: float
+) -> BatchJudgment:
+    """Several batches' judgments as one: counts and tokens summed, agreement over all their rollouts'
+    ``pairs`` (read again from the store: agreement does not add up batch by batch)."""
+    both = [(j, g) for _, j, g in pairs if j is not None and g is not None]
+    return BatchJudgment(
+        rollouts=sum(j.rollouts for j in done),
+        judged=sum(j is not None for _, j, _ in pairs),
+        groups_scored=sum(j.groups_scored for j in done),
+        groups_failed=sum(j.groups_failed for j in done),
+        groups_unavailable=sum(j.groups_unavailable for j in done),
+        prompt_tokens=sum(j.prompt_tokens for j in done),
+        completion_tokens=sum(j.completion_tokens for j in done),
+        agreement=agreement([j for j, _ in both], [g for _, g in both], threshold) if both else None,
+    )
+
+
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 

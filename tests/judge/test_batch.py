@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from judge.agreement import Agreement
-from judge.batch import BatchJudgment, format_judgment, judge_batch, summarize
+from judge.batch import BatchJudgment, combine, format_judgment, judge_batch, summarize
 from judge.config import JudgeSettings
 from judge.stage import JudgeStats
 
@@ -57,3 +57,17 @@ def test_a_failed_group_is_counted_and_its_rollouts_train_nothing(tmp_path: Path
     assert len(seen) == 2  # the answer, then the one retry quoting the parse error
     assert (j.groups_scored, j.groups_failed, j.judged, j.untrained, j.agreement) == (0, 1, 0, 3, None)
     assert json.dumps(j.prompt_tokens) == "200"  # both calls paid for
+
+
+def test_combine_sums_counts_and_takes_agreement_over_every_rollout_again() -> None:
+    one = summarize(JudgeStats(groups_scored=1, prompt_tokens=10), [("a", 1.0, 1.0), ("b", 0.0, 0.0)], 2, 1.0)
+    two = summarize(JudgeStats(failures={"no_json": 1}, prompt_tokens=5), [("c", None, 1.0)], 2, 1.0)
+    both = combine([one, two], [("a", 1.0, 1.0), ("b", 0.0, 0.0), ("c", None, 1.0), ("d", 0.5, 0.0)], 1.0)
+    assert (both.rollouts, both.judged, both.untrained, both.groups_scored, both.groups_failed) == (
+        4,
+        3,
+        1,
+        1,
+        1,
+    )
+    assert both.prompt_tokens == 15 and both.agreement is not None and both.agreement.n == 3

@@ -1,0 +1,88 @@
+"""`tracerl demo --reward judge`: the flag reaches the converter's reward selection and the judge, and a
+round's convert step judges exactly its rollouts through the served model's URL (not the gateway's),
+then trains them on the judge's scores alone. A scripted judge on 127.0.0.1 stands in for the server;
+the run with real processes is the slow test in test_demo.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loop.rounds import LoopPlan
+from options import UsageError
+from store.location import parse_store
+from store.views import connect_readonly
+from tracerl.demo import DemoConfig, DemoRun, _DemoStages, validate
+from tracerl.demo_tasks import letter_task
+from tracerl.supervisor import Children
+
+from .helpers import DRAFTS
+from .store_rig import good_judge, make_store, scripted_judge
+from .test_reward_from_store import post_grades
+
+
+def stages(tmp_path: Path, server_url: str, reward: str) -> _DemoStages:
+    cfg = DemoConfig(tiny=True, reward=reward, workdir=str(tmp_path)).resolved()
+    task = letter_task(cfg.letters, cfg.rollouts_per_round)
+    return _DemoStages.build(
+        cfg,
+        DemoRun(store=tmp_path),
+        Children(),
+        task=task,
+        store=tmp_path,
+        logs=tmp_path / "logs",
+        model=tmp_path / "model",
+        server_url=server_url,
+        ports=(None, 1, 2, 3),
+        concurrency=2,
+        plan=LoopPlan(rounds=1),
+    )
+
+
+def test_reward_judge_selects_the_judges_reward_and_judges_through_the_server_not_the_gateway(tmp_path):
+    parts = stages(tmp_path, "http://127.0.0.1:9", "judge")
+    assert (parts.convert_cfg.reward_from, parts.convert_cfg.missing_reward) == ("judge", "keep")
+    j = parts.judge
+    assert j is not None and (j.judge_url, j.judge_model, j.mode, j.group_wait_s) == (
+        "http://127.0.0.1:9/v1",
+        "policy",
+        "group",
+        0.0,
+    )
+    assert (
+        parts.driver["gateway"] != j.judge_url
+    )  # the agent's calls go through the gateway; the judge's do not
+    graded = stages(tmp_path, "http://127.0.0.1:9", "grader")
+    assert (graded.convert_cfg.reward_from, graded.judge) == ("auto", None)
+
+
+def test_a_judge_max_tokens_below_8_is_a_usage_error():
+    cfg = DemoConfig(tiny=True, reward="judge", judge_max_tokens=4).resolved()
+    with pytest.raises(UsageError, match="--judge-max-tokens must be at least 8"):
+        validate(cfg, letter_task(cfg.letters, cfg.rollouts_per_round))
+
+
+def test_the_round_is_judged_then_trained_on_the_judge_alone(tmp_path, capsys):
+    drafts = make_store(tmp_path, tasks=2, per_task=3)
+    post_grades(tmp_path, {r: 1.0 if d == DRAFTS[0] else 0.0 for r, d in drafts.items()})
+    batch = sorted(drafts)[:3]  # task-0: this round's rollouts
+    with scripted_judge(good_judge) as (url, seen):
+        parts = stages(tmp_path, url.removesuffix("/v1"), "judge")
+        converted, _ = parts.convert(batch)
+    assert converted == 3 and len(seen) == 1  # one group call, task-1 untouched
+    assert "3/3 rollouts judged, 0 train nothing" in capsys.readouterr().out
+    con = connect_readonly(parse_store(tmp_path))
+    got = dict(con.execute("SELECT DISTINCT rollout_id, reward_names FROM transitions").fetchall())
+    assert got == {r: "judge" if r in batch else None for r in drafts}  # the grader's rows never train
+    total = parts.judge_total()
+    assert total is not None and total.judged == 3 and total.agreement is not None
+
+
+def test_help_says_the_judge_is_poor_in_numbers(capsys):
+    from tracerl.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--reward {grader,judge}" in out and "AUC 0.50 against the grader (chance)" in out
