@@ -86,3 +86,52 @@ def test_help_says_the_judge_is_poor_in_numbers(capsys):
         main(["demo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--reward {grader,judge}" in out and "AUC 0.50 against the grader (chance)" in out
+
+
+@pytest.mark.slow
+def test_tiny_demo_with_reward_judge_reports_failed_judging_and_trains_nothing_made_up(tmp_path):
+    """The embedded server ignores response_format and the random tiny model writes no JSON: every group's
+    judging fails (after its one retry). The demo must say so each batch, train nothing, and write no score."""
+    from tracerl_testing import tracerl
+
+    from judge.stage import load_state
+
+    work = tmp_path / "work"
+    proc = tracerl(
+        "demo",
+        "--tiny",
+        "--reward",
+        "judge",
+        "--rounds",
+        "1",
+        "--rollouts-per-round",
+        "8",
+        "--workdir",
+        str(work),
+        "--no-final-eval",
+        timeout=600,
+    )
+    out = proc.stdout
+    # 3 batches (the loop's no-signal limit), 4 task groups each, every one failed
+    assert out.count("judge: 0 groups scored, 4 failed; 0/8 rollouts judged, 8 train nothing") == 3, out
+    assert "all rounds, judge: 0 groups scored, 12 failed; 0/24 rollouts judged, 24 train nothing" in out
+    assert "judge scores missing (judging failed)" in out and "tracerl demo: 0 rounds" in out
+    store = parse_store(work / "store")
+    con = connect_readonly(store)
+    assert con.execute("SELECT source, name, count(*) FROM rewards GROUP BY ALL").fetchall() == [
+        ("side_channel", "reward", 24)
+    ]  # the grader's rows only: no judge score was made up
+    assert con.execute(
+        "SELECT count(DISTINCT rollout_id), count(rollout_reward) FROM transitions"
+    ).fetchone() == (
+        24,
+        0,
+    )  # converted, kept unrewarded: the grader's reward never trains under --reward-from judge
+    # the judge asked the server directly: the gateway recorded the agents' calls only (writer + rewriter)
+    assert con.execute(
+        "SELECT count(*) FROM spans WHERE attributes['tracerl.gateway'] = 'true'"
+    ).fetchone() == (48,)
+    assert con.execute("SELECT count(*) FROM rounds WHERE status = 'published'").fetchone() == (0,)
+    failed = next(iter(load_state(store, "judge")["failed"].values()))
+    # answered, but no parseable scores (no JSON, mostly): never a refused request or a made-up score
+    assert len(failed) == 24 and not any(reason.startswith("rejected") for reason in failed.values())
