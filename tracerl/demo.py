@@ -380,6 +380,10 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
           f"samples), {concurrency} agents at a time; model {model}\n", flush=True)
     evaluate = bool(task.heldout) and cfg.final_eval
+    if parts.judge is not None:
+        print("--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
+              "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
+              flush=True)
     print(TABLE_HEADER, flush=True)
     result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: _print_round(run, d, lead=plan.lead),
                         on_no_signal=lambda ns: _print_no_signal(ns, judged=parts.judge is not None))
