@@ -66,9 +66,11 @@ class DemoConfig:
                                 "one call, RULER-style (`tracerl judge`), and the round trains on the judge's scores "
                                 "alone (`convert --reward-from judge`); the grader's reward is still posted, for "
                                 "the agreement printed each round and for the held-out evaluation). A group whose "
-                                "judging fails trains nothing. SmolLM2-135M is a poor judge: as its own judge it "
-                                "scored all 32 demo rollouts of bench/judge.py 1.0, AUC 0.50 against the grader "
-                                "(chance); the embedded --tiny server ignores response_format, so its judging fails",
+                                "judging fails trains nothing. SmolLM2-135M is a poor judge: as its own judge here "
+                                "(--rounds 2, measured) it scored all 96 rollouts of 3 batches 1.0, AUC 0.50 "
+                                "against the grader (chance) and Spearman undefined, so no batch had a signal and "
+                                "no round trained; the embedded --tiny server ignores response_format, so its "
+                                "judging fails",
                       choices=["grader", "judge"])
     judge_max_tokens: int | None = opt(None, "--reward judge: answer tokens per judged rollout (`tracerl judge "
                                              "--max-tokens`); unset: 200; --tiny: 16")

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print(before_after(result.answers[k0], result.answers[k1], k0, k1))
     if result.judge_total is not None:
         a = result.judge_total.agreement
-        parts.append("trained on the judge (policy as its own judge): " + (
+        parts.append("the judge (the policy judging its own rollouts): " + (
             f"AUC {_num(a.auc)}, Spearman {_num(a.spearman)} against the grader over {a.n} rollouts" if a
             else "no rollout was both judged and graded") + f", {result.judge_total.untrained} rollouts unjudged")
     print("tracerl demo: " + ", ".join(parts))
