@@ -388,7 +388,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
               flush=True)
     print(TABLE_HEADER, flush=True)
     result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: _print_round(run, d, lead=plan.lead),
-                        on_no_signal=lambda ns: _print_no_signal(ns, judged=parts.judge is not None))
+                        on_no_signal=lambda ns: _print_no_signal(ns, run.judged[-1] if parts.judge else None))
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
     run.judge_total = parts.judge_total()
     if run.judge_total is not None:
@@ -637,12 +637,16 @@ def _print_round(run: DemoRun, done: RoundDone, lead: int) -> None:
           f"{done.convert_s:.1f}s, train {done.train_s:.1f}s)", flush=True)
 
 
-def _print_no_signal(ns: NoSignal, judged: bool = False) -> None:
-    """A batch the trainer found no signal in; with --reward judge the signal is the judge's scores."""
+def _print_no_signal(ns: NoSignal, judged: BatchJudgment | None = None) -> None:
+    """A batch the trainer found no signal in; with --reward judge (``judged``: the batch's judging) the
+    signal is the judge's scores: missing where a group's judging failed, else alike in every task."""
     from rollout.records import summarize
 
     s, k = summarize(ns.records), ns.version
-    why = "judge scores missing (judging failed) or alike in each task" if judged else "all alike within each task"
+    why = "all alike within each task"
+    if judged is not None:
+        why = (f"{judged.untrained} of {judged.rollouts} unjudged (judging failed), the judge's scores of the rest "
+               f"alike within each task" if judged.untrained else "the judge scored all alike within each task")
     print(f"    -   policy@{k}: {s.total} rollouts, mean {'grader ' if judged else ''}reward "
           f"{s.mean_reward or 0:.3f}, {why}: no training signal; "
           f"{'stopping' if ns.stopping else f'sampling policy@{k} again'}", flush=True)

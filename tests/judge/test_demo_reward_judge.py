@@ -118,7 +118,7 @@ def test_tiny_demo_with_reward_judge_reports_failed_judging_and_trains_nothing_m
     # 3 batches (the loop's no-signal limit), 4 task groups each, every one failed
     assert out.count("judge: 0 groups scored, 4 failed; 0/8 rollouts judged, 8 train nothing") == 3, out
     assert "all rounds, judge: 0 groups scored, 12 failed; 0/24 rollouts judged, 24 train nothing" in out
-    assert "judge scores missing (judging failed)" in out and "tracerl demo: 0 rounds" in out
+    assert "8 of 8 unjudged (judging failed)" in out and "tracerl demo: 0 rounds" in out
     store = parse_store(work / "store")
     con = connect_readonly(store)
     assert con.execute("SELECT source, name, count(*) FROM rewards GROUP BY ALL").fetchall() == [
@@ -138,3 +138,18 @@ def test_tiny_demo_with_reward_judge_reports_failed_judging_and_trains_nothing_m
     failed = next(iter(load_state(store, "judge")["failed"].values()))
     # answered, but no parseable scores (no JSON, mostly): never a refused request or a made-up score
     assert len(failed) == 24 and not any(reason.startswith("rejected") for reason in failed.values())
+
+
+def test_a_batch_without_signal_says_whether_the_judge_failed_or_scored_all_alike(capsys):
+    from judge.batch import BatchJudgment
+    from loop.rounds import NoSignal
+    from tracerl.demo import _print_no_signal
+
+    alike = BatchJudgment(32, 32, 4, 0, 0, 9493, 2140, None)
+    _print_no_signal(NoSignal(version=0, records=[], stopping=False), alike)
+    _print_no_signal(NoSignal(version=0, records=[], stopping=True), BatchJudgment(8, 0, 0, 4, 0, 1, 1, None))
+    _print_no_signal(NoSignal(version=0, records=[], stopping=True))
+    first, second, third = capsys.readouterr().out.splitlines()
+    assert "the judge scored all alike within each task" in first and "sampling policy@0 again" in first
+    assert "8 of 8 unjudged (judging failed)" in second and "stopping" in second
+    assert "mean reward" in third and "all alike within each task" in third  # --reward grader: as before
