@@ -54,9 +54,9 @@ class JudgeSettings:
     )
     unrewarded_only: bool = opt(
         False,
-        "judge only rollouts with no reward on any channel (their transitions' reward is null: converted with "
-        "--missing-reward keep). The converter sums a rollout's rewards, so a judge reward adds to a grader's; "
-        "this keeps graded rollouts' training rewards as they are",
+        "judge only rollouts with no selected reward (their transitions' reward is null: converted with "
+        "--missing-reward keep). Under the converter's --reward-from auto a graded rollout trains on its "
+        "grader whatever the judge says, so this only saves the judge calls that would measure agreement",
     )
     judge_concurrency: int = opt(4, "judge requests in flight at once")
     judge_timeout_s: float = opt(

@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -185,10 +186,16 @@ def _tally(stats: JudgeStats, outcomes: list[Outcome]) -> None:
 
 
 def run_once(
-    settings: JudgeSettings, *, now_ns: int | None = None, transport: httpx.AsyncBaseTransport | None = None
+    settings: JudgeSettings,
+    *,
+    now_ns: int | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    only: Collection[str] | None = None,
 ) -> JudgeStats:
     """Judge every ready rollout of ``settings.store`` that has no reward of ``settings.name`` (module
-    docstring). Safe to run from cron: a held lock, an unreachable judge or a crash leaves nothing half done."""
+    docstring), or only those of them in ``only`` (``tracerl demo --reward judge``: the round's rollouts,
+    never the held-out evaluation's). Safe to run from cron: a held lock, an unreachable judge or a crash
+    leaves nothing half done."""
     settings.validate()
     t0 = time.perf_counter()
     loc = parse_store(settings.store)
@@ -202,7 +209,7 @@ def run_once(
         except TimeoutError:
             stats.locked = True
         else:
-            _pass(loc, settings, rubric, rhash, stats, now_ns, transport, held.confirm)
+            _pass(loc, settings, rubric, rhash, stats, now_ns, transport, held.confirm, only)
     stats.seconds = time.perf_counter() - t0
     return stats
 
@@ -216,10 +223,15 @@ def _pass(
     now_ns: int | None,
     transport: httpx.AsyncBaseTransport | None,
     confirm: Any,
+    only: Collection[str] | None = None,
 ) -> None:
     state = load_state(loc, settings.name)
     failed = state["failed"].setdefault(rhash, {})
-    rollouts = rollouts_from_rows(candidate_rows(loc, settings.name, settings.unrewarded_only))
+    rows = candidate_rows(loc, settings.name, settings.unrewarded_only)
+    if only is not None:
+        wanted = set(only)
+        rows = [r for r in rows if r["rollout_id"] in wanted]
+    rollouts = rollouts_from_rows(rows)
     stats.candidates = len(rollouts)
     now_ns = time.time_ns() if now_ns is None else now_ns
     todo = plan(

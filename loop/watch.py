@@ -89,14 +89,16 @@ def wait_for_round(
 
 
 def store_rewards(store: StoreLocation, rollout_ids: list[str]) -> dict[str, float]:
-    """The reward the collector stored for each of these rollouts (the last value per rollout)."""
+    """The reward the collector stored for each of these rollouts (the last value per rollout): the grader's,
+    never a judge's (``source = judge``), so an evaluation stays graded by the grader whoever trains."""
     from store.views import connect_readonly
 
     con = connect_readonly(store)
     try:
         rows = con.execute(
             """SELECT rollout_id, arg_max(value, "at") FROM rewards
-               WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) GROUP BY rollout_id""",
+               WHERE rollout_id IN (SELECT unnest(?::VARCHAR[])) AND coalesce(source, '') <> 'judge'
+               GROUP BY rollout_id""",
             [rollout_ids],
         ).fetchall()
     finally:
@@ -104,7 +106,9 @@ def store_rewards(store: StoreLocation, rollout_ids: list[str]) -> dict[str, flo
     return dict(rows)
 
 
-def store_answers(store: StoreLocation, rollout_ids: list[str], attribute: str = "demo.answer") -> dict[str, str]:
+def store_answers(
+    store: StoreLocation, rollout_ids: list[str], attribute: str = "demo.answer"
+) -> dict[str, str]:
     """Each rollout's answer, as its agent recorded it on a span (the SQL agent's final query)."""
     from store.views import connect_readonly
 

@@ -146,6 +146,10 @@ TRANSITIONS_SCHEMA = pa.schema(
         # (span_to_transition.chat_messages.CHAT_PROBLEMS); null for a well-formed call, and in files written
         # before the column existed (readers fill in null)
         pa.field("untrainable_reason", pa.string()),
+        # the names of the rewards summed into rollout_reward, comma-joined (``--reward-from`` chose them; an
+        # unnamed reward is "reward"): "grade" or "judge" says whose score trained the call; null for no
+        # reward or a --fill-reward, and in files written before the column existed (readers fill in null)
+        pa.field("reward_names", pa.string()),
     ]
 )
 

@@ -9,6 +9,7 @@ in the order the calls started.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -32,7 +33,14 @@ from span_to_transition.dialects.openllmetry import tool_calls_from_spans
 from span_to_transition.dialects.registry import classify, parse_call
 from span_to_transition.dialects.semconv import parse_semconv
 from span_to_transition.records import LLMCall, LogEvent, Reward, Span, Tokens, Transition, as_int
-from span_to_transition.rewards import in_band_rewards, rollout_reward
+from span_to_transition.rewards import (
+    AUTO,
+    RewardFrom,
+    in_band_rewards,
+    parse_reward_from,
+    rollout_reward,
+    select_rewards,
+)
 from span_to_transition.tokens import is_gateway, match_gateways, resolve_tokens, tokens_from
 from span_to_transition.tree import Key, SpanTree, build_tree
 
@@ -44,6 +52,7 @@ null reward (``keep``: the trainer skips it until a reward row converts it again
 NO_CALLS_NONE = "no span is an LLM call in a dialect this converter reads"
 NO_CALLS_WITHOUT_CONTENT = "its LLM call spans carry no message content (content capture is off)"
 NO_REWARD = "no reward on any channel (tracerl.reward / agentlightning.reward spans, gen_ai.evaluation.result events, rewards rows)"
+NO_SELECTED_REWARD = "its rewards all have names --reward-from does not select"
 
 
 @dataclass
@@ -64,6 +73,13 @@ class ConvertConfig:
                                          "what `tracerl judge` needs to see unrewarded rollouts)",
                               choices=list(MISSING_REWARD))
     fill_reward: float = opt(0.0, "reward given to reward-less rollouts with --missing-reward fill")
+    reward_from: str = opt(AUTO, "which rewards make a rollout's reward (their sum): auto = every reward but the "
+                                 "judge's (source=judge) where the rollout has any, else the judge's, so a judge "
+                                 "scoring graded rollouts never adds to their grader's reward; or NAME[,NAME] = only "
+                                 "rewards of these names, whatever their source (judge: train on `tracerl judge` "
+                                 "alone; an unnamed reward is named reward). A rollout with rewards of other names "
+                                 "only counts as reward-less (--missing-reward decides)",
+                           metavar="auto|NAME[,NAME]")
     follow_links: bool = opt(True, "a trace without tracerl.rollout_id that links to a span of another trace "
                                    "(AutoGen starts a trace per message, linked to the sender's) joins that "
                                    "trace's rollout")
@@ -95,11 +111,16 @@ class ConvertConfig:
         agent-naming resource attribute."""
         return (TASK_ID, RESOURCE_AGENT, *((self.task_key,) if self.task_key else ()))
 
+    def reward_rule(self) -> RewardFrom:
+        """``--reward-from`` parsed (once per distinct text: it is asked for every rollout)."""
+        return _parse_rule(self.reward_from)
+
     def validate(self) -> None:
         """Raise ValueError naming the bad setting and the fix."""
         compile_agents(self.agents)
         if self.credit not in CREDIT:
             raise ValueError(f"--credit {self.credit!r} is unknown; choose one of {', '.join(CREDIT)}")
+        parse_reward_from(self.reward_from)
         if self.missing_reward not in MISSING_REWARD:
             raise ValueError(f"--missing-reward {self.missing_reward!r} is unknown; choose exclude, fill or keep")
         if self.quiet_s < 0 or self.max_wait_s < 0:
@@ -114,6 +135,9 @@ class ConvertConfig:
             if key is not None and (not key.strip() or key != key.strip()):
                 raise ValueError(f"{flag} {key!r} must name an attribute (e.g. http.route, session.id), "
                                  "without spaces around it")
+
+
+_parse_rule = functools.lru_cache(maxsize=8)(parse_reward_from)
 
 
 @dataclass
@@ -427,16 +451,18 @@ def _claim_gateways(unique: list[LLMCall], gateways: list[Span], tree: SpanTree,
 
 @dataclass
 class _Reward:
-    """The rollout's reward as the converter writes it: value (None: kept unrewarded), source, the rows."""
+    """The rollout's reward as the converter writes it: value (None: kept unrewarded), source, the rows
+    summed, and their names (``reward_names``)."""
 
     value: float | None
     source: str | None
     rows: list[Reward]
+    names: str | None = None
 
 
 def _reward_of(tree: SpanTree, inp: RolloutInput, config: ConvertConfig, out: RolloutOutput) -> _Reward | None:
-    """In-band and posted rewards, each ``reward_id`` once, summed; without any, ``--missing-reward`` decides
-    (None: the rollout is excluded)."""
+    """In-band and posted rewards, each ``reward_id`` once, those ``--reward-from`` selects summed; without
+    any, ``--missing-reward`` decides (None: the rollout is excluded)."""
     seen_ids: set[str] = set()
     deduped: list[Reward] = []
     for r in in_band_rewards(tree.spans.values(), inp.logs) + list(inp.rewards):
@@ -445,11 +471,12 @@ def _reward_of(tree: SpanTree, inp: RolloutInput, config: ConvertConfig, out: Ro
                 continue
             seen_ids.add(r.reward_id)
         deduped.append(r)
-    total = rollout_reward(deduped)
+    selected = select_rewards(deduped, config.reward_rule())
+    total = rollout_reward(selected)
     if total.value is not None:
-        return _Reward(total.value, total.source, deduped)
+        return _Reward(total.value, total.source, selected, total.names)
     if config.missing_reward == "exclude":
-        out.status, out.reason = "excluded_no_reward", NO_REWARD
+        out.status, out.reason = "excluded_no_reward", NO_SELECTED_REWARD if deduped else NO_REWARD
         return None
     if config.missing_reward == "keep":  # written with a null reward, converted again when one arrives
         return _Reward(None, None, [])
@@ -495,6 +522,7 @@ def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, 
         reward=None if credited is None else float(credited),
         rollout_reward=None if reward.value is None else float(reward.value),
         reward_source=reward.source,
+        reward_names=reward.names,
         is_last=is_last,
         started_at=call.start_time_ns,
         ended_at=call.end_time_ns,

@@ -205,11 +205,18 @@ SpanScan = Callable[[bool], list[pa.Table]]
 
 
 def join_feedback(
-    rows: list[RewardRow], ledger: Ledger, converted: Mapping[str, int], rebuild: bool, scan: SpanScan
+    rows: list[RewardRow],
+    ledger: Ledger,
+    converted: Mapping[str, int],
+    rebuild: bool,
+    scan: SpanScan,
+    counts: Callable[[Reward], bool] = lambda _r: True,
 ) -> FeedbackRows:
     """The rows that count (a correction replaces the row with its ``reward_id``), each joined to its
     rollout, and the rollouts they retry (excluded for want of a reward) or convert again (a reward newer
-    than their conversion, or a response id joined only now)."""
+    than their conversion, or a response id joined only now). Only a row ``counts`` accepts (the
+    converter's ``--reward-from`` may select it) retries or reconverts: a reward of a name that is never
+    summed would convert its rollout again to the same rows on every pass."""
     winners = latest_rows(rows)
     joined_now = _join_responses(winners, ledger, scan)
     out = FeedbackRows([], winners)
@@ -218,11 +225,11 @@ def join_feedback(
             out.rows.append((w.rollout_id, w.trace_id, w.reward))
         elif (rid := ledger.responses.get(w.reward.response_id or "")) is not None:
             out.rows.append((rid, None, w.reward))
-    rewarded = {x for r_id, t_id, _ in out.rows for x in (r_id, t_id) if x}
+    rewarded = {x for r_id, t_id, rw in out.rows if counts(rw) for x in (r_id, t_id) if x}
     out.retry = {r: files for r, files in ledger.excluded.items() if r in rewarded}
     if not rebuild:
         for w in winners:
-            if w.new or (w.response_only and w.reward.response_id in joined_now):
+            if counts(w.reward) and (w.new or (w.response_only and w.reward.response_id in joined_now)):
                 rid = target(w, ledger.traces, ledger.responses)
                 if rid in converted:
                     out.reconvert.add(rid)

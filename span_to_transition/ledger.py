@@ -80,6 +80,7 @@ def row_settings(config: ConvertConfig) -> dict[str, object]:
         "gamma": config.gamma,
         "missing_reward": config.missing_reward,
         "fill_reward": config.fill_reward,
+        "reward_from": config.reward_from,
         "follow_links": config.follow_links,
         "task_key": config.task_key,
         "rollout_key": config.rollout_key,

@@ -136,6 +136,7 @@ class Transition:
     input_tokens: int | None
     output_tokens: int | None
     untrainable_reason: str | None = None  # malformed chat: never trained, whatever --agents selects
+    reward_names: str | None = None  # names summed into rollout_reward (--reward-from), comma-joined
 
 
 _SCAN = json.JSONDecoder().scan_once  # json.loads' own C scanner, without the whitespace handling around it

@@ -11,8 +11,19 @@
 2. Side channel: rows the collector's ``POST /v1/rewards`` wrote into the rewards table.
 3. Offline: rows a user wrote into the rewards table (``source = offline``).
 
-The rollout reward is the sum of every reward observed for the rollout, so a task reward plus
-shaping terms add up, and ``matched`` credit can hand each term to the call it belongs to.
+The rollout reward is the sum of the rewards the reward rule selects (``--reward-from``,
+``select_rewards``), so a task reward plus shaping terms add up, and ``matched`` credit can hand each
+term to the call it belongs to. The rule:
+
+* ``auto`` (default): every reward that is not the judge's (``source = judge``, ``tracerl judge``);
+  only a rollout with none of those takes the judge's rewards. A graded rollout trains on its grader,
+  and a judge that scores it beside the grader (to measure agreement) never adds to that reward; a
+  rollout nobody graded is trained on the judge's score.
+* ``NAME[,NAME...]``: only the rewards of these names, whatever their source (``judge`` trains on the
+  judge alone; ``reward`` is the name of an unnamed in-band reward, and the side channel's default).
+
+The transition records the names that were summed (``reward_names``) beside their channels
+(``reward_source``).
 """
 
 from __future__ import annotations
@@ -111,10 +122,60 @@ def in_band_rewards(spans: Iterable[Span], logs: Iterable[LogEvent] = ()) -> lis
     return out
 
 
+JUDGE_SOURCE = "judge"
+"""``source`` of the rows ``tracerl judge`` writes (judge/rows.py)."""
+UNNAMED = "reward"
+"""The name a reward without one goes by in ``--reward-from`` and ``reward_names`` (the side channel's default)."""
+AUTO = "auto"
+_NAME = re.compile(r"^[^,\s]+$")
+
+
+@dataclass(frozen=True)
+class RewardFrom:
+    """Which rewards make a rollout's reward: ``names`` None is ``auto`` (see the module docstring)."""
+
+    names: frozenset[str] | None = None
+
+    def __str__(self) -> str:
+        return AUTO if self.names is None else ",".join(sorted(self.names))
+
+    def may_count(self, r: Reward) -> bool:
+        """Whether ``r`` can ever be part of a rollout's reward under this rule (``auto``: every reward)."""
+        return self.names is None or name_of(r) in self.names
+
+
+def parse_reward_from(text: str) -> RewardFrom:
+    """``auto`` or a comma-separated list of reward names; ValueError naming the fix otherwise."""
+    if text.strip() == AUTO:
+        return RewardFrom()
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if not _NAME.match(n) or n == AUTO]
+    if not names or bad:
+        raise ValueError(
+            f"--reward-from {text!r}: give auto, or reward names separated by commas without spaces inside a "
+            f"name (e.g. judge, or grade,style); bad: {', '.join(repr(b) for b in bad) or 'empty'}"
+        )
+    return RewardFrom(frozenset(names))
+
+
+def name_of(r: Reward) -> str:
+    return r.name or UNNAMED
+
+
+def select_rewards(rewards: list[Reward], rule: RewardFrom) -> list[Reward]:
+    """The rewards ``rule`` counts for one rollout, in their order (``auto``: the non-judge ones where there
+    are any, else the judge's; a name list: those names)."""
+    if rule.names is not None:
+        return [r for r in rewards if name_of(r) in rule.names]
+    graded = [r for r in rewards if r.source != JUDGE_SOURCE]
+    return graded or [r for r in rewards if r.source == JUDGE_SOURCE]
+
+
 @dataclass(frozen=True)
 class RolloutReward:
     value: float | None  # None: no reward anywhere
     source: str | None  # the channels that contributed, comma-joined, e.g. "side_channel,span"
+    names: str | None = None  # the reward names summed, comma-joined (an unnamed one: ``reward``)
 
 
 def rollout_reward(rewards: Iterable[Reward]) -> RolloutReward:
@@ -122,6 +183,7 @@ def rollout_reward(rewards: Iterable[Reward]) -> RolloutReward:
     seen: set[str] = set()
     total = 0.0
     sources: set[str] = set()
+    names: set[str] = set()
     found = False
     for r in rewards:
         if r.reward_id is not None:
@@ -130,7 +192,8 @@ def rollout_reward(rewards: Iterable[Reward]) -> RolloutReward:
             seen.add(r.reward_id)
         total += r.value
         sources.add(r.source)
+        names.add(name_of(r))
         found = True
     if not found:
         return RolloutReward(None, None)
-    return RolloutReward(total, ",".join(sorted(sources)))
+    return RolloutReward(total, ",".join(sorted(sources)), ",".join(sorted(names)))

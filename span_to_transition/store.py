@@ -93,7 +93,7 @@ def _convert_store_locked(
     ledger, converted, conversion = _open_ledger(layout, old_transition_files, config, rebuild, stats)
     span_files = table_files(layout, "spans")
     rel = {f: _relative(layout, "spans", f) for f in span_files}
-    rewards = _read_rewards(layout, ledger, converted, rebuild, span_files, rel)
+    rewards = _read_rewards(layout, ledger, converted, rebuild, span_files, rel, config.reward_rule().may_count)
     todo = _files_to_read(layout, span_files, rel, ledger, rewards)
     stats.span_files_read = len(todo)
     if not todo:
@@ -199,8 +199,10 @@ def _read_rewards(
     rebuild: bool,
     span_files: list[str],
     rel: dict[str, str],
+    counts: Callable[[Reward], bool],
 ) -> FeedbackRows:
-    """The rewards rows that count, joined to their rollouts (``feedback.join_feedback``)."""
+    """The rewards rows that count, joined to their rollouts (``feedback.join_feedback``); only those
+    ``counts`` accepts (``--reward-from``) retry or reconvert a rollout."""
     reward_files = table_files(layout, "rewards")
     reward_rel = [_relative(layout, "rewards", f) for f in reward_files]
     new_reward_file = [r not in ledger.reward_files for r in reward_rel]
@@ -214,7 +216,7 @@ def _read_rewards(
             for f in files
         ]
 
-    out = join_feedback(rows, ledger, converted, rebuild, scan)
+    out = join_feedback(rows, ledger, converted, rebuild, scan, counts)
     out.files, out.any_new = reward_rel, any(new_reward_file)
     return out
 

@@ -42,6 +42,8 @@ from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
 if TYPE_CHECKING:  # imported where used: training pulls in torch
+    from judge.batch import BatchJudgment
+    from judge.config import JudgeSettings
     from span_to_transition.convert import ConvertConfig
     from trainer.config import TrainSettings
     from trainer.rounds import Publisher, RoundOutcome
@@ -58,6 +60,20 @@ class DemoConfig:
     engine: str | None = opt(None, "the policy server the demo starts: vllm (`tracerl serve --engine vllm`) or "
                                    "embedded; unset: vllm, --tiny embedded (vLLM's CPU attention refuses the tiny "
                                    "model's head size 16)", choices=["vllm", "embedded"])
+    reward: str = opt("grader", "what each round trains on: grader (the task's reward function: "
+                                "examples/demo/sql_reward.py, --tiny: the letter check) or judge (after a round's "
+                                "rollouts are stored, the demo's own served model judges them, a task's samples in "
+                                "one call, RULER-style (`tracerl judge`), and the round trains on the judge's scores "
+                                "alone (`convert --reward-from judge`); the grader's reward is still posted, for "
+                                "the agreement printed each round and for the held-out evaluation). A group whose "
+                                "judging fails trains nothing. SmolLM2-135M is a poor judge: as its own judge here "
+                                "(--rounds 2, measured) it scored all 96 rollouts of 3 batches 1.0, AUC 0.50 "
+                                "against the grader (chance) and Spearman undefined, so no batch had a signal and "
+                                "no round trained; the embedded --tiny server ignores response_format, so its "
+                                "judging fails",
+                      choices=["grader", "judge"])
+    judge_max_tokens: int | None = opt(None, "--reward judge: answer tokens per judged rollout (`tracerl judge "
+                                             "--max-tokens`); unset: 200; --tiny: 16")
     rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
                                    "(the demo stops sooner once every task's samples agree: no signal left); "
                                    "unset: 8; --tiny: 60")
@@ -189,6 +205,8 @@ class DemoRun:
     rollout_spans: list[tuple[float, float]] = field(default_factory=list)
     train_spans: list[tuple[float, float]] = field(default_factory=list)
     samples: int = 0  # calls trained on, all rounds
+    judged: list[BatchJudgment] = field(default_factory=list)  # --reward judge: each round's judging
+    judge_total: BatchJudgment | None = None  # --reward judge: all rounds' rollouts together
 
 
 def _say(msg: str) -> None:
@@ -216,6 +234,9 @@ def validate(cfg: DemoConfig, task: DemoTask) -> None:
     if cfg.server and not cfg.model:
         raise UsageError("--server needs --model: the directory of the model that server serves as 'policy' "
                          "(the trainer starts from it); or leave both out for the embedded model")
+    if cfg.reward == "judge" and cfg.judge_max_tokens < 8:
+        raise UsageError(f"--judge-max-tokens must be at least 8 (the judge's answer per rollout), got "
+                         f"{cfg.judge_max_tokens}")
     if cfg.concurrency < 0:
         raise UsageError(f"--concurrency must be >= 0, got {cfg.concurrency}")
     if cfg.max_staleness < 0:
@@ -361,10 +382,19 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
           f"samples), {concurrency} agents at a time; model {model}\n", flush=True)
     evaluate = bool(task.heldout) and cfg.final_eval
+    if parts.judge is not None:
+        print("--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
+              "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
+              flush=True)
     print(TABLE_HEADER, flush=True)
     result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: _print_round(run, d, lead=plan.lead),
-                        on_no_signal=_print_no_signal)
+                        on_no_signal=lambda ns: _print_no_signal(ns, run.judged[-1] if parts.judge else None))
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
+    run.judge_total = parts.judge_total()
+    if run.judge_total is not None:
+        from judge.batch import format_judgment
+
+        print(f"all rounds, {format_judgment(run.judge_total)}", flush=True)
     k = result.version
     if evaluate:
         print(flush=True)
@@ -401,7 +431,9 @@ def _start_processes(cfg: DemoConfig, children: Children, *, model: Path, store:
             # rounds publish merged weights (on CPU an adapter costs ~4x decode speed), served in fp32: in
             # bf16 a round's update is below the weights' resolution (trainer/merge.py), and the engine's
             # logprobs, which the trainer's importance correction divides by, are coarse
-            argv += ["--no-enable-lora", "--max-model-len", "1024", "--dtype", "float32"]
+            # a judge call holds a task's 8 trajectories (~1.4k tokens) and 64 + 200 per trajectory to answer
+            max_len = "4096" if cfg.reward == "judge" else "1024"
+            argv += ["--no-enable-lora", "--max-model-len", max_len, "--dtype", "float32"]
         else:
             argv += ["--threads", str(cfg.threads)]
         server = children.start(Child("serve", argv, logs / "serve.log"))
@@ -422,6 +454,21 @@ def _start_processes(cfg: DemoConfig, children: Children, *, model: Path, store:
     return server_url
 
 
+PASS_REWARD = 1.0
+"""A grader reward that is a pass in the judge's AUC: the gold rows (sql_reward.py), the right letter."""
+
+
+def demo_judge(cfg: DemoConfig, store: Path, server_url: str, task: DemoTask) -> JudgeSettings:
+    """The judge of --reward judge: the demo's served model (``policy``), asked directly, not through the
+    gateway (whose spans would make the judge's calls look like the agent's); group mode, a task's samples
+    in one call, and no settling wait (a round is judged once all of it is stored)."""
+    from judge.config import JudgeSettings
+
+    return JudgeSettings(store=str(store), judge_url=f"{server_url}/v1", judge_model="policy", mode="group",
+                         group_wait_s=0.0, max_group=task.group, judge_concurrency=max(1, task.per_round),
+                         judge_timeout_s=cfg.timeout_s, max_tokens=cfg.judge_max_tokens)
+
+
 @dataclass
 class _DemoStages:
     """The stages of ``loop.rounds`` as the demo runs them: the rollout driver against its processes,
@@ -438,6 +485,8 @@ class _DemoStages:
     settings: TrainSettings
     publisher: Publisher
     abort: threading.Event = field(default_factory=threading.Event)  # kills running agents (rollouts run in threads)
+    judge: JudgeSettings | None = None  # --reward judge: who judges each round (the served model, directly)
+    judged_ids: list[str] = field(default_factory=list)  # every round's rollouts the judge was asked about
 
     @classmethod
     def build(cls, cfg: DemoConfig, run: DemoRun, children: Children, *, task: DemoTask, store: Path, logs: Path,
@@ -466,8 +515,12 @@ class _DemoStages:
                                  # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
                                  # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
                                  bf16=bool(cfg.model) or real)
-        return cls(cfg, run, children, task, loc, logs, driver, ConvertConfig(quiet_s=0.0, workers=1), settings,
-                   server_publisher(server_url))
+        convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
+        # --reward judge: a round's rollouts wait, unrewarded, for the judge; the grader's reward never trains
+        if cfg.reward == "judge":
+            convert_cfg = ConvertConfig(quiet_s=0.0, workers=1, reward_from="judge", missing_reward="keep")
+        return cls(cfg, run, children, task, loc, logs, driver, convert_cfg, settings, server_publisher(server_url),
+                   judge=demo_judge(cfg, store, server_url, task) if cfg.reward == "judge" else None)
 
     def stages(self, evaluate: bool) -> Stages:
         """``loop.rounds.Stages``; with policy@0's held-out evaluation beside round 0 when ``evaluate``."""
@@ -504,10 +557,27 @@ class _DemoStages:
         return Batch(records, time.perf_counter() - t0)
 
     def convert(self, rollout_ids: list[str]) -> tuple[int, str]:
+        """Convert the batch; with --reward judge, judge it and convert its judged rollouts again."""
         from span_to_transition.store import convert_store
 
         stats = convert_store(self.loc, self.convert_cfg)
+        if self.judge is not None:
+            from judge.batch import format_judgment, judge_batch
+
+            judged = judge_batch(self.judge, rollout_ids, PASS_REWARD)
+            self.run.judged.append(judged)
+            self.judged_ids.extend(rollout_ids)
+            print(f"    {format_judgment(judged)}", flush=True)
+            stats = convert_store(self.loc, self.convert_cfg)  # the judge's rows reach the transitions
         return round_status(self.loc, rollout_ids)["converted"], stats.summary()
+
+    def judge_total(self) -> BatchJudgment | None:
+        """Every round's judging together: agreement over all judged rollouts (read from the store), tokens."""
+        from judge.batch import combine, judge_pairs
+
+        if self.judge is None or not self.run.judged:
+            return None
+        return combine(self.run.judged, judge_pairs(self.loc, self.judged_ids, self.judge.name), PASS_REWARD)
 
     def train(self, training: Training) -> RoundOutcome:
         """One ``tracerl train --once`` (``loop.rounds.Training`` says its threads and whether it publishes)."""
@@ -567,13 +637,19 @@ def _print_round(run: DemoRun, done: RoundDone, lead: int) -> None:
           f"{done.convert_s:.1f}s, train {done.train_s:.1f}s)", flush=True)
 
 
-def _print_no_signal(ns: NoSignal) -> None:
+def _print_no_signal(ns: NoSignal, judged: BatchJudgment | None = None) -> None:
+    """A batch the trainer found no signal in; with --reward judge (``judged``: the batch's judging) the
+    signal is the judge's scores: missing where a group's judging failed, else alike in every task."""
     from rollout.records import summarize
 
     s, k = summarize(ns.records), ns.version
-    print(f"    -   policy@{k}: {s.total} rollouts, mean reward {s.mean_reward or 0:.3f}, all alike "
-          f"within each task: no training signal; {'stopping' if ns.stopping else f'sampling policy@{k} again'}",
-          flush=True)
+    why = "all alike within each task"
+    if judged is not None:
+        why = (f"{judged.untrained} of {judged.rollouts} unjudged (judging failed), the judge's scores of the rest "
+               f"alike within each task" if judged.untrained else "the judge scored all alike within each task")
+    print(f"    -   policy@{k}: {s.total} rollouts, mean {'grader ' if judged else ''}reward "
+          f"{s.mean_reward or 0:.3f}, {why}: no training signal; "
+          f"{'stopping' if ns.stopping else f'sampling policy@{k} again'}", flush=True)
 
 
 def _quiet_transformers() -> None:

@@ -41,6 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "timeout_s": 60.0,
         "estimator": "grpo",
         "engine": "embedded",  # vLLM's CPU attention refuses the tiny model's head size 16
+        "judge_max_tokens": 16,  # --reward judge: the random model writes no JSON; its answers fail fast
     },
     # LoRA r=16 on q/k/v/o, one PPO step per round (the shape of the issue-14 check that learned
     # this task in-process, there at lr 3e-4 over 12 rounds; fewer rounds here, so a larger lr);
@@ -60,6 +61,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "timeout_s": 600.0,
         "estimator": "rloo",
         "engine": "vllm",
+        "judge_max_tokens": 200,  # --reward judge: room to close guided JSON (judge --max-tokens)
     },
 }
 # samples per question per round (the advantage group): with about 5 % of samples right at first,

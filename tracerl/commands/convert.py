@@ -7,7 +7,9 @@ events, OpenLLMetry, OpenInference), attributed to their nearest agent, credited
 rollout's reward, and joined to the gateway's exact token ids when those exist. Re-running is
 safe: converted rollouts are never written twice, and late spans are counted, not lost. A
 reward posted after a rollout was converted converts it again; --rebuild converts everything
-again with the current settings (after changing --agents, --credit or --missing-reward).
+again with the current settings (after changing --agents, --credit, --missing-reward or --reward-from).
+A rollout's reward is the sum of the rewards --reward-from selects: by default every reward but a
+judge's, where the rollout has one (a judge scoring graded rollouts never adds to the grader's).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ examples:
   tracerl convert --agents 'writer|rewriter'        # train only these agents' calls
   tracerl convert --credit matched --missing-reward fill --fill-reward 0
   tracerl convert --rebuild --agents writer         # rewrite every row with new settings
+  tracerl convert --rebuild --reward-from judge --missing-reward keep   # train on `tracerl judge` alone
   tracerl sql "SELECT agent_name, policy_version, avg(reward) FROM transitions GROUP BY ALL"
   tracerl sql "SELECT * FROM rollouts WHERE reward = 0"
 """

@@ -32,6 +32,7 @@ examples:
   tracerl demo --rounds 12 --workdir /tmp/d      # more rounds: a flag beats the preset
   tracerl demo --tiny                            # the tiny model and the letter task, no vLLM (minutes)
   tracerl demo --tiny --rounds 2 --rollouts-per-round 8 --workdir /tmp/d   # a quick smoke run
+  tracerl demo --reward judge --rounds 2 --workdir /tmp/j   # train on SmolLM2's own judgments, not the grader
   tracerl demo --grpc-port 4317 --http-port 4318   # fixed collector ports (default: free ones, printed)
   tracerl demo --model ./my-model --server http://127.0.0.1:8000 --lora-rank 8
       # your running vLLM: VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve ./my-model \\
@@ -74,6 +75,10 @@ def before_after(before: dict, after: dict, k0: int, k1: int, n: int = 4) -> str
     return "\n".join(lines)
 
 
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def run(args: argparse.Namespace) -> int:
     from tracerl.demo import DemoConfig, explore_queries, run_demo, ui_hint
 
@@ -90,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         parts.append(f"held-out success of policy@{k0} {before.success:.3f} -> policy@{k1} {after.success:.3f} "
                      f"(mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}, {after.n} seeded rollouts)")
         print(before_after(result.answers[k0], result.answers[k1], k0, k1))
+    if result.judge_total is not None:
+        a = result.judge_total.agreement
+        parts.append("the judge (the policy judging its own rollouts): " + (
+            f"AUC {_num(a.auc)}, Spearman {_num(a.spearman)} against the grader over {a.n} rollouts" if a
+            else "no rollout was both judged and graded") + f", {result.judge_total.untrained} rollouts unjudged")
     print("tracerl demo: " + ", ".join(parts))
     if result.plot is not None:
         print(f"reward curve: {result.plot}")
