@@ -89,13 +89,30 @@ class ObjectLease:
         bucket, _, key = loc.path(f"{name}.lease").partition("/")
         return cls(s3_client(loc), bucket, key, holder or holder_id(), ttl_s)
 
-    def read(self) -> tuple[dict[str, Any] | None, str | None]:
-        """The current record and its ETag, or (None, None) when no lease object exists."""
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self.key)
-        except self.client.exceptions.NoSuchKey:
-            return None, None
-        return json.loads(r["Body"].read()), r["ETag"]
+    def read(self, attempts: int = 3) -> tuple[dict[str, Any] | None, str | None]:
+        """The current record and its ETag, or (None, None) when no lease object exists.
+
+        A body that does not parse is read again (up to ``attempts`` GETs): S3's GET is atomic with a PUT,
+        but S3-compatible stand-ins (moto's server) can serve a body torn by a concurrent PUT. A body that
+        still does not parse is not a lease record: an error naming the object, never a guess."""
+        for attempt in range(attempts):
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self.key)
+            except self.client.exceptions.NoSuchKey:
+                return None, None
+            body = r["Body"].read()
+            try:
+                record = json.loads(body)
+            except ValueError as e:
+                if attempt + 1 < attempts:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise RuntimeError(f"lease s3://{self.bucket}/{self.key} holds no lease record ({e}: "
+                                   f"{body[:80]!r}); delete it if no tracerl process writes there") from None
+            if not isinstance(record, dict) or "expires_at" not in record:
+                raise RuntimeError(f"lease s3://{self.bucket}/{self.key} holds no lease record: {body[:80]!r}")
+            return record, r["ETag"]
+        raise AssertionError("unreachable")
 
     def try_take(self) -> bool:
         """Take the lease if nobody holds it or its holder's expiry has passed; False if it is held."""

@@ -105,6 +105,10 @@ class TrainSettings:
                                  "no backward on CPU); dense: an explicit L x L mask (memory grows with the row's "
                                  "square); auto: flex on CUDA, varlen on CPU. All give the same gradients "
                                  "(trainer/attention.py)", choices=["auto", "varlen", "flex", "dense"])
+    activation_checkpointing: bool = opt(False, "torch backend: keep only each decoder layer's input in the "
+                                                "forward pass and recompute the layer in the backward pass: "
+                                                "activation memory drops by about the layer count, a step costs "
+                                                "about a third more compute (for long rows or big models on a GPU)")
     lora_rank: int = opt(0, "LoRA rank; 0 trains all weights")
     lora_alpha: float = opt(16.0, "LoRA alpha")
     lora_targets: str = opt("all-linear", "LoRA target modules (comma list or 'all-linear')")

@@ -19,10 +19,11 @@ Gradients are exact: the prefix's activations receive every sample's gradient th
 as if each sample had been run alone. On the demo's rounds this cut the tokens a step computes
 2.9x (measured on run C's 1,024 calls: 93,569 -> 32,515).
 
-**Logits only where a loss is.** The LM head (576 x 49,152 for SmolLM2: about a fifth of the
-model's FLOPs per token) and the log-softmax run only at the positions that predict a weighted
-token (``sequence_logprobs(..., targets=)``, through transformers' ``logits_to_keep``), not at
-every prompt position.
+**Logits only where a loss is, a chunk at a time.** The LM head (576 x 49,152 for SmolLM2: about a
+fifth of the model's FLOPs per token) and the log-softmax run only at the positions that predict a
+weighted token (``sequence_logprobs(..., targets=)``), not at every prompt position, and on at most
+``CHUNK_TOKENS`` of them at once, checkpointed (``trainer/head_logprobs.py``): the logits of a whole
+batch never exist.
 
 ``tests/trainer/test_packing.py`` checks that packed and prefix-shared logprobs and gradients equal
 per-sample ones.
@@ -46,6 +47,7 @@ from trainer.attention import (
     unit_ids,
 )
 from trainer.dataset import Sample
+from trainer.head_logprobs import CHUNK_TOKENS, head_logprobs, split_head
 
 
 @dataclass
@@ -282,33 +284,41 @@ def _takes_logits_to_keep(model: Any) -> bool:
     return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
-def sequence_logprobs(model: Any, batch: Batch, targets: torch.Tensor | None = None) -> torch.Tensor:
+def sequence_logprobs(model: Any, batch: Batch, targets: torch.Tensor | None = None,
+                      chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
     """Log-probability of every next token, ``[R, L-1]``, under ``model`` with the unit mask.
 
     With ``targets`` (a ``[R, L-1]`` bool mask, e.g. ``weights > 0``) only those tokens are scored
-    and the LM head runs only at the positions predicting them; the rest are 0."""
-    plain = not batch.shares_prefixes and all(len(spans) <= 1 for spans in batch.sample_spans)
+    and the LM head runs only at the positions predicting them; the rest are 0. The head runs on
+    ``chunk_tokens`` of them at a time (``trainer/head_logprobs.py``), so the logits never exist
+    for the whole batch, unless the model transforms its logits (then its own forward scores)."""
     if targets is None:
         targets = torch.ones_like(batch.weights, dtype=torch.bool)
     rows, cols = targets.nonzero(as_tuple=True)
     sources = batch.pred_from[rows, cols]
-    keep = torch.unique(sources) if len(sources) else batch.pred_from.new_zeros(1)
-    kwargs: dict[str, Any] = {"use_cache": False}
-    take_all = not _takes_logits_to_keep(model)
-    if not take_all:
-        kwargs["logits_to_keep"] = keep
-    if plain:
-        # one right-padded sample per row: default positions and the causal mask are exact, and with
-        # no position_ids transformers does not mistake the padding for packed sequences
-        logits = model(input_ids=batch.input_ids, **kwargs).logits
+    next_ids = batch.input_ids[rows, cols + 1]
+    parts = split_head(model)
+    if parts is not None:
+        decoder, head = parts
+        hidden = _run(decoder, model, batch).last_hidden_state
+        lp = head_logprobs(head, hidden[rows, sources], next_ids, chunk_tokens)
     else:
-        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                       **model_attention_inputs(model, batch), **kwargs).logits
-    if take_all:
-        logits = logits[:, keep]
-    logits = logits.float()
-    at = torch.searchsorted(keep, sources)
-    picked = logits[rows, at]  # [N, V]
-    lp = picked.gather(-1, batch.input_ids[rows, cols + 1].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(picked, -1)
+        keep = torch.unique(sources) if len(sources) else batch.pred_from.new_zeros(1)
+        take_all = not _takes_logits_to_keep(model)
+        logits = _run(model, model, batch, **({} if take_all else {"logits_to_keep": keep})).logits
+        if take_all:
+            logits = logits[:, keep]
+        picked = logits.float()[rows, torch.searchsorted(keep, sources)]  # [N, V]
+        lp = picked.gather(-1, next_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(picked, -1)
     out = torch.zeros(targets.shape, dtype=lp.dtype, device=lp.device)
     return out.index_put((rows, cols), lp)
+
+
+def _run(module: Any, model: Any, batch: Batch, **kwargs: Any) -> Any:
+    """``module`` (the model, or its decoder) over the batch with ``model``'s attention layout."""
+    if not batch.shares_prefixes and all(len(spans) <= 1 for spans in batch.sample_spans):
+        # one right-padded sample per row: default positions and the causal mask are exact, and with
+        # no position_ids transformers does not mistake the padding for packed sequences
+        return module(input_ids=batch.input_ids, use_cache=False, **kwargs)
+    return module(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                  **model_attention_inputs(model, batch), **kwargs)

@@ -24,6 +24,7 @@ import pyarrow.dataset as ds
 import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
+from store.lease import ObjectLease
 from store.location import StoreLocation, parse_store
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
@@ -71,18 +72,10 @@ def _rows_when(store: str, n: int, timeout_s: float = 60) -> list[dict]:
 
 
 def _lease(loc: StoreLocation) -> dict:
-    """The converter's lease record. moto's server (the stand-in) can answer a GET with a body torn by a PUT
-    it is serving at the same moment, which S3 never does (a GET returns one whole version): a torn read is
-    read again, a few times, and only then is it an error."""
-    for attempt in range(5):
-        raw = loc.read_bytes(loc.path("transitions", "_state.lease"))
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError:
-            if attempt == 4:
-                raise
-            time.sleep(0.05)
-    raise AssertionError("unreachable")
+    """The converter's lease record, read as the next holder reads it (``ObjectLease.read``)."""
+    record, _ = ObjectLease.at(loc, "transitions/_state").read()
+    assert record is not None, "no lease object"
+    return record
 
 
 def _after_another_pass(loc: StoreLocation, timeout_s: float = 30) -> None:

@@ -36,6 +36,19 @@ def test_of_two_contenders_one_wins_and_the_other_waits_for_its_release(s3_store
     assert b.try_take() and not a.try_take()
 
 
+def test_an_object_that_is_no_lease_record_is_named_never_taken(s3_store):
+    """Garbage at the lease's key (not a torn read: it stays garbage over every re-read) is an error naming
+    the object; ``try_take`` must not treat it as free or as held."""
+    loc = parse_store(s3_store)
+    a = ObjectLease.at(loc, "garbage", ttl_s=30)
+    a.client.put_object(Bucket=a.bucket, Key=a.key, Body=b'{"holder": "half-writt')
+    with pytest.raises(RuntimeError, match="holds no lease record"):
+        a.try_take()
+    a.client.put_object(Bucket=a.bucket, Key=a.key, Body=b'["not", "a", "record"]')
+    with pytest.raises(RuntimeError, match=r"garbage\.lease holds no lease record"):
+        a.read()
+
+
 def test_renewal_keeps_the_lease_and_a_stale_etag_cannot_renew(s3_store):
     loc = parse_store(s3_store)
     a = ObjectLease.at(loc, "x", ttl_s=30)

@@ -61,6 +61,21 @@ def served_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and autocast_dtype(device, bf16) is not None else None
 
 
+def checkpoint_activations(model: Any) -> None:
+    """Recompute each decoder layer in the backward pass (non-reentrant ``torch.utils.checkpoint``: no
+    input needs ``requires_grad``, so a LoRA model with frozen embeddings works as is). transformers 5.23
+    names it ``activation_checkpointing_enable``; older 5.x, ``gradient_checkpointing_enable``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support activation checkpointing; "
+                         "train without --activation-checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def loss_config(s: TrainSettings) -> LossConfig:
     return LossConfig(
         clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip, kl_coef=s.kl_coef,
@@ -102,6 +117,8 @@ class TorchBackend:
         if ref is not None:
             use_attention(ref, mode)
             ref.to(device)
+        if settings.activation_checkpointing:
+            checkpoint_activations(model)
         model.to(device).train()
         if rank_world()[1] > 1:
             broadcast_trainable(model)
