@@ -77,7 +77,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
-    from tracerl.demo import DemoConfig, run_demo
+    from tracerl.demo import run_demo
+    from tracerl.demo_config import DemoConfig
 
     modes = args.modes.split(",")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tracerl-async-bench-"))

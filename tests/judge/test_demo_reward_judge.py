@@ -13,7 +13,8 @@ from loop.rounds import LoopPlan
 from options import UsageError
 from store.location import parse_store
 from store.views import connect_readonly
-from tracerl.demo import DemoConfig, DemoRun, _DemoStages, validate
+from tracerl.demo_config import DemoConfig, DemoRun, validate
+from tracerl.demo_stages import DemoStages
 from tracerl.demo_tasks import letter_task
 from tracerl.supervisor import Children
 
@@ -22,10 +23,10 @@ from .store_rig import good_judge, make_store, scripted_judge
 from .test_reward_from_store import post_grades
 
 
-def stages(tmp_path: Path, server_url: str, reward: str) -> _DemoStages:
+def stages(tmp_path: Path, server_url: str, reward: str) -> DemoStages:
     cfg = DemoConfig(tiny=True, reward=reward, workdir=str(tmp_path)).resolved()
     task = letter_task(cfg.letters, cfg.rollouts_per_round)
-    return _DemoStages.build(
+    return DemoStages.build(
         cfg,
         DemoRun(store=tmp_path),
         Children(),
@@ -143,12 +144,12 @@ def test_tiny_demo_with_reward_judge_reports_failed_judging_and_trains_nothing_m
 def test_a_batch_without_signal_says_whether_the_judge_failed_or_scored_all_alike(capsys):
     from judge.batch import BatchJudgment
     from loop.rounds import NoSignal
-    from tracerl.demo import _print_no_signal
+    from tracerl.demo_output import print_no_signal
 
     alike = BatchJudgment(32, 32, 4, 0, 0, 9493, 2140, None)
-    _print_no_signal(NoSignal(version=0, records=[], stopping=False), alike)
-    _print_no_signal(NoSignal(version=0, records=[], stopping=True), BatchJudgment(8, 0, 0, 4, 0, 1, 1, None))
-    _print_no_signal(NoSignal(version=0, records=[], stopping=True))
+    print_no_signal(NoSignal(version=0, records=[], stopping=False), alike)
+    print_no_signal(NoSignal(version=0, records=[], stopping=True), BatchJudgment(8, 0, 0, 4, 0, 1, 1, None))
+    print_no_signal(NoSignal(version=0, records=[], stopping=True))
     first, second, third = capsys.readouterr().out.splitlines()
     assert "the judge scored all alike within each task" in first and "sampling policy@0 again" in first
     assert "8 of 8 unjudged (judging failed)" in second and "stopping" in second

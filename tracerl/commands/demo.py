@@ -50,7 +50,7 @@ The processes' logs are in WORKDIR/logs/.
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tracerl.demo import DemoConfig
+    from tracerl.demo_config import DemoConfig
 
     add_options(parser, DemoConfig)
 
@@ -80,7 +80,9 @@ def _num(x: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tracerl.demo import DemoConfig, explore_queries, run_demo, ui_hint
+    from tracerl.demo import run_demo
+    from tracerl.demo_config import DemoConfig
+    from tracerl.demo_output import explore_queries, ui_hint
 
     cfg = from_args(DemoConfig, args)
     result = run_demo(cfg)
