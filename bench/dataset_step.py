@@ -2,7 +2,7 @@
 
 Targets: <= 1 s for 48 calls, <= 10 s for 10,000. Each measurement runs in its own fresh process:
 ``import trainer.rounds`` (torch comes with it; the CLI pays it before any round) is timed apart
-from ``trainer.rounds.dataset_step`` (DuckDB over the store, selection, feedback window, samples),
+from ``trainer.dataset_step.dataset_step`` (DuckDB over the store, selection, feedback window, samples),
 which is what the round's ``timings.dataset`` reports. Calls carry recorded token ids, as the
 demo's do (the gateway records them); ``eager`` loads the tokenizer up front as the trainer did
 before (transformers import + ``AutoTokenizer``), ``retokenized`` has rows without ids, which need it.
@@ -88,7 +88,7 @@ def child(store: str, model: str, eager: bool) -> dict:
     t0 = time.perf_counter()
     from store.location import parse_store
     from trainer.config import TrainSettings
-    from trainer.rounds import dataset_step
+    from trainer.dataset_step import dataset_step
 
     t1 = time.perf_counter()
     settings = TrainSettings(store=store, model=model, progress=False)

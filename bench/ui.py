@@ -3,7 +3,7 @@
 Builds a store of N transitions (default 1,000,000: 250k rollouts of 4 calls, 625 tasks x 8 samples
 per policy version, 50 versions, 5 % of tasks held out) with Arrow columns built directly and
 written by the converter's own writer (``span_to_transition.workers.write_transitions``), plus a
-50-round manifest (``store.parquet.write_table_atomic``, as ``trainer.rounds.write_round``), its
+50-round manifest (``store.parquet.write_table_atomic``, as ``trainer.manifest.write_round``), its
 checkpoint manifests and selection files. The spans table is left empty (building spans for 1M calls
 is the converter's benchmark, ``bench/convert.py``), so the rollout page's span query is cheap here.
 

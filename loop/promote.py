@@ -30,7 +30,7 @@ from typing import Any
 from loop.canary import PROMOTE, ROLL_BACK, WAIT, ArmStats, CanaryDecision, CanaryRule, decide
 from store.location import StoreLocation
 from store.views import connect_readonly
-from trainer.rounds import read_rounds, start_version, train_lock, write_round
+from trainer.manifest import read_rounds, start_version, train_lock, write_round
 
 DECIDED = {PROMOTE: "promoted", ROLL_BACK: "rolled_back"}
 SHARE = {"promoted": 1.0, "rolled_back": 0.0}  # the gateway's candidate share once decided

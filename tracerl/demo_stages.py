@@ -163,7 +163,7 @@ class DemoStages:
                         threads_now=training.threads_now)
 
     def round_row(self, k: int) -> dict[str, Any] | None:
-        from trainer.rounds import read_rounds
+        from trainer.manifest import read_rounds
 
         return read_rounds(self.loc).get(k)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from store.location import StoreLocation
-from trainer.rounds import read_rounds
+from trainer.manifest import read_rounds
 
 COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds",
            "estimator")

@@ -40,21 +40,15 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from schemas.attributes import version_name
-from schemas.tables import ROUNDS_SCHEMA
-from store.lease import TRAINER_LOCK, Held, LeaseLost, hold
+from store.lease import Held, LeaseLost
 from store.location import StoreLocation, parse_store
-from store.parquet import read_table, write_table_atomic
-from store.views import connect_readonly
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
     BackgroundWrite,
@@ -68,18 +62,22 @@ from trainer.checkpoint import (
 from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainSettings
 from trainer.dataset import (
-    DatasetConfig,
     DatasetStats,
-    LazyTokenizer,
-    Sample,
-    build_samples,
-    load_transitions,
 )
-from trainer.feedback_window import WindowSplit, feedback_split, parse_duration
+from trainer.dataset_step import DatasetStep, dataset_step, usable_rollouts
+from trainer.feedback_window import parse_duration
+from trainer.manifest import (
+    DONE,
+    now_utc,
+    read_rounds,
+    read_selection,
+    selection_path,
+    start_version,
+    train_lock,
+    write_round,
+)
 from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
-
-DONE = ("trained", "published", "canary", "promoted", "rolled_back")
 
 
 class TrainError(Exception):
@@ -110,77 +108,6 @@ class RoundOutcome:
     trained: bool = False  # a new checkpoint was written (or adopted) by this call
     message: str = ""
     row: dict[str, Any] = field(default_factory=dict)
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def selection_path(loc: StoreLocation, k: int) -> str:
-    """Round k's selection file, a path on the store's file system."""
-    return loc.path("checkpoints", f"round-{k:06d}.json")
-
-
-def read_selection(loc: StoreLocation, k: int) -> dict[str, Any] | None:
-    """Round k's recorded selection, or None when no run of round k got that far."""
-    path = selection_path(loc, k)
-    return json.loads(loc.read_bytes(path)) if loc.is_file(path) else None
-
-
-def read_rounds(loc: StoreLocation) -> dict[int, dict[str, Any]]:
-    """The manifest: one row per round (each round's file is rewritten as its status advances); read
-    through the store's file system, so ``tracerl report`` also reads a bucket."""
-    rows = read_table(loc.table("rounds"), "rounds", loc.fs).to_pylist()
-    return {r["round"]: r for r in sorted(rows, key=lambda r: r["round"])}
-
-
-def start_version(rounds: dict[int, dict[str, Any]], k: int) -> int:
-    """The version round k starts from and trains on: k, unless round k-1's policy@k was rolled back,
-    then the version that kept serving (what round k-1 started from), never rolled-back weights."""
-    prev = rounds.get(k - 1)
-    if prev is None or prev["status"] != "rolled_back":
-        return k
-    p = prev.get("parent_version")
-    return k - 1 if p is None else int(p)
-
-
-def write_round(loc: StoreLocation, row: dict[str, Any]) -> Path | str:
-    """Write (or replace) the manifest row of ``row['round']`` atomically, in its first date partition."""
-    name = f"round-{row['round']:06d}.parquet"
-    existing = [f for f in loc.files("rounds") if f.rsplit("/", 1)[-1] == name]
-    path = existing[0] if existing else loc.path("rounds", f"date={_now().strftime('%Y-%m-%d')}", name)
-    return write_table_atomic(pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA), path, "rounds", fs=loc.fs)
-
-
-@contextlib.contextmanager
-def train_lock(loc: StoreLocation) -> Iterator[Held | None]:
-    """The store's training lock, tried once (cron-safe): a ``Held`` (``confirm()`` before each state write),
-    or None when another trainer holds it. ``flock`` locally, released by the OS if we die; a lease
-    object on a bucket, taken over once a dead holder's expires (``store/lease.py``)."""
-    stack = contextlib.ExitStack()
-    try:
-        held = stack.enter_context(hold(loc, TRAINER_LOCK, wait_s=0))
-    except TimeoutError:
-        yield None
-        return
-    with stack:
-        yield held
-
-
-def used_rollouts(loc: StoreLocation, before: int) -> set[str]:
-    """Rollouts already consumed by rounds < ``before``."""
-    used: set[str] = set()
-    for k in range(before):
-        sel = read_selection(loc, k)
-        if sel is not None:
-            used.update(sel["rollout_ids"])
-    return used
-
-
-def dataset_config(s: TrainSettings) -> DatasetConfig:
-    return DatasetConfig(max_prompt_tokens=s.max_prompt_tokens, max_response_tokens=s.max_response_tokens,
-                         pack_tokens=s.pack_tokens, estimator=s.estimator, aggregation=s.aggregation,
-                         stale_without_logprobs=s.stale_without_logprobs)
 
 
 def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetrics | None) -> str:
@@ -269,50 +196,6 @@ def _store(settings: TrainSettings) -> StoreLocation:
 
 
 @dataclass
-class DatasetStep:
-    """What a round's dataset step found: the selection it resumes (None: a new round), the rows read,
-    the samples built from them and their counts."""
-
-    selection: dict[str, Any] | None
-    lo: int
-    rows: pa.Table
-    tokenizer: LazyTokenizer
-    window: WindowSplit
-    exclude: set[str]
-    samples: list[Sample]
-    stats: DatasetStats
-
-
-def dataset_step(settings: TrainSettings, loc: StoreLocation, k: int, v: int, base_model: Path) -> DatasetStep:
-    """Round k's rows and samples, trained on version v (k, or the serving version after a rollback:
-    ``start_version``): the selection of an interrupted run of k (redone on the same rollouts), else the
-    not-yet-used rollouts of versions v-K..v whose feedback window has closed.
-    The tokenizer is loaded only if a row needs retokenizing (``LazyTokenizer``): recorded token ids
-    need none, and importing transformers was most of a fresh process's dataset step
-    (``bench/dataset_step.py``)."""
-    selection = read_selection(loc, k)
-    lo = selection["versions"][0] if selection is not None else max(0, v - settings.max_staleness)
-    con = connect_readonly(loc)
-    rows = load_transitions(con, (lo, v), agents=settings.agents, tasks=settings.tasks,
-                            unversioned=settings.unversioned_as)
-    con.close()
-    if selection is not None:
-        rows = rows.filter(pc.is_in(rows["rollout_id"], pa.array(selection["rollout_ids"], pa.string())))
-    tokenizer = LazyTokenizer(base_model)
-    used = used_rollouts(loc, k) if selection is None else set()
-    window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
-              if selection is None else WindowSplit())
-    exclude = used | set(window.waiting) | window.unrewarded
-    samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
-                                   trained_version=v)
-    stats.n_rollouts_feedback_waiting = len(window.waiting)
-    stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
-    if lo > 0 and selection is None:
-        stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
-    return DatasetStep(selection, lo, rows, tokenizer, window, exclude, samples, stats)
-
-
-@dataclass
 class _Round:
     """What one run of ``tracerl train --once`` works with: the store, its lock, where checkpoints go, how to
     publish and report. The phases below take it instead of a long argument list."""
@@ -382,10 +265,10 @@ def _select(r: _Round, step: DatasetStep, k: int, v: int, last: int | None) -> R
         r.log(msg)
         return RoundOutcome("waiting", k, message=msg)
     # consumed: the trained, those whose group had no signal, and those closed without feedback
-    rollout_ids = sorted({x.rollout_id for x in step.samples} | _usable_rollouts(step.rows, step.exclude)
+    rollout_ids = sorted({x.rollout_id for x in step.samples} | usable_rollouts(step.rows, step.exclude)
                          | window.unrewarded)
     selection = {"round": k, "versions": [step.lo, v], "rollout_ids": rollout_ids,
-                 "transition_ids": sorted(x.transition_id for x in step.samples), "created_at": _now().isoformat()}
+                 "transition_ids": sorted(x.transition_id for x in step.samples), "created_at": now_utc().isoformat()}
     r.held.confirm()
     write_json_atomic(selection_path(r.loc, k), selection, r.loc.fs)
     return selection
@@ -432,7 +315,7 @@ def _train_round(r: _Round, step: DatasetStep, selection: dict[str, Any], k: int
             "version": k + 1, "base_model": str(r.base_model), "parent": str(parent) if parent else None,
             "adapter": adapter, "backend": s.backend, "settings": dataclasses.asdict(s), "git_sha": git_sha(),
             "selection": selection, "dataset": dataclasses.asdict(stats), "metrics": dataclasses.asdict(metrics),
-            "created_at": _now().isoformat(),
+            "created_at": now_utc().isoformat(),
         }
         write_checkpoint(final, save, manifest)
         timings["save"] = time.perf_counter() - t
@@ -542,27 +425,6 @@ def metrics_json(m: TrainMetrics, stats: DatasetStats, nproc: int) -> str:
     return json.dumps({k: clean(v) for k, v in out.items()}, sort_keys=True)
 
 
-def _usable_rollouts(rows: pa.Table, exclude: set[str]) -> set[str]:
-    """Complete, rewarded rollouts in ``rows`` (consumed by this round even if their group had no signal)."""
-    out = set()
-    for r in rows.select(["rollout_id", "rollout_complete", "rollout_reward_used"]).to_pylist():
-        if r["rollout_complete"] and r["rollout_reward_used"] is not None and r["rollout_id"] not in exclude:
-            out.add(r["rollout_id"])
-    return out
-
-
-def _too_stale(settings: TrainSettings, loc: StoreLocation, lo: int, used: set[str]) -> int:
-    """Complete, rewarded rollouts that started before version ``lo`` and no round used: out of the
-    window for good (a level, not a flow: each such rollout is counted by every later round)."""
-    con = connect_readonly(loc)
-    try:
-        rows = load_transitions(con, (0, lo - 1), agents=settings.agents, tasks=settings.tasks,
-                                unversioned=settings.unversioned_as)
-    finally:
-        con.close()
-    return len(_usable_rollouts(rows, used))
-
-
 def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, usable: int) -> bool:
     """``--every S``: S seconds after the previous round started, train with whatever (>= 2) rollouts exist."""
     if settings.every <= 0 or usable < 2:
@@ -571,7 +433,7 @@ def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, us
     if sel is None:
         return True
     started = datetime.fromisoformat(sel["created_at"])
-    return (_now() - started).total_seconds() >= settings.every
+    return (now_utc() - started).total_seconds() >= settings.every
 
 
 def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[str, Any], base_model: Path,
@@ -589,7 +451,7 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     timings = json.loads(row["timings"] or "{}")
     timings["publish"] = time.perf_counter() - t
     # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py)
-    row = {**row, "status": "canary" if canary else "published", "published_at": _now(), "timings": json.dumps(timings)}
+    row = {**row, "status": "canary" if canary else "published", "published_at": now_utc(), "timings": json.dumps(timings)}
     held.confirm()
     write_round(loc, row)
     log(f"round {k}: published {req.name} from {req.checkpoint_path}")

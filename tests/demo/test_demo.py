@@ -28,7 +28,7 @@ from store.views import connect_readonly
 from tracerl.demo_config import DemoConfig, validate
 from tracerl.demo_output import TABLE_HEADER, RoundResult, format_row, parse_table
 from tracerl.demo_tasks import letter_task
-from trainer.rounds import read_rounds
+from trainer.manifest import read_rounds
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ from schemas.tables import TRANSITIONS_SCHEMA
 from store.layout import StoreLayout
 from store.location import parse_store
 from store.parquet import write_table_atomic
+from trainer.manifest import read_rounds, start_version, write_round
 from trainer.report import format_table, round_rows
-from trainer.rounds import read_rounds, start_version, write_round
 
 T0 = datetime(2026, 11, 27, 9, 0, tzinfo=timezone.utc)
 

@@ -26,7 +26,7 @@ from loop.watch import wait_for_round
 from store.layout import StoreLayout
 from store.location import parse_store
 from store.views import connect_readonly
-from trainer.rounds import read_rounds
+from trainer.manifest import read_rounds
 
 from .vllm_rig import running_vllm
 

@@ -40,8 +40,8 @@ from store.layout import StoreLayout
 from store.location import parse_store
 from store.views import connect_readonly
 from trainer.checkpoint import checkpoint_dir
+from trainer.manifest import read_rounds
 from trainer.merge import merged_dir
-from trainer.rounds import read_rounds
 
 pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"

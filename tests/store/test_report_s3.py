@@ -11,7 +11,7 @@ from tracerl_testing import tracerl
 from schemas.tables import ROUNDS_SCHEMA
 from store.location import parse_store
 from store.parquet import write_table_atomic
-from trainer.rounds import read_rounds
+from trainer.manifest import read_rounds
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 

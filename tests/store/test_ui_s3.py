@@ -30,7 +30,7 @@ from store.layout import StoreLayout
 from store.location import StoreLocation, parse_store
 from store.parquet import write_table_atomic
 from trainer.checkpoint import MANIFEST, read_manifest
-from trainer.rounds import read_rounds, write_round
+from trainer.manifest import read_rounds, write_round
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
@@ -64,7 +64,7 @@ def upload(store: Path, uri: str, skip: str | None = None) -> None:
 
 
 def write_round_to(loc: StoreLocation, row: dict) -> None:
-    """Replace the bucket's manifest row of ``row['round']`` (``trainer.rounds.write_round`` is local-only)."""
+    """Replace the bucket's manifest row of ``row['round']`` (``trainer.manifest.write_round`` is local-only)."""
     (path,) = [p for p in loc.files("rounds") if p.endswith(f"round-{row['round']:06d}.parquet")]
     write_table_atomic(pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA), path, "rounds", fs=loc.fs)
 

@@ -19,7 +19,8 @@ from store.location import parse_store
 from store.views import connect_readonly
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import DatasetConfig, build_samples, load_transitions
-from trainer.rounds import read_rounds, run_once, selection_path
+from trainer.manifest import read_rounds, selection_path
+from trainer.rounds import run_once
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 

@@ -11,7 +11,8 @@ import pytest
 from loop.promote import promote_once
 from store.location import parse_store
 from trainer.checkpoint import checkpoint_dir, read_manifest
-from trainer.rounds import PublishRequest, read_rounds, run_once
+from trainer.manifest import read_rounds
+from trainer.rounds import PublishRequest, run_once
 
 pytestmark = pytest.mark.slow  # builds the tiny model and trains it
 

@@ -17,7 +17,8 @@ from store.layout import StoreLayout
 from store.location import parse_store
 from store.parquet import read_table, write_table_atomic
 from trainer.checkpoint import checkpoint_dir, read_manifest
-from trainer.rounds import read_rounds, run_once
+from trainer.manifest import read_rounds
+from trainer.rounds import run_once
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 

@@ -8,7 +8,7 @@ import pytest
 
 from store.location import parse_store
 from trainer.dataset import LazyTokenizer, pad_token_id_from_files
-from trainer.rounds import dataset_step
+from trainer.dataset_step import dataset_step
 
 
 def _tokenizer_files(tmp_path, pad, added=(), vocab=None):

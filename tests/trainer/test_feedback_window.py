@@ -17,7 +17,8 @@ from store.location import parse_store
 from store.views import connect_readonly
 from trainer.dataset import load_transitions
 from trainer.feedback_window import RolloutEnd, feedback_split, parse_duration, rollout_ends, split_by_window
-from trainer.rounds import TrainError, read_rounds, read_selection, run_once
+from trainer.manifest import read_rounds, read_selection
+from trainer.rounds import TrainError, run_once
 
 S = 1_000_000_000
 NOW = 1_800_000_000 * S
@@ -125,7 +126,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
     for r in silent:
         r["rollout_id"], r["task_id"] = "silent-" + r["rollout_id"], "silent-" + r["task_id"]
     write_rows(store, closed + waiting + silent)
-    monkeypatch.setattr("trainer.rounds._now", _at(NOW))
+    monkeypatch.setattr("trainer.dataset_step.now_utc", _at(NOW))
     lines: list[str] = []
     out = run_once(s, log=lines.append)
     assert out.status == "trained" and out.round == 0
@@ -149,7 +150,7 @@ def test_rounds_wait_for_the_window_and_train_a_window_served_by_two_versions_wi
         r["rollout_id"], r["task_id"] = "fresh-" + r["rollout_id"], "fresh-" + r["task_id"]
     done1 = _ended(make_rollouts(1, n_tasks=2), NOW)
     write_rows(store, fresh + done1)
-    monkeypatch.setattr("trainer.rounds._now", _at(NOW + HOUR + S))
+    monkeypatch.setattr("trainer.dataset_step.now_utc", _at(NOW + HOUR + S))
     out = run_once(s, log=lines.append)
     assert out.status == "trained" and out.round == 1
     sel1 = read_selection(layout.location, 1)

@@ -18,7 +18,8 @@ import torch
 from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir
 from trainer.config import TrainSettings
-from trainer.rounds import read_rounds, run_once
+from trainer.manifest import read_rounds
+from trainer.rounds import run_once
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 

@@ -21,8 +21,9 @@ from store.location import parse_store
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.dataset import Sample, assign_weights
 from trainer.distributed import step_plan
+from trainer.manifest import read_rounds, selection_path
 from trainer.packing import Batch, make_batches
-from trainer.rounds import TrainError, read_rounds, run_once, selection_path
+from trainer.rounds import TrainError, run_once
 
 REPO = Path(__file__).resolve().parents[2]
 # small enough for 2 CPU cores: several micro-batches, two optimizer steps, KL to the base

@@ -11,8 +11,9 @@ import torch
 
 from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir
+from trainer.manifest import read_rounds
 from trainer.publish import server_publisher
-from trainer.rounds import PublishRequest, read_rounds, run_once
+from trainer.rounds import PublishRequest, run_once
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 

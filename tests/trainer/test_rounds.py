@@ -16,7 +16,8 @@ import pytest
 
 from store.layout import StoreLayout
 from trainer.checkpoint import checkpoint_dir, read_manifest
-from trainer.rounds import PublishRequest, read_rounds, run_once, selection_path, train_lock, write_round
+from trainer.manifest import read_rounds, selection_path, train_lock, write_round
+from trainer.rounds import PublishRequest, run_once
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 

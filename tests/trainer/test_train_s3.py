@@ -22,7 +22,8 @@ from store.lease import ObjectLease
 from store.location import parse_store
 from store.parquet import write_table_atomic
 from trainer.checkpoint import MANIFEST, read_manifest
-from trainer.rounds import PublishRequest, read_rounds, read_selection, run_once
+from trainer.manifest import read_rounds, read_selection
+from trainer.rounds import PublishRequest, run_once
 
 pytestmark = pytest.mark.slow  # starts processes or builds models (make test-fast skips it)
 
