@@ -170,9 +170,10 @@ def agent_env(cfg: DemoConfig) -> dict[str, str]:
         "OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
         "OTEL_EXPORTER_OTLP_INSECURE": "true", "OPENAI_API_KEY": "unused",
         "DEMO_MAX_TOKENS": str(cfg.max_tokens), "DEMO_TEMPERATURE": repr(cfg.temperature),
-        # The demo agent records its own GenAI spans and uses no `openai` client; without this,
-        # opentelemetry-instrument would load the installed openai instrumentor, which imports
-        # `openai` (about 1.2 s of CPU per agent process) for nothing.
-        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai",
+        # The demo agent records its own GenAI spans and uses no instrumented library; without this,
+        # opentelemetry-instrument loads every installed instrumentor, which imports its library: with
+        # the openai and FastAPI ones installed, 0.6 CPU-s of the 0.65 an agent process takes to start,
+        # against 0.3 with none ("*": opentelemetry-instrumentation 0.66b2's wildcard), measured here.
+        "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "*",
     })
     return env

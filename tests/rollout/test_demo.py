@@ -79,7 +79,7 @@ def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_
     serve_port, gw_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
     env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai"})
+                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "*"})
     with running_collector(store) as c:
         server = start_tracerl("serve", "--engine", "embedded", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
                        health=f"http://127.0.0.1:{serve_port}/health")

@@ -102,7 +102,7 @@ def rollouts(stack: dict, tmp_path: Path, n: int = 4) -> list[str]:
     (tmp_path / "reward.py").write_text(REWARD)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
     env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "openai", "DEMO_MAX_TOKENS": "6"})
+                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "*", "DEMO_MAX_TOKENS": "6"})
     c = stack["collector"]
     before = set((stack["store"] / "rollouts").glob("driver-*.jsonl"))
     proc = tracerl("rollout", "--tasks", str(tasks), "-n", str(n), "--concurrency", "8", "--store", str(stack["store"]),
