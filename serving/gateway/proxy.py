@@ -73,7 +73,8 @@ from serving.gateway.canary import (
     CanaryRoute,
     arm_for,
     canary_route,
-    check_fraction,
+    parse_canary_post,
+    resolve_route,
     session_from_baggage,
 )
 from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
@@ -189,7 +190,9 @@ class Gateway(ShellServer):
         )
         self.config = config
         self.upstreams = [normalise_upstream(u) for u in config.upstreams]
-        for u in (self.route.serving.upstream, self.route.candidate.upstream) if self.route else ():
+        # the servers a new canary pair is looked for on (POST /v1/canary), in the --upstream-for order
+        self.canary_servers = list(dict.fromkeys(normalise_upstream(u) for u in config.upstream_for.values()))
+        for u in self.canary_servers:
             if u not in self.upstreams:
                 self.upstreams.append(u)
         self.tracer_provider = tracer_provider
@@ -292,7 +295,9 @@ class Gateway(ShellServer):
         await response(scope, receive, send)
 
     async def _canary(self, request: Request) -> Response:
-        """``GET /v1/canary``: the route; ``POST {"fraction": f}``: a new share (1 promotes, 0 rolls back).
+        """``GET /v1/canary``: the route. ``POST {"fraction": f}``: a new share (1 promotes, 0 rolls back);
+        ``POST {"serving": "policy@6", "candidate": "policy@7"[, "fraction": f]}``: a new pair of
+        versions, found on the canary servers (canary.py); a new candidate starts at ``--canary``'s share.
 
         The route is replaced whole, so a call in flight keeps the arm it started on (canary.py)."""
         if self.route is None:
@@ -302,18 +307,36 @@ class Gateway(ShellServer):
                 "NotFoundError",
             )
         if request.method == "POST":
-            body = parse_json(await request.body())
             try:
-                self.route = self.route.with_fraction(check_fraction(float(body.get("fraction"))))
-            except (TypeError, ValueError) as e:
-                raise HTTPError(
-                    400, f'POST /v1/canary needs {{"fraction": 0..1}}: {e}', "BadRequestError"
-                ) from e
-            log.warning("canary share of %s is now %g", self.route.candidate.version, self.route.fraction)
+                fraction, pair = parse_canary_post(parse_json(await request.body()))
+                if pair:
+                    self.route = await self._new_pair(*pair, fraction)
+                elif fraction is not None:
+                    self.route = self.route.with_fraction(fraction)
+            except LookupError as e:
+                raise HTTPError(409, f"POST /v1/canary: {e}", "ConflictError") from e
+            except ValueError as e:
+                raise HTTPError(400, f"POST /v1/canary: {e}", "BadRequestError") from e
+            r = self.route
+            log.warning(
+                "canary: %s at share %g beside %s", r.candidate.version, r.fraction, r.serving.version
+            )
         r = self.route
         return json_response(
             200, {"fraction": r.fraction, "serving": r.serving.__dict__, "candidate": r.candidate.__dict__}
         )
+
+    async def _new_pair(self, serving: str, candidate: str, fraction: float | None) -> CanaryRoute:
+        """The route for a new pair of versions, from what each canary server says it serves now."""
+        views, key = {}, self.config.upstream_api_key
+        for u in self.canary_servers:
+            asked = time.monotonic()
+            st = await self.upstream_state(u, {"Authorization": f"Bearer {key}"} if key else {}, refresh=True)
+            if st.at >= asked:  # an unreachable server serves nothing we know of (never its stale answer)
+                views[u] = (st.names, st.weight_version)
+        same = self.route is not None and self.route.candidate.version == candidate
+        share = fraction if fraction is not None else self.route.fraction if same else self.config.canary
+        return resolve_route(views, serving, candidate, float(share or 0.0))
 
     def canary_arm(self, model: str | None, client: Headers) -> Arm | None:
         """The call's arm when the canary routes its model (read once: a switch never splits a call)."""
