@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from weights_rig import weights_server
 
 from serving.gateway.canary import (
     ARM_ATTRIBUTE,
@@ -21,7 +22,7 @@ from serving.gateway.canary import (
 )
 from serving.gateway.proxy import Gateway, GatewayConfig
 
-from .helpers import chat_answer, wait_for
+from .helpers import wait_for
 from .test_canary_routing import trace_ids, traceparent
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -65,36 +66,6 @@ def test_canary_post_bodies_parse_and_bad_ones_name_the_fix():
     ):
         with pytest.raises(ValueError, match=why):
             parse_canary_post(bad)
-
-
-def weights_server(version: str | None, delay_s: float = 0.0):
-    """A real HTTP server that serves full weights tagged ``version`` (mutable: a reload re-tags it),
-    says so on /weight_info like vLLM's dev mode, and records the version each call ran on."""
-    from scripted_server import Handler, Server
-
-    class Weights(Handler):
-        tag: str | None = version
-        ran: list[tuple[str, str | None]] = []  # noqa: RUF012 (one class per server)
-
-        def do_GET(self) -> None:
-            path = self.path.rstrip("/")
-            if path == "/weight_info":
-                self.send_json(200, {"weight_version": type(self).tag})
-            elif path == "/is_paused":
-                self.send_json(200, {"is_paused": False})
-            else:
-                self.send_json(200, {"object": "list", "data": [{"id": "policy", "object": "model"}]})
-
-        def do_POST(self) -> None:
-            body = self.read_json()
-            tag = type(self).tag
-            time.sleep(delay_s)
-            type(self).ran.append((self.headers["traceparent"].split("-")[1], tag))
-            self.send_json(200, chat_answer(body["model"]))
-
-    server = Server(("127.0.0.1", 0), Weights).start_background()
-    server.weights = Weights  # type: ignore[attr-defined]
-    return server
 
 
 def test_promote_then_a_new_round_then_rollback_the_gateway_follows_without_a_restart(spans):

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from loop.promote import promote_once
+from loop.promote import GatewayOrder, promote_once
 from store.location import parse_store
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.rounds import PublishRequest, read_rounds, run_once
@@ -43,9 +43,9 @@ def test_rolled_back_round_is_kept_and_the_next_round_trains_from_the_serving_ve
     # the canary window: policy@1 keeps its rewards (mean about 0.5), policy@2 collapsed to 0
     write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5)), at + timedelta(seconds=1)))
     write_rows(store, dated(renamed(make_rollouts(2, n_tasks=6, per_task=5), 0.0), at + timedelta(seconds=1)))
-    shares: list[float] = []
-    assert promote_once(parse_store(store), set_share=shares.append, log=print).status == "rolled_back"
-    assert shares == [0.0]
+    told: list[GatewayOrder] = []
+    assert promote_once(parse_store(store), tell=told.append, log=print).status == "rolled_back"
+    assert told == [GatewayOrder("policy@1", "policy@2", 0.0)]
     rounds = read_rounds(parse_store(store))
     assert rounds[1]["status"] == "rolled_back" and json.loads(rounds[1]["canary"])["n_candidate"] >= 20
     assert checkpoint_dir(store / "checkpoints", 2).exists()  # the rolled-back weights and data are kept
