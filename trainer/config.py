@@ -29,8 +29,9 @@ class TrainSettings:
     model: str | None = opt(None, "base model directory (HF format), served as policy@0; "
                                   "make a tiny one with 'tracerl init-model DIR'", metavar="DIR")
     server: str | None = opt(None, "serving URL to publish each new policy to (vLLM or 'tracerl serve'); "
-                                   "several replicas comma-separated, each gets it; none: checkpoints are "
-                                   "written but not announced", metavar="URL[,URL]")
+                                   "several replicas comma-separated, each gets it (with --canary: the two "
+                                   "arms' servers, and a full-weight round reloads only the one not serving); "
+                                   "none: checkpoints are written but not announced", metavar="URL[,URL]")
     publish: str = opt("auto", "how a LoRA round reaches the server: lora (vLLM load_lora_adapter), full "
                                "(merged into the base weights, reloaded in place), auto: full for a vLLM on "
                                "a CPU (an adapter costs about 4x decode speed there), lora elsewhere",

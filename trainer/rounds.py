@@ -96,6 +96,7 @@ class PublishRequest:
     adapter: bool
     base_model: Path
     previous: Path | None = None  # the full weights serving now (restored if a reload fails)
+    serving_version: int | None = None  # the version this round trained from (a canary's serving arm)
 
 
 Publisher = Callable[[PublishRequest], None]
@@ -583,7 +584,8 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     previous = served_weights(ckpts.ensure_local(v) if prev and prev["checkpoint_path"] else None,
                               bool(prev and prev["adapter"]), base_model)
     req = PublishRequest(name=version_name(served_name, k + 1), version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
-                         adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
+                         adapter=bool(row["adapter"]), base_model=base_model, previous=previous,
+                         serving_version=v)
     t = time.perf_counter()
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")

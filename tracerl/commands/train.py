@@ -55,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         publisher = None
         if settings.server:
-            from trainer.publish import server_publisher
+            from trainer.publish import canary_publisher, server_publisher
 
-            publisher = server_publisher(settings.server, settings.publish)
+            make = canary_publisher if settings.canary else server_publisher
+            publisher = make(settings.server, settings.publish)
         if args.watch:
             watch(settings, publisher=publisher)
             return 0
