@@ -130,3 +130,13 @@ def test_promote_then_a_new_round_then_rollback_the_gateway_follows_without_a_re
     # the last batch (share 0.2 of the new pair): its candidate rollouts ran on a as policy@8
     on_a_8 = {t for t, tag in a.weights.ran if tag == "8"}
     assert on_a_8 == {t for t in tids if arm_for(t, 0.2) == CANDIDATE}
+
+
+def test_serve_refuses_a_second_server_on_the_same_or_an_unfixed_port(tmp_path, capsys):
+    from tracerl.cli import main
+
+    (tmp_path / "config.json").write_text("{}")
+    for second in ("127.0.0.1:8000", "127.0.0.1:0"):
+        args = ["serve", "--engine", "embedded", "--model", str(tmp_path), "--second-listen", second]
+        assert main(args) == 2
+        assert "--second-listen" in capsys.readouterr().err
