@@ -197,7 +197,7 @@ def canary_route(versions: dict[str, str], fraction: float) -> CanaryRoute:
     if len(versions) != 2:
         raise ValueError(
             f"a canary needs exactly two versions (serving and candidate), got {sorted(versions) or 'none'}; "
-            "pass --upstream-for policy@k=URL --upstream-for policy@k+1=URL"
+            "pass --upstream-for policy@k=URL policy@k+1=URL (one flag, both versions)"
         )
     (low, low_url), (high, high_url) = sorted(
         versions.items(), key=lambda kv: parse_policy_version(kv[0]) or 0

@@ -169,7 +169,7 @@ class Gateway(ShellServer):
         if (config.canary is None) != (not config.upstream_for):
             raise ValueError(
                 "a canary needs both its share and its arms: --canary FRACTION with "
-                "--upstream-for policy@k=URL --upstream-for policy@k+1=URL"
+                "--upstream-for policy@k=URL policy@k+1=URL (one flag, both versions)"
             )
         if config.canary is not None:
             arms = {v: normalise_upstream(u) for v, u in config.upstream_for.items()}

@@ -52,7 +52,7 @@ class ServeConfig:
     listen: str = opt("127.0.0.1:8000", "HOST:PORT to bind", metavar="HOST:PORT")
     second_listen: str = opt("", "also serve the model from a second server on HOST:PORT, for a canary of full "
                              "weights: one server per arm (`tracerl gateway --canary F --upstream-for "
-                             "policy@0=URL1 --upstream-for policy@1=URL2`, `tracerl train --canary --server "
+                             "policy@0=URL1 policy@1=URL2`, `tracerl train --canary --server "
                              "URL1,URL2` reloads the one not serving). vllm: a second vLLM process with the "
                              "same flags (on CPU SmolLM2 fits twice; each takes --kv-cache-gb)",
                              metavar="HOST:PORT")
