@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from serving.gateway.canary import serves
 from serving.vllm.publish import VLLMPublisher, publish_policy
 from trainer.choices import PUBLISH_MODES as MODES
 from trainer.merge import merge_adapter
@@ -108,14 +109,11 @@ def weight_tag(url: str) -> str | None:
 
 
 def canary_target(tags: dict[str, str | None], serving: int) -> str:
-    """The server a canary round reloads: the first one not serving ``policy@serving`` (an untouched
-    server serves policy@0), or, when every one serves it (the start), the last one, so the gateway's
+    """The server a canary round reloads: the first one not serving ``policy@serving`` (by its weight
+    tag; an untouched server, tagged none or vLLM's ``"default"``, serves policy@0), or, when every one serves it (the start), the last one, so the gateway's
     serving arm (the first that serves it) keeps its server."""
 
-    def serves(tag: str | None) -> bool:
-        return tag == str(serving) if tag is not None else serving == 0
-
-    free = [u for u, tag in tags.items() if not serves(tag)]
+    free = [u for u, tag in tags.items() if not serves(f"policy@{serving}", [], tag)]
     if len(free) == len(tags):
         raise TrainError(
             f"no canary server serves policy@{serving}, the version this round trained from "

@@ -155,12 +155,13 @@ def parse_canary_post(body: object) -> tuple[float | None, tuple[str, str] | Non
 
 def serves(version: str, names: list[str], weight_version: str | None) -> bool:
     """Whether a server with these ``/v1/models`` names and ``/weight_info`` version serves ``version``:
-    by name (a LoRA adapter ``policy@7``), by its full-weight tag (``"7"``), or, untagged, the base
-    model's ``NAME@0`` (a server no round has reloaded)."""
+    by name (a LoRA adapter ``policy@7``), by its full-weight tag (``"7"``), or, with no numeric tag
+    (none, or vLLM's ``"default"`` before any reload), the base model's ``NAME@0``."""
     if version in names:
         return True
     k = parse_policy_version(version)
-    return weight_version == str(k) if weight_version is not None else k == 0
+    untouched = weight_version is None or not weight_version.isdigit()
+    return k == 0 if untouched else weight_version == str(k)
 
 
 ServerView = tuple[list[str], "str | None"]  # (served names, weight version) of one server

@@ -75,6 +75,7 @@ from serving.gateway.canary import (
     canary_route,
     parse_canary_post,
     resolve_route,
+    serves,
     session_from_baggage,
 )
 from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
@@ -496,7 +497,8 @@ class Gateway(ShellServer):
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             if call.arm is not None:  # the arm's version by name where the upstream serves it (LoRA)
                 alias = call.arm.version if call.arm.version in state.names else None
-                if alias is None and latest_version_name(body.get("model"), state.names):
+                base_is_arm = serves(call.arm.version, [], state.weight_version)  # e.g. policy@0, untouched
+                if alias is None and not base_is_arm and latest_version_name(body.get("model"), state.names):
                     # it serves other versions by name: the base name would be neither arm's weights
                     raise UpstreamFailure(
                         502,

@@ -22,7 +22,7 @@ from serving.gateway.canary import (
 )
 from serving.gateway.proxy import Gateway, GatewayConfig
 
-from .helpers import wait_for
+from .helpers import chat_answer, scripted_upstream, wait_for
 from .test_canary_routing import trace_ids, traceparent
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -32,6 +32,9 @@ def test_a_server_serves_a_version_by_adapter_name_by_weight_tag_or_as_the_untou
     assert serves("policy@7", ["policy", "policy@7"], None)  # LoRA adapter by name
     assert serves("policy@7", ["policy"], "7") and not serves("policy@7", ["policy"], "6")
     assert serves("policy@0", ["policy"], None) and not serves("policy@1", ["policy"], None)
+    assert serves("policy@0", ["policy"], "default") and not serves(
+        "policy@1", [], "default"
+    )  # vLLM, unreloaded
 
 
 def test_resolve_puts_each_version_on_the_server_that_serves_it_and_shares_one_only_for_lora():
@@ -140,3 +143,33 @@ def test_serve_refuses_a_second_server_on_the_same_or_an_unfixed_port(tmp_path, 
         args = ["serve", "--engine", "embedded", "--model", str(tmp_path), "--second-listen", second]
         assert main(args) == 2
         assert "--second-listen" in capsys.readouterr().err
+
+
+def test_one_lora_server_serves_the_untouched_base_as_policy_0_beside_the_candidate_adapter(spans):
+    def handle(h, body):
+        h.send_json(200, chat_answer(body["model"]))
+
+    up = scripted_upstream(handle)  # the base model plus the policy@1 adapter, no weight tag
+    listing = {"object": "list", "data": [{"id": "policy"}, {"id": "policy@1"}]}
+    up.handler_class.do_GET = lambda h: h.send_json(200, listing)
+    cfg = GatewayConfig(canary=0.5, upstream_for={"policy@0": up.url, "policy@1": up.url})
+    gw = Gateway(("127.0.0.1", 0), cfg, spans.provider).start_background()
+    tids = trace_ids(20, 21)
+    try:
+        with httpx.Client(timeout=30) as c:
+            for tid in tids:
+                r = c.post(
+                    gw.url + "/v1/chat/completions",
+                    json={"model": "policy", "messages": MSGS},
+                    headers={"traceparent": traceparent(tid)},
+                )
+                assert r.status_code == 200, r.text
+        got = wait_for(lambda: len(spans.get_finished_spans()) >= 20 and spans.get_finished_spans())
+    finally:
+        gw.stop()
+        up.shutdown()
+    sent = [b["model"] for b in up.handler_class.bodies]
+    assert sent == ["policy@1" if arm_for(t, 0.5) == CANDIDATE else "policy" for t in tids]
+    for s in got:
+        arm = s.attributes[ARM_ATTRIBUTE]
+        assert s.attributes["tracerl.policy_version"] == (1 if arm == CANDIDATE else 0)

@@ -16,6 +16,7 @@ A, B = "http://a", "http://b"
 
 def test_the_target_is_the_server_not_serving_the_parent_and_the_last_one_at_the_start():
     assert canary_target({A: None, B: None}, 0) == B  # both untouched: the gateway serves from A
+    assert canary_target({A: "default", B: "default"}, 0) == B  # vLLM's tag before any reload
     assert canary_target({A: None, B: "1"}, 1) == A  # policy@1 promoted on B: reload A
     assert canary_target({A: "2", B: "1"}, 1) == A  # policy@2 rolled back on A: reload A again
     assert canary_target({A: "2", B: "1"}, 2) == B  # policy@2 promoted on A: reload B
