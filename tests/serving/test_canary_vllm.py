@@ -33,6 +33,13 @@ def same(x: list[float], y: list[float]) -> bool:
     return len(x) == len(y) and all(abs(p - q) < 1e-4 for p, q in zip(x, y))
 
 
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def greedy(url: str, tid: str | None = None) -> dict:
     headers = {"traceparent": traceparent(tid)} if tid else {}
     body = {"model": "policy", "messages": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": True}
@@ -52,7 +59,7 @@ def test_two_vllm_servers_carry_a_canary_round_after_round(model32: Path, tmp_pa
         model32, tmp_path / "vllm.log", *args, "--second-listen", f"127.0.0.1:{second}"
     ) as server:
         a = server.url
-        wait_for(lambda: httpx.get(f"{b}/health", timeout=5).status_code == 200, timeout=600, interval=1)
+        wait_for(lambda: healthy(b), timeout=600, interval=1)
         base = logprobs(greedy(a))
         assert same(logprobs(greedy(b)), base)  # one model, twice
         publish = canary_publisher(f"{a},{b}", "full")
