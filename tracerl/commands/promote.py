@@ -7,8 +7,9 @@ cron may run it as often as it likes: it promotes when the candidate is no worse
 --margin, rolls back when it is worse, and otherwise waits for more rollouts. The decision and its
 numbers go into the rounds manifest (`tracerl report` shows them); with --gateway it then tells the
 gateway the pair of versions (it finds each on its servers, so it follows round after round with no
-restart) and the share: 1 on promote, 0 on rollback, its own --canary share while undecided. A rolled-back round's data is kept, and the next
-`tracerl train` round starts from the version that kept serving.
+restart) and the share: 1 on promote, 0 on rollback, its own --canary share while undecided. A
+rolled-back round's data is kept, and the next `tracerl train` round starts from the version that
+kept serving.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class PromoteConfig:
     once: bool = opt(False, "look once and exit (the only mode: run it from cron or after each round)")
     gateway: str = opt(
         "",
-        "the `tracerl gateway --canary` to tell the decision (POST /v1/canary); unset: record it only",
+        "the `tracerl gateway --canary` to tell the pair of versions and the decision (POST "
+        "/v1/canary); unset: record it only",
         metavar="URL",
     )
     gateway_token: str = opt("", "the gateway's --token, if it has one", env="TRACERL_GATEWAY_TOKEN")
