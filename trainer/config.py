@@ -61,6 +61,9 @@ class TrainSettings:
     canary: bool = opt(False, "publish each round as a canary (status 'canary'): it serves the gateway's "
                               "--canary share beside the version it trained from, and the next round waits "
                               "until `tracerl promote --once` promotes or rolls it back")
+    gateway: str = opt("", "--watch --canary: decide each canary between polls (as `tracerl promote --once` with "
+                           "its default rule) and tell this `tracerl gateway --canary` the pair and the share; "
+                           "unset: run `tracerl promote --once --gateway URL` from cron", metavar="URL")
     agents: str | None = opt(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
     tasks: str | None = opt(None, "train only rollouts whose task_id matches this regex; keeps evaluation "
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")

@@ -602,8 +602,11 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
 
 
 def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
-          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> int:
-    """``tracerl train --watch``: run rounds as data arrives until ``max_rounds`` (0: forever)."""
+          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
+          between: Callable[[], None] | None = None) -> int:
+    """``tracerl train --watch``: run rounds as data arrives until ``max_rounds`` (0: forever).
+    ``between`` runs once per poll that trained nothing, outside the lock: the canary decision
+    (``loop.promote.promote_once``), so an undecided canary is decided by the trainer that waits on it."""
     n = 0
     last_wait = ""
 
@@ -621,5 +624,7 @@ def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
             n += 1
         if out.status in DONE:
             continue
+        if between is not None:
+            between()
         sleep(settings.poll_s)
     return n

@@ -210,3 +210,21 @@ def test_the_viewer_shows_the_decision_with_its_numbers(tmp_path):
     promote_once(parse_store(store), log=lambda m: None)
     html = TestClient(make_app(UiConfig(store=parse_store(store)))).get("/rounds").text
     assert "rolled_back" in html and "policy@1 0.050 (n=40) vs policy@0 0.250 (n=160)" in html
+
+
+def test_train_watch_decides_with_its_gateway_and_says_when_the_gateway_cannot_be_told(tmp_path, capsys):
+    import socket
+
+    from tracerl.commands.train import canary_decision
+    from trainer.config import TrainSettings
+
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    assert canary_decision(TrainSettings(store=str(store), canary=True)) is None  # cron decides instead
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    decide = canary_decision(TrainSettings(store=str(store), canary=True, gateway=dead))
+    decide()  # the watch goes on: said, and told again at the next poll
+    out = capsys.readouterr().out
+    assert "rolled back" in out and "unreachable" in out and "next poll tells the gateway again" in out
+    assert read_rounds(parse_store(store))[0]["status"] == "rolled_back"
