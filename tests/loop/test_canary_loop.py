@@ -13,6 +13,7 @@ are written to the manifest as `tracerl train --canary` leaves them.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
 from loop.canary import decide
 from loop.promote import arm_stats, newest_canary
 from store.location import parse_store
+from store.views import connect_readonly
 from trainer.publish import canary_publisher
 from trainer.rounds import PublishRequest, read_rounds, write_round
 
@@ -69,12 +71,12 @@ def converted(store: Path, collector, want: int) -> int:
     """Flush the collector and convert until ``want`` rollouts since the start are transitions."""
     from span_to_transition.convert import ConvertConfig
     from span_to_transition.store import convert_store
-    from store.views import connect_readonly
 
     deadline = time.monotonic() + 60
     while True:
         collector.flush()
-        convert_store(parse_store(store), ConvertConfig(quiet_s=0), now_ns=time.time_ns() + 10**12)
+        # a rollout is complete once quiet for 2 s: the gateway's spans (exported every 0.5 s) are in
+        convert_store(parse_store(store), ConvertConfig(quiet_s=2.0))
         con = connect_readonly(parse_store(store))
         try:
             n = con.execute(
@@ -160,6 +162,8 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
             print(f"\nround 0 (harmed): {status} after {n} rollouts, {time.monotonic() - t0:.0f}s; "
                   f"{looks[-1].stdout.strip()}")  # fmt: skip
             assert status == "rolled_back"
+            c = json.loads(read_rounds(parse_store(store))[0]["canary"])
+            assert c["n_serving"] + c["n_candidate"] == n  # every rollout counted, on the arm that served it
             route = httpx.get(f"{gw_url}/v1/canary").json()
             assert route["fraction"] == 0.0 and route["serving"]["upstream"] == a
 
@@ -205,6 +209,15 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
             route = httpx.get(f"{gw_url}/v1/canary").json()
             assert route["fraction"] == 1.0 and route["candidate"]["upstream"] == b
             assert newest_canary(read_rounds(parse_store(store)))["round"] == 1
+            con = connect_readonly(parse_store(store))
+            try:  # every call joined to its gateway span: exact tokens, and the version that served it
+                labels = con.execute(
+                    "SELECT token_source, policy_version, count(*) FROM transitions GROUP BY 1, 2 ORDER BY 2"
+                ).fetchall()
+            finally:
+                con.close()
+            print(f"transitions by token source and version: {labels}")
+            assert {(src, v) for src, v, _ in labels} == {("gateway", 0), ("gateway", 1), ("gateway", 2)}
         finally:
             OpenAIInstrumentor().uninstrument()
             tp.shutdown()
