@@ -73,11 +73,10 @@ from serving.gateway.canary import (
     CanaryRoute,
     arm_for,
     canary_route,
-    parse_canary_post,
-    resolve_route,
     serves,
     session_from_baggage,
 )
+from serving.gateway.canary_admin import canary_endpoint
 from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
 from serving.gateway.versions import Watch
 from serving.protocol import (
@@ -275,7 +274,7 @@ class Gateway(ShellServer):
             if method == "GET" and path == "/health":
                 response: Response = Response(b"", 200, media_type="application/json")
             elif path == "/v1/canary" and method in ("GET", "POST"):
-                response = await self._canary(request)
+                response = await canary_endpoint(self, request)
             elif method == "GET" and path == "/v1/models":
                 response = await self._passthrough_get(request.headers, replace_auth, "/v1/models")
             elif method == "POST" and path in OPERATIONS:
@@ -294,50 +293,6 @@ class Gateway(ShellServer):
                 500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500)
             )
         await response(scope, receive, send)
-
-    async def _canary(self, request: Request) -> Response:
-        """``GET /v1/canary``: the route. ``POST {"fraction": f}``: a new share (1 promotes, 0 rolls back);
-        ``POST {"serving": "policy@6", "candidate": "policy@7"[, "fraction": f]}``: a new pair of
-        versions, found on the canary servers (canary.py); a new candidate starts at ``--canary``'s share.
-
-        The route is replaced whole, so a call in flight keeps the arm it started on (canary.py)."""
-        if self.route is None:
-            raise HTTPError(
-                404,
-                "no canary configured; start the gateway with --canary and --upstream-for",
-                "NotFoundError",
-            )
-        if request.method == "POST":
-            try:
-                fraction, pair = parse_canary_post(parse_json(await request.body()))
-                if pair:
-                    self.route = await self._new_pair(*pair, fraction)
-                elif fraction is not None:
-                    self.route = self.route.with_fraction(fraction)
-            except LookupError as e:
-                raise HTTPError(409, f"POST /v1/canary: {e}", "ConflictError") from e
-            except ValueError as e:
-                raise HTTPError(400, f"POST /v1/canary: {e}", "BadRequestError") from e
-            r = self.route
-            log.warning(
-                "canary: %s at share %g beside %s", r.candidate.version, r.fraction, r.serving.version
-            )
-        r = self.route
-        return json_response(
-            200, {"fraction": r.fraction, "serving": r.serving.__dict__, "candidate": r.candidate.__dict__}
-        )
-
-    async def _new_pair(self, serving: str, candidate: str, fraction: float | None) -> CanaryRoute:
-        """The route for a new pair of versions, from what each canary server says it serves now."""
-        views, key = {}, self.config.upstream_api_key
-        for u in self.canary_servers:
-            asked = time.monotonic()
-            st = await self.upstream_state(u, {"Authorization": f"Bearer {key}"} if key else {}, refresh=True)
-            if st.at >= asked:  # an unreachable server serves nothing we know of (never its stale answer)
-                views[u] = (st.names, st.weight_version)
-        same = self.route is not None and self.route.candidate.version == candidate
-        share = fraction if fraction is not None else self.route.fraction if same else self.config.canary
-        return resolve_route(views, serving, candidate, float(share or 0.0))
 
     def canary_arm(self, model: str | None, client: Headers) -> Arm | None:
         """The call's arm when the canary routes its model (read once: a switch never splits a call)."""
