@@ -40,6 +40,20 @@ rollout (the worst case for peeking).
 
 ``tau`` is the size of effect the test is tuned to find fastest (Johari et al. set it from past
 experiments' effects); the default, 0.1 on a 0..1 reward, suits a harmful round's collapse.
+
+Detection, measured (1,000 seeded streams each, a look after every rollout, share 0.2, the demo's
+scale: success 0.25 -> 0.05; false rollbacks: a candidate equal to serving at 0.25):
+
+    rule                                   rollouts to roll back   false rollbacks
+    two-sided, tau 0.1, min 20 (default)   median 124, p90 244     0.042
+    two-sided, tau 0.2 or 0.25, min 20     median 118, p90 233-235 0.041
+    one-sided (half-normal mixture), tau 0.2, min 20   median 113, p90 204   0.065
+    one-sided, tau 0.2, min 30             median 157, p90 219     0.052
+
+The one-sided boundary is the closest to a p90 of 200 rollouts but rolls a good candidate back more
+often than alpha: with 20 rewards of 0/1 at 0.25, a candidate arm that is low by chance also
+estimates a low variance (the plug-in's small-sample bias), which the two-sided boundary's extra
+width absorbs. So the default stays two-sided; a p90 of 200 needs alpha 0.1 or a larger share.
 """
 
 from __future__ import annotations

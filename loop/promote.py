@@ -11,8 +11,12 @@ gateway's ``--canary`` share beside ``policy@v`` (the version the round trained 
 3. decides (``loop.canary.decide``: an always-valid test, so running it every minute is sound) and
    writes the round's row: ``promoted`` or ``rolled_back`` with the numbers in its ``canary`` column,
    or still ``canary`` with the latest look's numbers;
-4. then, with a gateway, sets its share: 1 on promote, 0 on rollback. The manifest is written first,
-   so a run killed after it is finished by the next run, which pushes the recorded decision again.
+4. then, with a gateway, tells it the pair and its share (``GatewayOrder``): ``policy@v`` serving and
+   ``policy@k+1`` the candidate, at share 1 on promote, 0 on rollback, the gateway's own ``--canary``
+   share while undecided. Naming the pair on every look is what lets one gateway follow round after
+   round with no restart: it finds each version on its servers (``serving/gateway/canary.py``). The
+   manifest is written first, so a run killed after it is finished by the next run, which pushes the
+   recorded decision again.
 
 Everything it decides is a function of the store, so a trainer or cron job killed between canary and
 decision resumes by running this again.
@@ -34,6 +38,16 @@ from trainer.manifest import read_rounds, start_version, train_lock, write_round
 
 DECIDED = {PROMOTE: "promoted", ROLL_BACK: "rolled_back"}
 SHARE = {"promoted": 1.0, "rolled_back": 0.0}  # the gateway's candidate share once decided
+
+
+@dataclass(frozen=True)
+class GatewayOrder:
+    """What the gateway is told: the pair of versions and the candidate's share (None: the gateway's
+    ``--canary`` share for a new candidate, its current one for the same candidate)."""
+
+    serving: str  # "policy@5"
+    candidate: str  # "policy@6"
+    fraction: float | None
 
 
 @dataclass
@@ -101,10 +115,10 @@ def promote_once(
     rule: CanaryRule | None = None,
     *,
     served_name: str = "policy",
-    set_share: Callable[[float], None] | None = None,
+    tell: Callable[[GatewayOrder], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> PromoteOutcome:
-    """One cron-safe look at the newest canary (module docstring). ``set_share(f)`` tells the gateway."""
+    """One cron-safe look at the newest canary (module docstring). ``tell(order)`` tells the gateway."""
     rule = rule or CanaryRule()
     with train_lock(loc) as held:
         if held is None:
@@ -133,8 +147,9 @@ def promote_once(
                 f"round {k}: {served_name}@{candidate} was {row['status']} earlier; the gateway is told again"
             )
     status = row["status"]
-    if status in SHARE and set_share is not None:
-        set_share(SHARE[status])
+    if tell is not None:
+        names = (f"{served_name}@{serving}", f"{served_name}@{candidate}")
+        tell(GatewayOrder(*names, SHARE.get(status)))
     return PromoteOutcome(status, k, d, message=f"round {k} {status}")
 
 
@@ -148,22 +163,21 @@ def describe(d: CanaryDecision) -> str:
     )
 
 
-def gateway_share(url: str, token: str | None = None, timeout_s: float = 10.0) -> Callable[[float], None]:
-    """``set_share`` for a running ``tracerl gateway --canary``: ``POST /v1/canary``."""
+def gateway_orders(
+    url: str, token: str | None = None, timeout_s: float = 10.0
+) -> Callable[[GatewayOrder], None]:
+    """``tell`` for a running ``tracerl gateway --canary``: ``POST /v1/canary`` with the pair and share."""
     import httpx
 
-    def set_share(fraction: float) -> None:
+    def tell(order: GatewayOrder) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        body = {k: v for k, v in asdict(order).items() if v is not None}
         try:
             with contextlib.closing(httpx.Client(timeout=timeout_s)) as c:
-                r = c.post(
-                    url.rstrip("/").removesuffix("/v1") + "/v1/canary",
-                    json={"fraction": fraction},
-                    headers=headers,
-                )
+                r = c.post(url.rstrip("/").removesuffix("/v1") + "/v1/canary", json=body, headers=headers)
         except httpx.HTTPError as e:
             raise RuntimeError(f"gateway {url} unreachable ({type(e).__name__}: {e})") from e
         if r.status_code != 200:
             raise RuntimeError(f"gateway {url} answered {r.status_code} to POST /v1/canary: {r.text[:200]}")
 
-    return set_share
+    return tell

@@ -29,8 +29,9 @@ class TrainSettings:
     model: str | None = opt(None, "base model directory (HF format), served as policy@0; "
                                   "make a tiny one with 'tracerl init-model DIR'", metavar="DIR")
     server: str | None = opt(None, "serving URL to publish each new policy to (vLLM or 'tracerl serve'); "
-                                   "several replicas comma-separated, each gets it; none: checkpoints are "
-                                   "written but not announced", metavar="URL[,URL]")
+                                   "several replicas comma-separated, each gets it (with --canary: the two "
+                                   "arms' servers, and a full-weight round reloads only the one not serving); "
+                                   "none: checkpoints are written but not announced", metavar="URL[,URL]")
     publish: str = opt("auto", "how a LoRA round reaches the server: lora (vLLM load_lora_adapter), full "
                                "(merged into the base weights, reloaded in place), auto: full for a vLLM on "
                                "a CPU (an adapter costs about 4x decode speed there), lora elsewhere",
@@ -60,6 +61,9 @@ class TrainSettings:
     canary: bool = opt(False, "publish each round as a canary (status 'canary'): it serves the gateway's "
                               "--canary share beside the version it trained from, and the next round waits "
                               "until `tracerl promote --once` promotes or rolls it back")
+    gateway: str = opt("", "--watch --canary: decide each canary between polls (as `tracerl promote --once` with "
+                           "its default rule) and tell this `tracerl gateway --canary` the pair and the share; "
+                           "unset: run `tracerl promote --once --gateway URL` from cron", metavar="URL")
     agents: str | None = opt(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
     tasks: str | None = opt(None, "train only rollouts whose task_id matches this regex; keeps evaluation "
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")

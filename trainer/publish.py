@@ -20,10 +20,19 @@ A full reload that fails restores the weights that were serving (``PublishReques
 Several replicas (``--server URL,URL``, the gateway's ``--upstream`` list) each get the new
 policy; the round counts as published only when every replica took it, and publishing again is
 safe (a replica that already has ``policy@k`` answers as vLLM does and is skipped).
+
+A canary (``tracerl train --canary --server A,B``) is different: the two servers are its two arms,
+not replicas. A full-weight round is reloaded only into the server that is not serving the version
+it trained from (``canary_target``, from each server's ``/weight_info`` tag), so the serving arm
+never pauses; round after round the two trade places, and ``tracerl promote`` tells the gateway
+which now serves what. An adapter round is loaded by name everywhere (two adapters share a server).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from serving.gateway.canary import serves
 from serving.vllm.publish import VLLMPublisher, publish_policy
 from trainer.choices import PUBLISH_MODES as MODES
 from trainer.merge import merge_adapter
@@ -57,13 +66,88 @@ def server_publisher(url: str, mode: str = "auto") -> Publisher:
 
     def publish(req: PublishRequest) -> None:
         for u in urls:  # a failure leaves the round `trained`; the next run publishes to every replica again
-            device = VLLMPublisher(u).device() if req.adapter and mode == "auto" else None
-            how = choose_mode(mode, req.adapter, device)
-            path = req.checkpoint_path
-            if how == "full" and req.adapter:
-                path = merge_adapter(req.base_model, req.checkpoint_path)
-            publish_policy(u, req.name, str(path), adapter=how == "lora", base_model=str(req.base_model),
-                           restore_from=str(req.previous) if req.previous else None)
+            publish_to(u, req, mode)
 
     return publish
 
+
+def publish_to(url: str, req: PublishRequest, mode: str, how: str | None = None) -> None:
+    """Publish one round to one server: by name (LoRA) or by a weight reload (merged first if an adapter)."""
+    if how is None:
+        device = VLLMPublisher(url).device() if req.adapter and mode == "auto" else None
+        how = choose_mode(mode, req.adapter, device)
+    path = req.checkpoint_path
+    if how == "full" and req.adapter:
+        path = merge_adapter(req.base_model, req.checkpoint_path)
+    publish_policy(
+        url,
+        req.name,
+        str(path),
+        adapter=how == "lora",
+        base_model=str(req.base_model),
+        restore_from=str(req.previous) if req.previous else None,
+    )
+
+
+def weight_tag(url: str) -> str | None:
+    """A server's full-weight version tag (``/weight_info``; None: untouched since it started)."""
+    import httpx
+
+    try:
+        r = httpx.get(url + "/weight_info", timeout=10.0)
+    except httpx.HTTPError as e:
+        raise TrainError(
+            f"canary server {url} unreachable ({type(e).__name__}: {e}); is `tracerl serve` up?"
+        ) from e
+    if r.status_code != 200:
+        raise TrainError(
+            f"canary server {url} answered {r.status_code} to /weight_info; a canary over two "
+            "servers needs their version tags (vLLM: VLLM_SERVER_DEV_MODE=1, tracerl serve's default)"
+        )
+    v = r.json().get("weight_version")
+    return None if v is None else str(v)
+
+
+def canary_target(tags: dict[str, str | None], serving: int) -> str:
+    """The server a canary round reloads: the first one not serving ``policy@serving`` (by its weight
+    tag; an untouched server, tagged none or vLLM's ``"default"``, serves policy@0), or, when every one serves it (the start), the last one, so the gateway's
+    serving arm (the first that serves it) keeps its server."""
+
+    free = [u for u, tag in tags.items() if not serves(f"policy@{serving}", [], tag)]
+    if len(free) == len(tags):
+        raise TrainError(
+            f"no canary server serves policy@{serving}, the version this round trained from "
+            f"(tags {tags}); reloading one would leave the serving arm without its weights. "
+            f"Publish policy@{serving} to one of them, or pass the servers the gateway uses"
+        )
+    return free[0] if free else list(tags)[-1]
+
+
+def canary_publisher(
+    url: str,
+    mode: str = "auto",
+    *,
+    read_tag: Callable[[str], str | None] = weight_tag,
+    publish_one: Callable[[str, PublishRequest, str, str], None] = publish_to,
+) -> Publisher:
+    """``--canary --server A,B``: each round goes to the server not serving its parent (module docstring)."""
+    urls = server_urls(url)
+    choose_mode(mode, adapter=True, device=None)
+
+    def publish(req: PublishRequest) -> None:
+        device = VLLMPublisher(urls[0]).device() if req.adapter and mode == "auto" else None
+        how = choose_mode(mode, req.adapter, device)
+        if how == "lora":  # adapters by name: the serving one is untouched wherever the new one loads
+            for u in urls:
+                publish_one(u, req, mode, how)
+            return
+        if len(urls) < 2:
+            raise TrainError(
+                "a canary of full weights needs two servers, one per arm: --server A,B "
+                "(`tracerl serve --second-listen HOST:PORT` starts the second); one server "
+                "would replace the serving weights"
+            )
+        serving = req.serving_version if req.serving_version is not None else req.version - 1
+        publish_one(canary_target({u: read_tag(u) for u in urls}, serving), req, mode, how)
+
+    return publish

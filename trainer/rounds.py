@@ -94,6 +94,7 @@ class PublishRequest:
     adapter: bool
     base_model: Path
     previous: Path | None = None  # the full weights serving now (restored if a reload fails)
+    serving_version: int | None = None  # the version this round trained from (a canary's serving arm)
 
 
 Publisher = Callable[[PublishRequest], None]
@@ -445,7 +446,8 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
     previous = served_weights(ckpts.ensure_local(v) if prev and prev["checkpoint_path"] else None,
                               bool(prev and prev["adapter"]), base_model)
     req = PublishRequest(name=version_name(served_name, k + 1), version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
-                         adapter=bool(row["adapter"]), base_model=base_model, previous=previous)
+                         adapter=bool(row["adapter"]), base_model=base_model, previous=previous,
+                         serving_version=v)
     t = time.perf_counter()
     publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
@@ -462,8 +464,11 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
 
 
 def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
-          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> int:
-    """``tracerl train --watch``: run rounds as data arrives until ``max_rounds`` (0: forever)."""
+          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
+          between: Callable[[], None] | None = None) -> int:
+    """``tracerl train --watch``: run rounds as data arrives until ``max_rounds`` (0: forever).
+    ``between`` runs once per poll that trained nothing, outside the lock: the canary decision
+    (``loop.promote.promote_once``), so an undecided canary is decided by the trainer that waits on it."""
     n = 0
     last_wait = ""
 
@@ -481,5 +486,7 @@ def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
             n += 1
         if out.status in DONE:
             continue
+        if between is not None:
+            between()
         sleep(settings.poll_s)
     return n

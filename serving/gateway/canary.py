@@ -14,6 +14,12 @@ in W3C ``baggage``), a conversation or session id in ``baggage`` (``gen_ai.conve
 A promote (share 1) or a rollback (share 0) replaces the gateway's ``CanaryRoute`` as a whole; a call
 reads the route once, when it starts, and takes its arm, upstream and version from that one object,
 so a call in flight during the switch ends where it began and its span says where that was.
+
+The next round's canary needs no restart either: ``POST /v1/canary {"serving": "policy@6",
+"candidate": "policy@7"}`` (what ``tracerl promote --once`` sends) makes the gateway ask each of its
+canary servers what it serves (``/v1/models`` names for LoRA adapters, ``/weight_info`` for full
+weights) and build the new route from the answers (``resolve_route``): the two servers trade places
+round after round (the trainer reloads whichever one is not serving) and the gateway follows them.
 """
 
 from __future__ import annotations
@@ -127,13 +133,72 @@ def parse_upstream_for(items: list[str]) -> dict[str, str]:
     return out
 
 
+def parse_canary_post(body: object) -> tuple[float | None, tuple[str, str] | None]:
+    """A ``POST /v1/canary`` body -> (new share or None, new (serving, candidate) pair or None)."""
+    usage = '{"fraction": 0..1} and/or {"serving": "NAME@k", "candidate": "NAME@k+1"}'
+    if not isinstance(body, dict):
+        raise ValueError(f"the body must be a JSON object: {usage}")
+    fraction, pair = body.get("fraction"), None
+    if fraction is not None:
+        try:
+            fraction = check_fraction(float(fraction))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"fraction {fraction!r}: {e}; give {usage}") from None
+    if "serving" in body or "candidate" in body:
+        pair = (str(body.get("serving")), str(body.get("candidate")))
+        if not all(parse_policy_version(v) is not None for v in pair):
+            raise ValueError(f"versions {pair} must both be NAME@k; give {usage}")
+    if fraction is None and pair is None:
+        raise ValueError(f"nothing to change; give {usage}")
+    return fraction, pair
+
+
+def serves(version: str, names: list[str], weight_version: str | None) -> bool:
+    """Whether a server with these ``/v1/models`` names and ``/weight_info`` version serves ``version``:
+    by name (a LoRA adapter ``policy@7``), by its full-weight tag (``"7"``), or, with no numeric tag
+    (none, or vLLM's ``"default"`` before any reload), the base model's ``NAME@0``."""
+    if version in names:
+        return True
+    k = parse_policy_version(version)
+    untouched = weight_version is None or not weight_version.isdigit()
+    return k == 0 if untouched else weight_version == str(k)
+
+
+ServerView = tuple[list[str], "str | None"]  # (served names, weight version) of one server
+
+
+def resolve_route(
+    servers: dict[str, ServerView], serving: str, candidate: str, fraction: float
+) -> CanaryRoute:
+    """The route for ``serving`` vs ``candidate`` over servers that say what they serve (in their
+    order). The candidate takes the first server serving it; serving takes the first server serving
+    it, preferring one apart from the candidate's (two full-weight servers) and sharing it only when
+    that is the only one (both LoRA adapters in one server)."""
+
+    def where(version: str) -> list[str]:
+        return [u for u, (names, wv) in servers.items() if serves(version, names, wv)]
+
+    if (parse_policy_version(candidate) or 0) <= (parse_policy_version(serving) or 0):
+        raise ValueError(f"the candidate {candidate} must be a higher version than serving {serving}")
+    have = "; ".join(f"{u}: names {names}, weight version {wv}" for u, (names, wv) in servers.items())
+    cand, serv = where(candidate), where(serving)
+    for version, found in ((candidate, cand), (serving, serv)):
+        if not found:
+            raise LookupError(
+                f"no canary server serves {version} ({have or 'no servers'}); publish it first "
+                "(`tracerl train --canary --server URL,URL`) or give the server with --upstream-for"
+            )
+    apart = [u for u in serv if u != cand[0]]
+    return canary_route({serving: (apart or serv)[0], candidate: cand[0]}, fraction)
+
+
 def canary_route(versions: dict[str, str], fraction: float) -> CanaryRoute:
     """The route from a two-entry version -> upstream map: the higher version is the candidate."""
     check_fraction(fraction)
     if len(versions) != 2:
         raise ValueError(
             f"a canary needs exactly two versions (serving and candidate), got {sorted(versions) or 'none'}; "
-            "pass --upstream-for policy@k=URL --upstream-for policy@k+1=URL"
+            "pass --upstream-for policy@k=URL policy@k+1=URL (one flag, both versions)"
         )
     (low, low_url), (high, high_url) = sorted(
         versions.items(), key=lambda kv: parse_policy_version(kv[0]) or 0

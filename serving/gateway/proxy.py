@@ -73,9 +73,10 @@ from serving.gateway.canary import (
     CanaryRoute,
     arm_for,
     canary_route,
-    check_fraction,
+    serves,
     session_from_baggage,
 )
+from serving.gateway.canary_admin import canary_endpoint
 from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
 from serving.gateway.versions import Watch
 from serving.protocol import (
@@ -169,7 +170,7 @@ class Gateway(ShellServer):
         if (config.canary is None) != (not config.upstream_for):
             raise ValueError(
                 "a canary needs both its share and its arms: --canary FRACTION with "
-                "--upstream-for policy@k=URL --upstream-for policy@k+1=URL"
+                "--upstream-for policy@k=URL policy@k+1=URL (one flag, both versions)"
             )
         if config.canary is not None:
             arms = {v: normalise_upstream(u) for v, u in config.upstream_for.items()}
@@ -190,7 +191,9 @@ class Gateway(ShellServer):
         )
         self.config = config
         self.upstreams = [normalise_upstream(u) for u in config.upstreams]
-        for u in (self.route.serving.upstream, self.route.candidate.upstream) if self.route else ():
+        # the servers a new canary pair is looked for on (POST /v1/canary), in the --upstream-for order
+        self.canary_servers = list(dict.fromkeys(normalise_upstream(u) for u in config.upstream_for.values()))
+        for u in self.canary_servers:
             if u not in self.upstreams:
                 self.upstreams.append(u)
         self.tracer_provider = tracer_provider
@@ -272,7 +275,7 @@ class Gateway(ShellServer):
             if method == "GET" and path == "/health":
                 response: Response = Response(b"", 200, media_type="application/json")
             elif path == "/v1/canary" and method in ("GET", "POST"):
-                response = await self._canary(request)
+                response = await canary_endpoint(self, request)
             elif method == "GET" and path == "/v1/models":
                 response = await self._passthrough_get(request.headers, replace_auth, "/v1/models")
             elif method == "POST" and path in OPERATIONS:
@@ -291,30 +294,6 @@ class Gateway(ShellServer):
                 500, error_body(f"gateway error: {type(e).__name__}: {e}", "gateway_error", 500)
             )
         await response(scope, receive, send)
-
-    async def _canary(self, request: Request) -> Response:
-        """``GET /v1/canary``: the route; ``POST {"fraction": f}``: a new share (1 promotes, 0 rolls back).
-
-        The route is replaced whole, so a call in flight keeps the arm it started on (canary.py)."""
-        if self.route is None:
-            raise HTTPError(
-                404,
-                "no canary configured; start the gateway with --canary and --upstream-for",
-                "NotFoundError",
-            )
-        if request.method == "POST":
-            body = parse_json(await request.body())
-            try:
-                self.route = self.route.with_fraction(check_fraction(float(body.get("fraction"))))
-            except (TypeError, ValueError) as e:
-                raise HTTPError(
-                    400, f'POST /v1/canary needs {{"fraction": 0..1}}: {e}', "BadRequestError"
-                ) from e
-            log.warning("canary share of %s is now %g", self.route.candidate.version, self.route.fraction)
-        r = self.route
-        return json_response(
-            200, {"fraction": r.fraction, "serving": r.serving.__dict__, "candidate": r.candidate.__dict__}
-        )
 
     def canary_arm(self, model: str | None, client: Headers) -> Arm | None:
         """The call's arm when the canary routes its model (read once: a switch never splits a call)."""
@@ -474,7 +453,8 @@ class Gateway(ShellServer):
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             if call.arm is not None:  # the arm's version by name where the upstream serves it (LoRA)
                 alias = call.arm.version if call.arm.version in state.names else None
-                if alias is None and latest_version_name(body.get("model"), state.names):
+                base_is_arm = serves(call.arm.version, [], state.weight_version)  # e.g. policy@0, untouched
+                if alias is None and not base_is_arm and latest_version_name(body.get("model"), state.names):
                     # it serves other versions by name: the base name would be neither arm's weights
                     raise UpstreamFailure(
                         502,

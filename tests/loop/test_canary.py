@@ -49,6 +49,8 @@ def test_equal_arms_are_rolled_back_at_most_alpha_of_the_time_despite_a_look_aft
     m = 400
     got = runs(3, 0.25, 0.25, m=m)
     rollbacks = sum(a == ROLL_BACK for _, a in got)
+    print(f"\nfalse rollbacks of a candidate equal to serving (0.25, share 0.2, a look after every rollout): "
+          f"{rollbacks}/{m} = {rollbacks / m:.3f} (alpha {RULE.alpha})")  # fmt: skip
     assert rollbacks <= binomial_ceiling(m, RULE.alpha), rollbacks
     # and a harm beyond the margin is promoted at most alpha of the time
     harmed = runs(4, 0.25, 0.25 - RULE.margin, m=m)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from loop.canary import CanaryRule
-from loop.promote import promote_once
+from loop.promote import GatewayOrder, promote_once
 from schemas.tables import TRANSITIONS_SCHEMA
 from store.layout import StoreLayout
 from store.location import parse_store
@@ -82,9 +82,9 @@ def bernoulli(n: int, p: float) -> list[float]:
 
 def test_a_harmed_canary_is_rolled_back_recorded_with_its_numbers_and_the_gateway_told(tmp_path):
     store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
-    shares: list[float] = []
-    out = promote_once(parse_store(store), set_share=shares.append, log=lambda m: None)
-    assert out.status == "rolled_back" and shares == [0.0]
+    told: list[GatewayOrder] = []
+    out = promote_once(parse_store(store), tell=told.append, log=lambda m: None)
+    assert out.status == "rolled_back" and told == [GatewayOrder("policy@0", "policy@1", 0.0)]
     row = read_rounds(parse_store(store))[0]
     c = json.loads(row["canary"])
     assert row["status"] == "rolled_back"
@@ -98,16 +98,21 @@ def test_a_harmed_canary_is_rolled_back_recorded_with_its_numbers_and_the_gatewa
 
 def test_a_better_canary_is_promoted(tmp_path):
     store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.6))
-    shares: list[float] = []
-    assert promote_once(parse_store(store), set_share=shares.append, log=lambda m: None).status == "promoted"
-    assert shares == [1.0] and read_rounds(parse_store(store))[0]["status"] == "promoted"
+    told: list[GatewayOrder] = []
+    assert promote_once(parse_store(store), tell=told.append, log=lambda m: None).status == "promoted"
+    assert (
+        told == [GatewayOrder("policy@0", "policy@1", 1.0)]
+        and read_rounds(parse_store(store))[0]["status"] == "promoted"
+    )
 
 
 def test_too_few_rollouts_waits_and_records_the_look(tmp_path):
     store = canary_store(tmp_path, bernoulli(40, 0.25), bernoulli(10, 0.0))
-    shares: list[float] = []
-    out = promote_once(parse_store(store), set_share=shares.append, log=lambda m: None)
-    assert out.status == "canary" and shares == []
+    told: list[GatewayOrder] = []
+    out = promote_once(parse_store(store), tell=told.append, log=lambda m: None)
+    assert out.status == "canary" and told == [
+        GatewayOrder("policy@0", "policy@1", None)
+    ]  # the pair, its share as is
     c = json.loads(read_rounds(parse_store(store))[0]["canary"])
     assert c["action"] == "wait" and c["n_candidate"] == 10 and "each arm needs 20" in c["reason"]
 
@@ -115,17 +120,19 @@ def test_too_few_rollouts_waits_and_records_the_look(tmp_path):
 def test_killed_before_the_gateway_heard_the_next_run_tells_it_the_recorded_decision(tmp_path):
     store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
 
-    def gateway_down(fraction: float) -> None:
+    def gateway_down(order: GatewayOrder) -> None:
         raise RuntimeError("gateway http://127.0.0.1:1 unreachable")
 
     with pytest.raises(RuntimeError):
-        promote_once(parse_store(store), set_share=gateway_down, log=lambda m: None)
-    assert read_rounds(parse_store(store))[0]["status"] == "rolled_back"  # recorded before the gateway was told
+        promote_once(parse_store(store), tell=gateway_down, log=lambda m: None)
+    assert (
+        read_rounds(parse_store(store))[0]["status"] == "rolled_back"
+    )  # recorded before the gateway was told
     # more rollouts arrive; the rerun does not decide again, it pushes what was decided
     write_transitions(store, rollout_rows(1, bernoulli(200, 0.9), T0 + timedelta(minutes=5)))
-    shares: list[float] = []
-    assert promote_once(parse_store(store), set_share=shares.append, log=lambda m: None).status == "rolled_back"
-    assert shares == [0.0]
+    told: list[GatewayOrder] = []
+    assert promote_once(parse_store(store), tell=told.append, log=lambda m: None).status == "rolled_back"
+    assert told == [GatewayOrder("policy@0", "policy@1", 0.0)]
 
 
 def test_an_undecided_canary_rerun_from_scratch_gives_the_same_decision(tmp_path):
@@ -168,16 +175,27 @@ def test_cli_promote_once_tells_a_real_gateway_and_says_when_it_cannot(tmp_path,
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert main(["promote", "--once", "--store", str(store), "--gateway", dead]) == 1
-    assert "unreachable" in capsys.readouterr().out and read_rounds(parse_store(store))[0]["status"] == "rolled_back"
+    assert (
+        "unreachable" in capsys.readouterr().out
+        and read_rounds(parse_store(store))[0]["status"] == "rolled_back"
+    )
     from opentelemetry.sdk.trace import TracerProvider
+    from weights_rig import weights_server
 
-    cfg = GatewayConfig(canary=0.2, upstream_for={"policy@0": dead, "policy@1": dead})
+    a, b = weights_server(None), weights_server("1")  # policy@0 untouched on a, policy@1 reloaded on b
+    cfg = GatewayConfig(canary=0.2, upstream_for={"policy@0": a.url, "policy@1": b.url})
     gw = Gateway(("127.0.0.1", 0), cfg, TracerProvider()).start_background()
     try:
         assert main(["promote", "--once", "--store", str(store), "--gateway", gw.url + "/v1"]) == 0
         assert gw.route.fraction == 0.0  # rolled back: every new rollout to policy@0
+        assert (gw.route.serving.upstream, gw.route.candidate.upstream) == (a.url, b.url)
+        b.weights.tag = "7"  # policy@1 is served nowhere now: the gateway refuses, promote says so
+        assert main(["promote", "--once", "--store", str(store), "--gateway", gw.url]) == 1
+        assert "409" in capsys.readouterr().out and gw.route.fraction == 0.0
     finally:
         gw.stop()
+        a.stop()
+        b.stop()
     assert main(["promote", "--store", str(store)]) == 2  # --once is required
     assert main(["report", "--store", str(store), "--no-plot"]) == 0
     assert "canary v1 vs v0: rolled_back" in capsys.readouterr().out
@@ -192,3 +210,21 @@ def test_the_viewer_shows_the_decision_with_its_numbers(tmp_path):
     promote_once(parse_store(store), log=lambda m: None)
     html = TestClient(make_app(UiConfig(store=parse_store(store)))).get("/rounds").text
     assert "rolled_back" in html and "policy@1 0.050 (n=40) vs policy@0 0.250 (n=160)" in html
+
+
+def test_train_watch_decides_with_its_gateway_and_says_when_the_gateway_cannot_be_told(tmp_path, capsys):
+    import socket
+
+    from tracerl.commands.train import canary_decision
+    from trainer.config import TrainSettings
+
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    assert canary_decision(TrainSettings(store=str(store), canary=True)) is None  # cron decides instead
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    decide = canary_decision(TrainSettings(store=str(store), canary=True, gateway=dead))
+    decide()  # the watch goes on: said, and told again at the next poll
+    out = capsys.readouterr().out
+    assert "rolled back" in out and "unreachable" in out and "next poll tells the gateway again" in out
+    assert read_rounds(parse_store(store))[0]["status"] == "rolled_back"

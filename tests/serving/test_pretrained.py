@@ -45,6 +45,7 @@ def test_converted_logits_equal_the_gguf_dequantized_reference(smollm2: Path):
     assert model.dtype == torch.float32 and 134_000_000 < model.num_parameters() < 135_000_000
 
 
+@pytest.mark.slow  # its fixture converts SmolLM2 on a fresh clone (about a minute)
 def test_tokenizer_speaks_chatml_with_tools_and_stops_on_im_end(smollm2: Path):
     from transformers import AutoTokenizer, GenerationConfig
 

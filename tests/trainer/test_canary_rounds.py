@@ -8,11 +8,11 @@ from datetime import timedelta
 
 import pytest
 
-from loop.promote import promote_once
+from loop.promote import GatewayOrder, promote_once
 from store.location import parse_store
 from trainer.checkpoint import checkpoint_dir, read_manifest
 from trainer.manifest import read_rounds
-from trainer.rounds import PublishRequest, run_once
+from trainer.rounds import PublishRequest, run_once, watch
 
 pytestmark = pytest.mark.slow  # builds the tiny model and trains it
 
@@ -44,9 +44,9 @@ def test_rolled_back_round_is_kept_and_the_next_round_trains_from_the_serving_ve
     # the canary window: policy@1 keeps its rewards (mean about 0.5), policy@2 collapsed to 0
     write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5)), at + timedelta(seconds=1)))
     write_rows(store, dated(renamed(make_rollouts(2, n_tasks=6, per_task=5), 0.0), at + timedelta(seconds=1)))
-    shares: list[float] = []
-    assert promote_once(parse_store(store), set_share=shares.append, log=print).status == "rolled_back"
-    assert shares == [0.0]
+    told: list[GatewayOrder] = []
+    assert promote_once(parse_store(store), tell=told.append, log=print).status == "rolled_back"
+    assert told == [GatewayOrder("policy@1", "policy@2", 0.0)]
     rounds = read_rounds(parse_store(store))
     assert rounds[1]["status"] == "rolled_back" and json.loads(rounds[1]["canary"])["n_candidate"] >= 20
     assert checkpoint_dir(store / "checkpoints", 2).exists()  # the rolled-back weights and data are kept
@@ -64,3 +64,26 @@ def test_rolled_back_round_is_kept_and_the_next_round_trains_from_the_serving_ve
     ]
     chosen = set(man["selection"]["rollout_ids"])
     assert chosen and all(r.startswith("w-v1-") for r in chosen)  # the window's serving rollouts
+
+
+def test_train_watch_decides_its_undecided_canary_between_polls_and_goes_on_from_the_serving_version(
+    tmp_path, write_rows, make_rollouts, train_settings
+):
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    assert run_once(train_settings(store), publisher=lambda r: None, log=print).status == "published"
+    write_rows(store, make_rollouts(1))
+    s = train_settings(store, canary=True, min_rollouts=4)
+    assert run_once(s, publisher=lambda r: None, log=print).status == "canary"  # round 1: policy@2
+    at = read_rounds(parse_store(store))[1]["published_at"]
+    write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5)), at + timedelta(seconds=1)))
+    write_rows(store, dated(renamed(make_rollouts(2, n_tasks=6, per_task=5), 0.0), at + timedelta(seconds=1)))
+    told: list[GatewayOrder] = []
+    polls: list[float] = []
+    decide = lambda: promote_once(parse_store(store), tell=told.append, log=print)  # noqa: E731
+    s.max_rounds = 1
+    assert watch(s, publisher=lambda r: None, log=print, sleep=polls.append, between=decide) == 1
+    rounds = read_rounds(parse_store(store))
+    assert rounds[1]["status"] == "rolled_back" and told[0] == GatewayOrder("policy@1", "policy@2", 0.0)
+    assert len(polls) == 1  # one idle poll: the decision, then round 2 trained at the next
+    assert (rounds[2]["status"], rounds[2]["parent_version"]) == ("canary", 1)  # from the serving policy@1

@@ -5,9 +5,11 @@ version it trained from. `tracerl promote --once` compares the two arms' rollout
 window (since the canary was published) with an always-valid sequential test (loop/canary.py), so
 cron may run it as often as it likes: it promotes when the candidate is no worse than serving minus
 --margin, rolls back when it is worse, and otherwise waits for more rollouts. The decision and its
-numbers go into the rounds manifest (`tracerl report` shows them); with --gateway it then sets the
-gateway's share (1 on promote, 0 on rollback). A rolled-back round's data is kept, and the next
-`tracerl train` round starts from the version that kept serving.
+numbers go into the rounds manifest (`tracerl report` shows them); with --gateway it then tells the
+gateway the pair of versions (it finds each on its servers, so it follows round after round with no
+restart) and the share: 1 on promote, 0 on rollback, its own --canary share while undecided. A
+rolled-back round's data is kept, and the next `tracerl train` round starts from the version that
+kept serving.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class PromoteConfig:
     once: bool = opt(False, "look once and exit (the only mode: run it from cron or after each round)")
     gateway: str = opt(
         "",
-        "the `tracerl gateway --canary` to tell the decision (POST /v1/canary); unset: record it only",
+        "the `tracerl gateway --canary` to tell the pair of versions and the decision (POST "
+        "/v1/canary); unset: record it only",
         metavar="URL",
     )
     gateway_token: str = opt("", "the gateway's --token, if it has one", env="TRACERL_GATEWAY_TOKEN")
@@ -58,7 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from loop.canary import CanaryRule
-    from loop.promote import gateway_share, promote_once
+    from loop.promote import gateway_orders, promote_once
 
     cfg = from_args(PromoteConfig, args)
     if not cfg.once:
@@ -75,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"no store at {loc.root}; pass --store DIR (or TRACERL_STORE), where `tracerl train` writes"
         )
-    share = gateway_share(cfg.gateway, cfg.gateway_token or None) if cfg.gateway else None
+    tell = gateway_orders(cfg.gateway, cfg.gateway_token or None) if cfg.gateway else None
     try:
-        promote_once(loc, rule, served_name=cfg.served_name, set_share=share)
+        promote_once(loc, rule, served_name=cfg.served_name, tell=tell)
     except RuntimeError as e:
         print(f"tracerl promote: {e}; the decision is recorded, rerun to tell the gateway")
         return 1

@@ -15,6 +15,7 @@ below 32, such as the tiny test model).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ examples:
   tracerl init-model ./tiny && tracerl serve --engine embedded --model ./tiny --listen 127.0.0.1:8000
   curl -s 127.0.0.1:8000/v1/chat/completions -d '{"model":"policy","max_tokens":8,
        "messages":[{"role":"user","content":"hi"}],"return_token_ids":true}'
+  tracerl serve --model ./smol --listen 127.0.0.1:8000 --second-listen 127.0.0.1:8001   # a canary's two arms
 """
 
 
@@ -48,6 +50,12 @@ class ServeConfig:
     vllm_args: str = opt("", "more vLLM flags, passed as they are (e.g. '--gpu-memory-utilization 0.8')",
                          metavar="'ARGS'")
     listen: str = opt("127.0.0.1:8000", "HOST:PORT to bind", metavar="HOST:PORT")
+    second_listen: str = opt("", "also serve the model from a second server on HOST:PORT, for a canary of full "
+                             "weights: one server per arm (`tracerl gateway --canary F --upstream-for "
+                             "policy@0=URL1 policy@1=URL2`, `tracerl train --canary --server "
+                             "URL1,URL2` reloads the one not serving). vllm: a second vLLM process with the "
+                             "same flags (on CPU SmolLM2 fits twice; each takes --kv-cache-gb)",
+                             metavar="HOST:PORT")
     served_model_name: str = opt("policy", "name of the base model in /v1/models and requests")
     api_key: str = opt("", "require `Authorization: Bearer KEY` on every endpoint but /health",
                        env="TRACERL_SERVE_API_KEY")
@@ -98,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
         return run_vllm(cfg)
     if cfg.threads < 0:
         raise UsageError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
-    from serving.asgi import parse_listen
     from serving.embedded.server import EmbeddedServer, ServeOptions
 
     if cfg.threads:
@@ -106,10 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(cfg.threads)
 
-    try:
-        host, port = parse_listen(cfg.listen, 8000)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    (host, port), second = listens(cfg)
     opts = ServeOptions(api_key=cfg.api_key or None, enable_lora=cfg.enable_lora,
                         enable_lora_updating=cfg.lora_updating, dev_mode=cfg.dev_mode,
                         max_body_bytes=int(cfg.max_body_mb * 1024 * 1024), max_num_seqs=max(1, cfg.max_num_seqs),
@@ -117,30 +121,48 @@ def run(args: argparse.Namespace) -> int:
                         max_connections=cfg.max_connections, tls_cert=cfg.tls_cert or None,
                         tls_key=cfg.tls_key or None, trust_request_chat_template=cfg.trust_request_chat_template,
                         allowed_hosts=tuple(h for h in cfg.allowed_hosts.split(",") if h.strip()))
-    server = EmbeddedServer.start(cfg.model, host=host, port=port, served_model_name=cfg.served_model_name,
-                                  logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
-                                  options=opts, seed=cfg.seed)
-    stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
-    print(f"serving {cfg.model} as {cfg.served_model_name!r} on {server.url}/v1", flush=True)
+    servers = []
     try:
+        for h, p in [(host, port), *([second] if second else [])]:
+            servers.append(EmbeddedServer.start(cfg.model, host=h, port=p, served_model_name=cfg.served_model_name,
+                                                logprobs_mode=cfg.logprobs_mode, max_model_len=cfg.max_model_len or None,
+                                                options=opts, seed=cfg.seed))
+        stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
+        urls = " and ".join(f"{s.url}/v1" for s in servers)
+        print(f"serving {cfg.model} as {cfg.served_model_name!r} on {urls}", flush=True)
         wait_for_stop(stop)
     finally:
-        server.stop()
+        for s in servers:
+            s.stop()
     return 0
+
+
+def listens(cfg: ServeConfig) -> tuple[tuple[str, int], tuple[str, int] | None]:
+    """``--listen`` and ``--second-listen`` as (host, port) pairs; the same address twice is a usage error."""
+    from serving.asgi import parse_listen
+
+    try:
+        first = parse_listen(cfg.listen, 8000)
+        second = parse_listen(cfg.second_listen, 8001) if cfg.second_listen else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if second is not None and (second == first or second[1] == 0 or first[1] == 0):
+        raise UsageError(f"--second-listen {cfg.second_listen} must be another fixed port than --listen "
+                         f"{cfg.listen}: the gateway and the trainer name both servers")
+    return first, second
 
 
 def run_vllm(cfg: ServeConfig) -> int:
     """vLLM in its own process group, in the foreground: its log is this command's output."""
     import shlex
 
-    from serving.asgi import parse_listen
     from serving.vllm.launcher import VLLMNotFound, VLLMProcess, VLLMSettings, find_vllm_python
     from serving.vllm.model_check import check_model_dir
 
+    (host, port), second = listens(cfg)
     try:
-        host, port = parse_listen(cfg.listen, 8000)
         python = find_vllm_python(cfg.vllm_python or None)
-    except (ValueError, VLLMNotFound) as e:
+    except VLLMNotFound as e:
         raise UsageError(str(e)) from None
     refused = check_model_dir(Path(cfg.model), python)
     if refused:
@@ -158,22 +180,25 @@ def run_vllm(cfg: ServeConfig) -> int:
                             max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.enable_prefix_caching,
                             seed=cfg.seed, api_key=cfg.api_key, kv_cache_gb=cfg.kv_cache_gb,
                             threads_bind=cfg.threads_bind, https=bool(cfg.tls_cert), extra_args=extra)
+    every = [settings, *([dataclasses.replace(settings, host=second[0], port=second[1])] if second else [])]
     stop = stop_requested()  # before vLLM starts: a Ctrl-C while it loads must stop it too
-    proc = VLLMProcess(settings, python=python)
+    procs = [VLLMProcess(s, python=python) for s in every]  # both load at once
     try:
         try:
-            if not proc.wait_healthy(timeout_s=600.0, cancel=stop):
+            if not all(p.wait_healthy(timeout_s=600.0, cancel=stop) for p in procs):
                 return 0
         except RuntimeError as e:
             print(f"tracerl serve: {e}", flush=True)
             return 1
         scheme = "https" if cfg.tls_cert else "http"
-        print(f"serving {cfg.model} as {cfg.served_model_name!r} on {scheme}://{host}:{port}/v1 (vLLM, "
-              f"{python})", flush=True)
+        urls = " and ".join(f"{scheme}://{s.host}:{s.port}/v1" for s in every)
+        print(f"serving {cfg.model} as {cfg.served_model_name!r} on {urls} (vLLM, {python})", flush=True)
         while not stop.wait(0.5):
-            if not proc.alive():
-                print(f"tracerl serve: vLLM exited with code {proc.proc.returncode}", flush=True)
-                return 1
+            for p, s in zip(procs, every):
+                if not p.alive():
+                    print(f"tracerl serve: vLLM on port {s.port} exited with code {p.proc.returncode}", flush=True)
+                    return 1
         return 0
     finally:
-        proc.stop()
+        for p in procs:
+            p.stop()

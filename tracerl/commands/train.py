@@ -15,8 +15,13 @@ and copied into the bucket, so a trainer on another host goes on where this one 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from options import UsageError, add_options, from_args
+
+if TYPE_CHECKING:
+    from trainer.config import TrainSettings
 
 EPILOG = """\
 examples:
@@ -24,6 +29,8 @@ examples:
   tracerl train --watch --model ./tiny --server http://127.0.0.1:8000 --every 600
   */10 * * * *  tracerl train --once --store /data/tracerl-store --model /models/base   (crontab)
   tracerl train --watch --store s3://bucket/runs/a --checkpoints /scratch/ckpt --model /models/base
+  tracerl train --watch --canary --gateway http://127.0.0.1:8100 --model ./smol \
+      --server http://127.0.0.1:8000,http://127.0.0.1:8001      (a canary per round, decided here)
 """
 
 
@@ -55,13 +62,33 @@ def run(args: argparse.Namespace) -> int:
     try:
         publisher = None
         if settings.server:
-            from trainer.publish import server_publisher
+            from trainer.publish import canary_publisher, server_publisher
 
-            publisher = server_publisher(settings.server, settings.publish)
+            make = canary_publisher if settings.canary else server_publisher
+            publisher = make(settings.server, settings.publish)
         if args.watch:
-            watch(settings, publisher=publisher)
+            watch(settings, publisher=publisher, between=canary_decision(settings))
             return 0
         run_once(settings, publisher=publisher)
         return 0
     except TrainError as e:
         raise UsageError(str(e)) from e
+
+
+def canary_decision(settings: TrainSettings) -> Callable[[], None] | None:
+    """``--watch --canary --gateway URL``: each idle poll decides the newest canary and tells the
+    gateway (``loop.promote``); a gateway that cannot be told is said and told again next poll."""
+    if not (settings.canary and settings.gateway):
+        return None
+    from loop.promote import gateway_orders, promote_once
+    from store.location import parse_store
+
+    loc, tell = parse_store(settings.store), gateway_orders(settings.gateway)
+
+    def decide() -> None:
+        try:
+            promote_once(loc, tell=tell, log=lambda m: None if m.startswith("another") else print(m))
+        except RuntimeError as e:
+            print(f"tracerl train: {e}; the decision is recorded, the next poll tells the gateway again")
+
+    return decide

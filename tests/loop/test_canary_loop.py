@@ -1,0 +1,227 @@
+"""The canary loop with real parts: `tracerl serve --second-listen` (two embedded servers of the tiny
+model: vLLM's CPU attention refuses its head size), `tracerl gateway --canary`, a real collector, an
+agent in this process on the real `openai` client instrumented by OpenLLMetry, rewards posted to
+the collector's side channel, the real converter, and `tracerl promote --once` as a process.
+
+Round 0's candidate is a harmed checkpoint (a tiny model of another seed: its answers are never the
+serving model's) and is rolled back; round 1's candidate has the serving weights (no worse) and is
+promoted, across a `kill -9` of `tracerl promote` after it recorded the decision and before the
+gateway heard it. Each candidate reaches its server through the trainer's real canary publisher (a
+full-weight reload into the server not serving). The checkpoints are built, not trained: the rounds
+are written to the manifest as `tracerl train --canary` leaves them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import pytest
+from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
+
+from loop.canary import decide
+from loop.promote import arm_stats, newest_canary
+from store.location import parse_store
+from store.views import connect_readonly
+from trainer.manifest import read_rounds, write_round
+from trainer.publish import canary_publisher
+from trainer.rounds import PublishRequest
+
+pytestmark = pytest.mark.slow  # starts servers, a gateway, a collector and promote processes
+
+PROMPTS = ["What is 2+2?", "Name a colour.", "Say hi.", "Count to three."]
+SHARE = 0.5  # half the rollouts to the candidate: 20 per arm (promote's minimum) in about 40
+
+
+def answer(client, prompt: str) -> str:
+    """One greedy call, with the W3C traceparent of the current span (what an instrumented HTTP
+    client sends: the gateway keeps a rollout's calls on one arm by it)."""
+    from opentelemetry.propagate import inject
+
+    headers: dict[str, str] = {}
+    inject(headers)
+    r = client.chat.completions.create(
+        model="policy",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=4,
+        temperature=0.0,
+        extra_headers=headers,
+    )
+    return r.choices[0].message.content or ""
+
+
+def run_rollouts(n: int, client, tracer, reference: dict[str, str], rewards_url: str) -> None:
+    """n rollouts of two calls each; reward 1 when both answers are the serving model's own."""
+    for i in range(n):
+        with tracer.start_as_current_span("rollout") as root:
+            hits = [answer(client, p) == reference[p] for p in (PROMPTS[i % 4], PROMPTS[(i + 1) % 4])]
+            tid = format(root.get_span_context().trace_id, "032x")
+        r = httpx.post(rewards_url, json={"trace_id": tid, "value": float(all(hits))})
+        assert r.status_code == 200, r.text
+
+
+def converted(store: Path, collector, want: int) -> int:
+    """Flush the collector and convert until ``want`` rollouts since the start are transitions."""
+    from span_to_transition.convert import ConvertConfig
+    from span_to_transition.store import convert_store
+
+    deadline = time.monotonic() + 60
+    while True:
+        collector.flush()
+        # a rollout is complete once quiet for 2 s: the gateway's spans (exported every 0.5 s) are in
+        convert_store(parse_store(store), ConvertConfig(quiet_s=2.0))
+        con = connect_readonly(parse_store(store))
+        try:
+            n = con.execute(
+                "SELECT count(DISTINCT rollout_id) FROM transitions WHERE rollout_reward IS NOT NULL"
+            ).fetchone()[0]
+        finally:
+            con.close()
+        if n >= want or time.monotonic() > deadline:
+            return n
+        time.sleep(0.5)
+
+
+def promote(store: Path, gateway: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "tracerl"), "promote", "--once", "--store", str(store), "--gateway", gateway],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def canary_round(store: Path, k: int, parent: int) -> None:
+    """The manifest row `tracerl train --canary` writes once policy@k+1 is published."""
+    row = {"round": k, "policy_version": parent, "parent_version": parent, "status": "canary"}
+    write_round(parse_store(store), {**row, "published_at": datetime.now(timezone.utc), "timings": "{}"})
+
+
+def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(tmp_path):
+    from openai import OpenAI
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from collector_exporter.testing import running_collector
+    from serving.models.tiny_model import build_tiny_model
+
+    base = build_tiny_model(tmp_path / "base", seed=0)
+    harmed = build_tiny_model(tmp_path / "harmed", seed=1)
+    same = Path(shutil.copytree(base, tmp_path / "same"))
+    store = tmp_path / "store"
+    pa, pb, pg = free_port(), free_port(), free_port()
+    a, b, gw_url = (f"http://127.0.0.1:{p}" for p in (pa, pb, pg))
+    publish = canary_publisher(f"{a},{b}", "full")
+    with running_collector(store) as col:
+        serve = start_tracerl(
+            "serve", "--engine", "embedded", "--model", str(base), "--listen", f"127.0.0.1:{pa}",
+            "--second-listen", f"127.0.0.1:{pb}", health=f"{b}/health", timeout=120,
+        )  # fmt: skip
+        gw = None
+        tp = TracerProvider()
+        tp.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=col.grpc_endpoint, insecure=True))
+        )
+        OpenAIInstrumentor().instrument(tracer_provider=tp)
+        try:
+            assert httpx.get(f"{a}/health").status_code == 200
+            direct = OpenAI(base_url=f"{a}/v1", api_key="x")
+            reference = {p: answer(direct, p) for p in PROMPTS}  # the serving model's greedy answers
+            gw = start_tracerl(
+                "gateway", "--canary", str(SHARE), "--upstream-for", f"policy@0={a}",
+                f"policy@1={b}", "--otlp", col.grpc_endpoint,
+                "--listen", f"127.0.0.1:{pg}", health=f"{gw_url}/health",
+            )  # fmt: skip
+            client = OpenAI(base_url=f"{gw_url}/v1", api_key="x", max_retries=0)
+            tracer = tp.get_tracer("agent")
+            rewards = col.http_endpoint + "/v1/rewards"
+
+            # round 0: the harmed checkpoint is published into the server not serving (b) as policy@1
+            publish(PublishRequest("policy@1", 1, harmed, False, base, serving_version=0))
+            canary_round(store, 0, 0)
+            t0 = time.monotonic()
+            n, looks = 0, []
+            while True:
+                run_rollouts(10, client, tracer, reference, rewards)
+                n += 10
+                converted(store, col, n)
+                looks.append(promote(store, gw_url))
+                assert looks[-1].returncode == 0, looks[-1].stdout + looks[-1].stderr
+                status = read_rounds(parse_store(store))[0]["status"]
+                if status != "canary" or n >= 120:
+                    break
+            print(f"\nround 0 (harmed): {status} after {n} rollouts, {time.monotonic() - t0:.0f}s; "
+                  f"{looks[-1].stdout.strip()}")  # fmt: skip
+            assert status == "rolled_back"
+            c = json.loads(read_rounds(parse_store(store))[0]["canary"])
+            assert c["n_serving"] + c["n_candidate"] == n  # every rollout counted, on the arm that served it
+            route = httpx.get(f"{gw_url}/v1/canary").json()
+            assert route["fraction"] == 0.0 and route["serving"]["upstream"] == a
+
+            # round 1 trains from policy@0 (the rollback) and publishes the serving weights as policy@2;
+            # the publisher picks b again (a serves policy@0), promote tells the gateway the new pair
+            publish(PublishRequest("policy@2", 2, same, False, base, serving_version=0))
+            assert httpx.get(f"{b}/weight_info").json()["weight_version"] == "2"
+            canary_round(store, 1, 0)
+            assert promote(store, gw_url).returncode == 0  # too few rollouts: waits, tells the pair
+            route = httpx.get(f"{gw_url}/v1/canary").json()
+            assert (route["candidate"]["version"], route["candidate"]["upstream"]) == ("policy@2", b)
+            assert route["fraction"] == SHARE  # a new candidate starts at --canary's share, no restart
+            published = read_rounds(parse_store(store))[1]["published_at"]
+            decision, m = None, 0
+            while decision is None or decision.action == "wait":  # as many as promote will need
+                run_rollouts(20, client, tracer, reference, rewards)
+                m += 20
+                converted(store, col, n + m)
+                decision = decide(*arm_stats(parse_store(store), 0, 2, published))
+                assert m <= 200, decision
+            print(f"round 1 (sound): {decision.action} after {m} rollouts; {decision.reason}")
+            assert decision.action == "promote"
+
+            # kill -9 between the recorded decision and the gateway: a gateway that never answers
+            with socket.socket() as hang:
+                hang.bind(("127.0.0.1", 0))
+                hang.listen()
+                stuck = subprocess.Popen(
+                    [str(BIN / "tracerl"), "promote", "--once", "--store", str(store), "--gateway",
+                     f"http://127.0.0.1:{hang.getsockname()[1]}"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                deadline = time.monotonic() + 60
+                while read_rounds(parse_store(store))[1]["status"] == "canary":
+                    assert time.monotonic() < deadline and stuck.poll() is None
+                    time.sleep(0.2)
+                os.kill(stuck.pid, signal.SIGKILL)
+                stuck.wait()
+            assert read_rounds(parse_store(store))[1]["status"] == "promoted"
+            assert httpx.get(f"{gw_url}/v1/canary").json()["fraction"] == SHARE  # not told yet
+            again = promote(store, gw_url)  # the lock died with it; the rerun tells the recorded decision
+            assert again.returncode == 0 and "promoted earlier" in again.stdout, again.stdout + again.stderr
+            route = httpx.get(f"{gw_url}/v1/canary").json()
+            assert route["fraction"] == 1.0 and route["candidate"]["upstream"] == b
+            assert newest_canary(read_rounds(parse_store(store)))["round"] == 1
+            con = connect_readonly(parse_store(store))
+            try:  # every call joined to its gateway span: exact tokens, and the version that served it
+                labels = con.execute(
+                    "SELECT token_source, policy_version, count(*) FROM transitions GROUP BY 1, 2 ORDER BY 2"
+                ).fetchall()
+            finally:
+                con.close()
+            print(f"transitions by token source and version: {labels}")
+            assert {(src, v) for src, v, _ in labels} == {("gateway", 0), ("gateway", 1), ("gateway", 2)}
+        finally:
+            OpenAIInstrumentor().uninstrument()
+            tp.shutdown()
+            if gw is not None:
+                stop_tracerl(gw)
+            stop_tracerl(serve)
