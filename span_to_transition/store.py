@@ -125,29 +125,30 @@ def _convert_store_locked(
     lap = stats.lap("status", lap)
 
     pairs = spans.select(["_file", "rollout_id"]).group_by(["_file", "rollout_id"]).aggregate([])
-    files_of: dict[str, set[str]] = {}
-    for fi, r in zip(pairs.column("_file").to_pylist(), pairs.column("rollout_id").to_pylist()):
-        files_of.setdefault(r, set()).add(rel[todo[fi]])
-    for r in statuses:  # late spans of an excluded rollout must be read again if it is retried
-        if r in ledger.excluded and r not in ready:
-            ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
+    ready_set = set(ready)
+    waiting = [r for r in ledger.excluded if r in statuses and r not in ready_set]
+    files_of = _files_of(pairs, waiting, [rel[f] for f in todo])
+    for r in waiting:  # late spans of an excluded rollout must be read again if it is retried
+        ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
 
     outputs = _convert_ready(
         layout, spans, ready, timed_out, len(statuses), rewards.rows, config, conversion, stats
     )
     lap = stats.lap("convert", lap)  # converting and writing the transitions
     watermark = {r: statuses[r].last_received_ns for r in ready}
+    excluded_now = [o.rollout_id for o in outputs if o.status == "excluded_no_reward"]
+    files_of = _files_of(pairs, excluded_now, [rel[f] for f in todo])
     _record(outputs, watermark, files_of, rewards.reconvert, ledger, stats)
     known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
     stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
-    # a span file is done when none of its rollouts is still pending
-    done_states = set(ledger.converted) | set(ledger.excluded)
-    pending_files = {
-        f
-        for f, r in zip(pairs.column("_file").to_pylist(), pairs.column("rollout_id").to_pylist())
-        if r not in done_states
-    }
+    # a span file is done when none of its rollouts is still pending (neither converted nor excluded)
+    pending = [r for r in statuses if r not in ledger.converted and r not in ledger.excluded]
+    rollout_col = pairs.column("rollout_id")
+    pending_mask = pc.or_(
+        pc.is_in(rollout_col, value_set=pa.array(pending, pa.string())), pc.is_null(rollout_col)
+    )
+    pending_files = set(pairs.column("_file").filter(pending_mask).to_pylist())
     for i, f in enumerate(todo):
         if i not in pending_files:
             ledger.files_done.add(rel[f])
@@ -343,6 +344,20 @@ def _convert_ready(
         stats.trainable_transitions += written.trainable
         outputs.extend(outs)
     return outputs
+
+
+def _files_of(pairs: pa.Table, rollouts: list[str], rel_files: list[str]) -> dict[str, set[str]]:
+    """The span files (relative to ``spans/``) holding each of ``rollouts``, from the pass's distinct
+    (``_file``, ``rollout_id``) ``pairs``. Only the ledger's excluded rollouts need theirs (so a later
+    reward can retry them), a few among many: they are picked on the Arrow columns, not by a Python pass
+    over every pair (which cost more than a second of the pass's serial time per 100k rollouts)."""
+    if not rollouts:
+        return {}
+    hit = pairs.filter(pc.is_in(pairs.column("rollout_id"), value_set=pa.array(rollouts, pa.string())))
+    out: dict[str, set[str]] = {}
+    for fi, r in zip(hit.column("_file").to_pylist(), hit.column("rollout_id").to_pylist()):
+        out.setdefault(r, set()).add(rel_files[fi])
+    return out
 
 
 def _record(
