@@ -128,17 +128,19 @@ class WriteTo:
 
 
 Packed = list[RolloutOutput | str]
-"""A worker's outputs as they travel back: a rollout converted with nothing to report is its id alone."""
+"""Outputs as ``convert_parallel`` yields them: a rollout converted with nothing to report is its id alone
+(``unpack`` gives the records)."""
 
 
 def _pack(outputs: list[RolloutOutput]) -> Packed:
-    """Outputs for the pipe. Most rollouts convert with nothing to report, and loading a pickled
-    ``RolloutOutput`` costs the parent ~6 us (0.6 s per 100k rollouts, serial beside the workers) where
-    an id and a fresh record cost ~1.7 us; ``_unpack`` gives back equal records."""
+    """Outputs for the pipe and the ledger. Most rollouts convert with nothing to report, and loading a
+    pickled ``RolloutOutput`` costs the parent ~6 us (0.6 s per 100k rollouts, serial beside the
+    workers) where an id costs next to nothing; the store records an id without making a record of it."""
     return [o.rollout_id if o == RolloutOutput(o.rollout_id, "converted") else o for o in outputs]
 
 
-def _unpack(packed: Packed) -> list[RolloutOutput]:
+def unpack(packed: Packed) -> list[RolloutOutput]:
+    """The records ``_pack`` stood for (equal to the originals)."""
     return [RolloutOutput(o, "converted") if isinstance(o, str) else o for o in packed]
 
 
@@ -179,8 +181,9 @@ def convert_parallel(
     n_rollouts: int,
     sink: Sink,
     timed_out: frozenset[str] = frozenset(),
-) -> Iterable[tuple[object, list[RolloutOutput]]]:
-    """``convert_table`` + ``sink`` over rollout-aligned chunks, in worker processes for large batches.
+) -> Iterable[tuple[object, Packed]]:
+    """``convert_table`` + ``sink`` over rollout-aligned chunks, in worker processes for large batches;
+    each chunk's outputs come packed (``Packed``: ``unpack`` gives the records).
 
     A single-threaded caller (``tracerl convert``) forks: workers inherit the batch copy-on-write
     and only the sink's small result travels back. A caller with threads (``collect --convert``
@@ -190,7 +193,7 @@ def convert_parallel(
     n = _workers(config, n_rollouts)
     if n == 1 and n_rollouts <= BATCH_ROLLOUTS:
         table, outputs = convert_table(sel, logs, rewards_by, config, timed_out)
-        yield sink(table), outputs
+        yield sink(table), _pack(outputs)
         return
     sel = sel.select(SPAN_COLUMNS)
     # deal whole rollouts round-robin into chunks, vectorised: sequential filters, no sort or gather
@@ -204,7 +207,7 @@ def convert_parallel(
             table, outputs = convert_table(
                 sel.filter(pa.array(slot == k)), logs, rewards_by, config, timed_out
             )
-            yield sink(table), outputs
+            yield sink(table), _pack(outputs)
         return
     if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
         _INHERITED.update(
@@ -218,8 +221,7 @@ def convert_parallel(
         )
         try:
             with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("fork")) as pool:
-                for written, packed in pool.map(_convert_inherited, range(n_chunks)):
-                    yield written, _unpack(packed)
+                yield from pool.map(_convert_inherited, range(n_chunks))
         finally:
             _INHERITED.clear()
         return
@@ -238,8 +240,7 @@ def convert_parallel(
             }
         jobs.append((_ipc(chunk), lg, rw, config, timed_out, sink))
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("forkserver")) as pool:
-        for written, packed in pool.map(_convert_chunk, jobs):
-            yield written, _unpack(packed)
+        yield from pool.map(_convert_chunk, jobs)
 
 
 _EPOCH = datetime.date(1970, 1, 1)

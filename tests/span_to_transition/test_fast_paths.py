@@ -128,7 +128,7 @@ def test_worker_outputs_travel_packed_and_come_back_equal() -> None:
     ]
     packed = workers._pack(outputs)
     assert [p for p in packed if isinstance(p, str)] == ["r0"]  # only a rollout with nothing to report shrinks
-    assert workers._unpack(pickle.loads(pickle.dumps(packed))) == outputs
+    assert workers.unpack(pickle.loads(pickle.dumps(packed))) == outputs
 
 
 def test_files_of_names_each_asked_rollouts_span_files() -> None:
