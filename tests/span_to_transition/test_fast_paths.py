@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -15,7 +16,7 @@ import pytest
 from schemas.attributes import TASK_ID
 from span_to_transition import workers
 from span_to_transition.agents import RESOURCE_AGENT, attribute_agent
-from span_to_transition.columnar import _resource_dicts, transitions_table
+from span_to_transition.columnar import _EMPTY, _placed, _resource_dicts, transitions_table
 from span_to_transition.convert import NO_CALLS_NONE, NO_REWARD, RolloutOutput, _dumps
 from span_to_transition.records import Span, Transition, load_json
 from span_to_transition.store import _files_of
@@ -136,3 +137,11 @@ def test_files_of_names_each_asked_rollouts_span_files() -> None:
     files = ["d/part-0.parquet", "d/part-1.parquet", "d/part-2.parquet"]
     assert _files_of(pairs, ["a", "c", "zz"], files) == {"a": {files[0], files[1]}, "c": {files[2]}}
     assert _files_of(pairs, [], files) == {}
+
+
+def test_placed_puts_each_value_at_its_place_and_the_shared_empty_elsewhere() -> None:
+    a, b = {"k": "1"}, {}
+    got = _placed([a, b], np.array([3, 0]), 5)
+    assert got == [b, {}, {}, a, {}]
+    assert got[3] is a and got[0] is b and got[1] is _EMPTY and got[4] is _EMPTY
+    assert _placed([], np.array([], dtype=np.int64), 2) == [{}, {}]
