@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +24,31 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from schemas.attributes import ROLLOUT_ID as ROLLOUT_ATTR
 from schemas.tables import ATTRS, LOGS_SCHEMA, SPANS_SCHEMA, TS
 
-_encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode  # built once, not per call
+
+def _json_encoder() -> Callable[[object], str]:
+    """Compact JSON with UTF-8 kept, as ``JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode``
+    gives it. ``encode`` builds a new C encoder on every call (about as costly as encoding a short list), and
+    every non-scalar attribute of every span is encoded here, so the C encoder is built once (the settings
+    ``encode`` passes it; no circular check: the values come from a protobuf message, never circular). A
+    private CPython function: used only where it gives exactly what the public path gives."""
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return encoder.encode
+    try:
+        iterencode = make(
+            None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, True
+        )
+        fast: Callable[[object], str] = lambda obj: "".join(iterencode(obj, 0))  # noqa: E731
+        probe = [{"k": 'é "q"\n', "n": 1.5, "i": -3, "ok": True, "x": None, "l": [1e16, "a"]}, float("nan")]
+        if fast(probe) == encoder.encode(probe):
+            return fast
+    except Exception:
+        pass
+    return encoder.encode
+
+
+_encode_json = _json_encoder()
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
 
@@ -123,7 +147,9 @@ def _lookup(keys: list[str], values: list[str | None], key: str) -> str | None:
         return None
 
 
-def _assemble(schema: pa.Schema, cols: dict[str, list], maps: dict[str, pa.Array], received_at_ns: int) -> pa.Table:
+def _assemble(
+    schema: pa.Schema, cols: dict[str, list], maps: dict[str, pa.Array], received_at_ns: int
+) -> pa.Table:
     """The table from per-column lists, prebuilt map arrays, and one receive time for every row."""
     n = len(cols[schema.names[0]])
     arrays = []
@@ -146,7 +172,9 @@ def trace_request_to_table(
     already in it are skipped, and new keys are added, so exporter retries never duplicate a
     span. Spans with invalid ids are expected to have been removed by ``receive.drop_invalid_spans``.
     """
-    cols: dict[str, list] = {n: [] for n in SPANS_SCHEMA.names if n not in ("attributes", "resource_attributes")}
+    cols: dict[str, list] = {
+        n: [] for n in SPANS_SCHEMA.names if n not in ("attributes", "resource_attributes")
+    }
     attrs, resources = _MapBuilder(), _MapBuilder()
     resource_index: list[int] = []  # per span: which resource_spans it came from
     trace_id, span_id, parent = cols["trace_id"], cols["span_id"], cols["parent_span_id"]
@@ -182,7 +210,11 @@ def trace_request_to_table(
                 cols["scope_version"].append(scope_version or None)
                 cols["events"].append(
                     [
-                        {"name": e.name, "time_ns": e.time_unix_nano, "attributes": list(zip(*_kv_lists(e.attributes)))}
+                        {
+                            "name": e.name,
+                            "time_ns": e.time_unix_nano,
+                            "attributes": list(zip(*_kv_lists(e.attributes))),
+                        }
                         for e in sp.events
                     ]
                     if sp.events
@@ -209,8 +241,10 @@ def trace_request_to_table(
                 except ValueError:
                     span_rollout = None
                 cols["rollout_id"].append(span_rollout or resource_rollout or tid_hex)
-    maps = {"attributes": attrs.array(),
-            "resource_attributes": resources.array().take(pa.array(resource_index, type=pa.int32()))}
+    maps = {
+        "attributes": attrs.array(),
+        "resource_attributes": resources.array().take(pa.array(resource_index, type=pa.int32())),
+    }
     return _assemble(SPANS_SCHEMA, cols, maps, received_at_ns)
 
 
@@ -218,7 +252,9 @@ def logs_request_to_table(request: ExportLogsServiceRequest, received_at_ns: int
     """Rows of LOGS_SCHEMA. GenAI semconv events (``gen_ai.user.message``, ``gen_ai.choice``…)
     arrive as log records; ``event_name`` holds the record's event name, or the legacy
     ``event.name`` attribute when the field is empty."""
-    cols: dict[str, list] = {n: [] for n in LOGS_SCHEMA.names if n not in ("attributes", "resource_attributes")}
+    cols: dict[str, list] = {
+        n: [] for n in LOGS_SCHEMA.names if n not in ("attributes", "resource_attributes")
+    }
     attrs, res_attrs = _MapBuilder(), _MapBuilder()
     for rl in request.resource_logs:
         rkeys, rvals = _kv_lists(rl.resource.attributes)
@@ -244,10 +280,16 @@ def logs_request_to_table(request: ExportLogsServiceRequest, received_at_ns: int
                 cols["flags"].append(rec.flags)
                 cols["dropped_attributes_count"].append(rec.dropped_attributes_count)
                 # Log records carry no id; the serialized record identifies a retry of the same record.
-                cols["log_id"].append(hashlib.blake2b(rec.SerializeToString(deterministic=True), digest_size=16).hexdigest())
+                cols["log_id"].append(
+                    hashlib.blake2b(rec.SerializeToString(deterministic=True), digest_size=16).hexdigest()
+                )
                 cols["rollout_id"].append(_lookup(keys, values, ROLLOUT_ATTR) or resource_rollout or tid)
-    return _assemble(LOGS_SCHEMA, cols, {"attributes": attrs.array(), "resource_attributes": res_attrs.array()},
-                     received_at_ns)
+    return _assemble(
+        LOGS_SCHEMA,
+        cols,
+        {"attributes": attrs.array(), "resource_attributes": res_attrs.array()},
+        received_at_ns,
+    )
 
 
 __all__ = ["ATTRS", "any_to_py", "any_to_text", "logs_request_to_table", "trace_request_to_table"]

@@ -209,12 +209,15 @@ def attribute_of(tree: SpanTree, key: str) -> str | None:
     return None if best is None else str(best[1])
 
 
-def task_id_of(tree: SpanTree, calls: list[LLMCall], task_key: str | None = None) -> str | None:
+def task_id_of(tree: SpanTree, calls: list[LLMCall], task_key: str | None = None,
+               prompts: list[str] | None = None) -> str | None:
     """The rollout's task, the group of group estimators: ``tracerl.task_id``, else the ``--task-key``
     attribute (each a span attribute, then a resource attribute; ``attribute_of``), else ``h:`` + a
     stable hash of the first call's whole prompt: every message (system prompt, few-shot turns, the
     question). Not its tools: some instrumentations record them and some do not (openai-v2 does not),
-    and the same request must be the same task whichever recorded it.
+    and the same request must be the same task whichever recorded it. ``prompts``: each call's messages
+    as the transition writes them (``prompt_messages``), when the caller has them already: the prompt is
+    encoded once per call, not again for its hash.
 
     Two requests are one task only when the agent was asked the same thing: a deployed service sends
     one system prompt (schema, examples) before every question, or its examples as user/assistant
@@ -225,9 +228,10 @@ def task_id_of(tree: SpanTree, calls: list[LLMCall], task_key: str | None = None
         value = attribute_of(tree, key)
         if value is not None:
             return value
-    for c in calls:
+    for i, c in enumerate(calls):
         if c.messages:
-            return "h:" + hashlib.sha256(_dumps(c.messages).encode()).hexdigest()[:16]
+            text = prompts[i] if prompts is not None else _dumps(c.messages)
+            return "h:" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return None
 
 
@@ -498,8 +502,8 @@ def _usage(call: LLMCall, gateway: Span | None) -> tuple[int | None, int | None]
 
 def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, is_last: bool, agent: str | None,
                 tokens: Tokens, usage: tuple[int | None, int | None], reward: _Reward, credited: float | None, *,
-                untrainable: str | None, trainable: bool) -> Transition:
-    """One call's row of the transitions table (schemas/tables.py)."""
+                untrainable: str | None, trainable: bool, prompt: str) -> Transition:
+    """One call's row of the transitions table (schemas/tables.py); ``prompt``: ``_dumps(call.messages)``."""
     return Transition(
         transition_id=transition_id(rollout_id, call.trace_id, call.span_id),
         rollout_id=rollout_id,
@@ -511,7 +515,7 @@ def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, 
         trainable=trainable,
         model=call.response_model or call.request_model,
         policy_version=tokens.policy_version,
-        prompt_messages=_dumps(call.messages),
+        prompt_messages=prompt,
         tools=_dumps(call.tools) if call.tools else None,
         response_message=_dumps(call.response),  # "null": the span recorded token ids only
         finish_reason=call.finish_reason,
@@ -558,7 +562,8 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         [None] * len(refs) if reward.value is None
         else list(assign(config.credit, CreditRollout(refs, reward.value, reward.rows, config.gamma, scopes)))
     )
-    task_id = task_id_of(tree, unique, config.task_key)
+    prompts = [_dumps(c.messages) for c in unique]
+    task_id = task_id_of(tree, unique, config.task_key, prompts)
     for step, (call, credited, found) in enumerate(zip(unique, credit, call_agents)):
         gateway = claimed.get(call.span_id)
         tokens = resolve_tokens(tree.spans[(call.trace_id, call.span_id)], gateway, call, out.problems,
@@ -569,6 +574,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         untrainable = malformed_reason(call, out, tokens.source != "retokenized" and bool(tokens.response_token_ids))
         out.transitions.append(_transition(
             inp.rollout_id, task_id, call, step, step == len(unique) - 1, agent, tokens, _usage(call, gateway),
-            reward, credited, untrainable=untrainable, trainable=untrainable is None and is_trainable(agent, selector)))
+            reward, credited, untrainable=untrainable, trainable=untrainable is None and is_trainable(agent, selector),
+            prompt=prompts[step]))
     out.status = "converted"
     return out

@@ -33,14 +33,14 @@ import pyarrow.parquet as pq
 from schemas.tables import LOGS_SCHEMA, REWARDS_SCHEMA, SPANS_SCHEMA, TRANSITIONS_SCHEMA
 from span_to_transition.columnar import _ns, logs_from_table, spans_from_table
 from span_to_transition.content_join import ContentJoin
-from span_to_transition.convert import ConvertConfig, RolloutOutput
+from span_to_transition.convert import ConvertConfig
 from span_to_transition.feedback import FeedbackRows, count_unjoined, join_feedback, reward_rows
 from span_to_transition.identity import assign_rollouts, link_rollouts
 from span_to_transition.ledger import Ledger, row_settings, settings_note
 from span_to_transition.records import Reward
 from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
 from span_to_transition.tree import END_MARKER, RolloutStatus, decide_completion
-from span_to_transition.workers import WriteTo, Written, convert_parallel
+from span_to_transition.workers import Packed, WriteTo, Written, convert_parallel
 from store.lease import CONVERTER_LOCK, hold
 from store.location import StoreLocation
 
@@ -125,29 +125,32 @@ def _convert_store_locked(
     lap = stats.lap("status", lap)
 
     pairs = spans.select(["_file", "rollout_id"]).group_by(["_file", "rollout_id"]).aggregate([])
-    files_of: dict[str, set[str]] = {}
-    for fi, r in zip(pairs.column("_file").to_pylist(), pairs.column("rollout_id").to_pylist()):
-        files_of.setdefault(r, set()).add(rel[todo[fi]])
-    for r in statuses:  # late spans of an excluded rollout must be read again if it is retried
-        if r in ledger.excluded and r not in ready:
-            ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
+    ready_set = set(ready)
+    waiting = [r for r in ledger.excluded if r in statuses and r not in ready_set]
+    files_of = _files_of(pairs, waiting, [rel[f] for f in todo])
+    for r in waiting:  # late spans of an excluded rollout must be read again if it is retried
+        ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
 
     outputs = _convert_ready(
         layout, spans, ready, timed_out, len(statuses), rewards.rows, config, conversion, stats
     )
     lap = stats.lap("convert", lap)  # converting and writing the transitions
     watermark = {r: statuses[r].last_received_ns for r in ready}
+    excluded_now = [
+        o.rollout_id for o in outputs if not isinstance(o, str) and o.status == "excluded_no_reward"
+    ]
+    files_of = _files_of(pairs, excluded_now, [rel[f] for f in todo])
     _record(outputs, watermark, files_of, rewards.reconvert, ledger, stats)
     known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
     stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
-    # a span file is done when none of its rollouts is still pending
-    done_states = set(ledger.converted) | set(ledger.excluded)
-    pending_files = {
-        f
-        for f, r in zip(pairs.column("_file").to_pylist(), pairs.column("rollout_id").to_pylist())
-        if r not in done_states
-    }
+    # a span file is done when none of its rollouts is still pending (neither converted nor excluded)
+    pending = [r for r in statuses if r not in ledger.converted and r not in ledger.excluded]
+    rollout_col = pairs.column("rollout_id")
+    pending_mask = pc.or_(
+        pc.is_in(rollout_col, value_set=pa.array(pending, pa.string())), pc.is_null(rollout_col)
+    )
+    pending_files = set(pairs.column("_file").filter(pending_mask).to_pylist())
     for i, f in enumerate(todo):
         if i not in pending_files:
             ledger.files_done.add(rel[f])
@@ -312,10 +315,10 @@ def _convert_ready(
     config: ConvertConfig,
     conversion: int,
     stats: ConvertStats,
-) -> list[RolloutOutput]:
+) -> Packed:
     """Convert the ready rollouts with their log events and reward rows; the rows are written by the
     sink where they are converted, and only counts come back."""
-    outputs: list[RolloutOutput] = []
+    outputs: Packed = []
     if not ready:
         return outputs
     sel = (
@@ -347,8 +350,22 @@ def _convert_ready(
     return outputs
 
 
+def _files_of(pairs: pa.Table, rollouts: list[str], rel_files: list[str]) -> dict[str, set[str]]:
+    """The span files (relative to ``spans/``) holding each of ``rollouts``, from the pass's distinct
+    (``_file``, ``rollout_id``) ``pairs``. Only the ledger's excluded rollouts need theirs (so a later
+    reward can retry them), a few among many: they are picked on the Arrow columns, not by a Python pass
+    over every pair (which cost more than a second of the pass's serial time per 100k rollouts)."""
+    if not rollouts:
+        return {}
+    hit = pairs.filter(pc.is_in(pairs.column("rollout_id"), value_set=pa.array(rollouts, pa.string())))
+    out: dict[str, set[str]] = {}
+    for fi, r in zip(hit.column("_file").to_pylist(), hit.column("rollout_id").to_pylist()):
+        out.setdefault(r, set()).add(rel_files[fi])
+    return out
+
+
 def _record(
-    outputs: list[RolloutOutput],
+    outputs: Packed,
     watermark: dict[str, int],
     files_of: dict[str, set[str]],
     reconvert: set[str],
@@ -356,8 +373,13 @@ def _record(
     stats: ConvertStats,
 ) -> None:
     """Each converted rollout's outcome into the ledger (converted with its watermark, or excluded
-    with its span files so a later reward can retry it) and the stats."""
+    with its span files so a later reward can retry it) and the stats. A rollout id alone
+    (``workers.Packed``) converted with nothing to report."""
     for o in outputs:
+        if isinstance(o, str):
+            _record_converted(o, watermark, reconvert, ledger, stats)
+            stats.rollouts_converted += 1
+            continue
         stats.duplicate_spans += o.duplicates
         stats.orphan_spans += o.orphans
         stats.calls_without_content += o.calls_without_content
@@ -379,16 +401,22 @@ def _record(
                 set(ledger.excluded.get(o.rollout_id, [])) | files_of[o.rollout_id]
             )
             continue
-        ledger.excluded.pop(o.rollout_id, None)
-        ledger.converted[o.rollout_id] = watermark[o.rollout_id]
-        if o.rollout_id in reconvert:
-            stats.rollouts_reconverted += 1
-            ledger.late.pop(o.rollout_id, None)  # its late spans are converted now
+        _record_converted(o.rollout_id, watermark, reconvert, ledger, stats)
         if o.status == "no_calls":
             stats.rollouts_without_calls += 1
             continue
         stats.rollouts_converted += 1
         stats.rollouts_filled_reward += int(o.filled_reward)
+
+
+def _record_converted(
+    rollout_id: str, watermark: dict[str, int], reconvert: set[str], ledger: Ledger, stats: ConvertStats
+) -> None:
+    ledger.excluded.pop(rollout_id, None)
+    ledger.converted[rollout_id] = watermark[rollout_id]
+    if rollout_id in reconvert:
+        stats.rollouts_reconverted += 1
+        ledger.late.pop(rollout_id, None)  # its late spans are converted now
 
 
 def _finish(stats: ConvertStats, ledger: Ledger, t0: float) -> ConvertStats:

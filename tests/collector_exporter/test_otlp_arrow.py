@@ -6,6 +6,7 @@ import json
 import time
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -13,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from collector_exporter.compactor import DedupeWindow
-from collector_exporter.otlp_arrow import trace_request_to_table
+from collector_exporter.otlp_arrow import any_to_py, any_to_text, trace_request_to_table
 from schemas.tables import SPANS_SCHEMA
 
 
@@ -31,8 +32,14 @@ def test_every_field_survives_with_typed_values_json_encoded():
             with tracer.start_as_current_span(
                 "openai.chat",
                 kind=SpanKind.CLIENT,
-                attributes={"gen_ai.request.model": "policy@2", "n": 3, "t": 0.5, "ok": True,
-                            "ids": [1, 2, 3], "names": ["a", "b"]},
+                attributes={
+                    "gen_ai.request.model": "policy@2",
+                    "n": 3,
+                    "t": 0.5,
+                    "ok": True,
+                    "ids": [1, 2, 3],
+                    "names": ["a", "b"],
+                },
                 links=[Link(root.get_span_context(), {"why": "retry"})],
             ) as call:
                 call.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.score.value": 0.75})
@@ -53,7 +60,9 @@ def test_every_field_survives_with_typed_values_json_encoded():
     assert (call["status_code"], call["status_message"]) == ("error", "boom")
     assert call["events"][0]["name"] == "gen_ai.evaluation.result"
     assert dict(call["events"][0]["attributes"]) == {"gen_ai.evaluation.score.value": "0.75"}
-    assert call["links"][0]["span_id"] == root["span_id"] and dict(call["links"][0]["attributes"]) == {"why": "retry"}
+    assert call["links"][0]["span_id"] == root["span_id"] and dict(call["links"][0]["attributes"]) == {
+        "why": "retry"
+    }
     assert dict(call["resource_attributes"])["deployment"] == "prod"
     assert (call["scope_name"], call["scope_version"]) == ("agent.scope", "0.9")
     assert call["end_time_ns"] >= call["start_time_ns"] > 0
@@ -67,11 +76,19 @@ def test_rollout_id_prefers_span_attribute_then_resource_then_trace_id():
             pass
 
     with_resource = _record({"tracerl.rollout_id": "from-resource"}, build)
-    rows = {r["name"]: r["rollout_id"] for r in trace_request_to_table(encode_spans(with_resource), 1).drop_columns(["received_at"]).to_pylist()}
+    rows = {
+        r["name"]: r["rollout_id"]
+        for r in trace_request_to_table(encode_spans(with_resource), 1)
+        .drop_columns(["received_at"])
+        .to_pylist()
+    }
     assert rows == {"a": "from-span", "b": "from-resource"}
 
     plain = _record({}, build)
-    rows = {r["name"]: (r["rollout_id"], r["trace_id"]) for r in trace_request_to_table(encode_spans(plain), 1).drop_columns(["received_at"]).to_pylist()}
+    rows = {
+        r["name"]: (r["rollout_id"], r["trace_id"])
+        for r in trace_request_to_table(encode_spans(plain), 1).drop_columns(["received_at"]).to_pylist()
+    }
     assert rows["a"][0] == "from-span"
     assert rows["b"][0] == rows["b"][1]
 
@@ -80,7 +97,9 @@ def test_dedupe_window_skips_spans_already_seen():
     spans = _record({}, lambda t: [t.start_span(f"s{i}").end() for i in range(5)])
     window = DedupeWindow()
     first = trace_request_to_table(encode_spans(spans), 1, seen=window)
-    again = trace_request_to_table(encode_spans(spans[2:] + _record({}, lambda t: t.start_span("new").end())), 1, seen=window)
+    again = trace_request_to_table(
+        encode_spans(spans[2:] + _record({}, lambda t: t.start_span("new").end())), 1, seen=window
+    )
     assert first.num_rows == 5
     assert again.column("name").to_pylist() == ["new"]
 
@@ -92,3 +111,43 @@ def test_dedupe_window_evicts_oldest_batches_beyond_its_size():
     w.update(["d", "e", "f"])
     w.end_batch()
     assert "a" not in w and "f" in w and len(w) == 3
+
+
+def test_structured_values_are_encoded_as_the_public_json_encoder_does():
+    """The prebuilt C encoder (``otlp_arrow._encode_json``) gives the text ``JSONEncoder.encode`` gives."""
+    public = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    values = [
+        AnyValue(
+            array_value=ArrayValue(values=[AnyValue(string_value="stop"), AnyValue(string_value='é "q"\n')])
+        ),
+        AnyValue(
+            array_value=ArrayValue(
+                values=[
+                    AnyValue(double_value=float("nan")),
+                    AnyValue(double_value=1e16),
+                    AnyValue(int_value=-3),
+                    AnyValue(bool_value=True),
+                    AnyValue(),
+                ]
+            )
+        ),
+        AnyValue(
+            kvlist_value=KeyValueList(
+                values=[
+                    KeyValue(key="k", value=AnyValue(string_value="\U0001f600")),
+                    KeyValue(
+                        key="nested",
+                        value=AnyValue(array_value=ArrayValue(values=[AnyValue(double_value=0.1)])),
+                    ),
+                ]
+            )
+        ),
+        AnyValue(array_value=ArrayValue()),
+    ]
+    expected = [
+        '["stop","é \\"q\\"\\n"]',
+        "[NaN,1e+16,-3,true,null]",
+        '{"k":"\U0001f600","nested":[0.1]}',
+        "[]",
+    ]
+    assert [any_to_text(v) for v in values] == [public(any_to_py(v)) for v in values] == expected

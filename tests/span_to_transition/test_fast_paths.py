@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from span_to_transition.agents import attribute_agent
-from span_to_transition.columnar import transitions_table
-from span_to_transition.convert import _dumps
+from schemas.attributes import TASK_ID
+from span_to_transition import workers
+from span_to_transition.agents import RESOURCE_AGENT, attribute_agent
+from span_to_transition.columnar import _EMPTY, _placed, _resource_dicts, transitions_table
+from span_to_transition.convert import NO_CALLS_NONE, NO_REWARD, RolloutOutput, _dumps
 from span_to_transition.records import Span, Transition, load_json
+from span_to_transition.store import _files_of
 from span_to_transition.tree import build_tree
 from span_to_transition.workers import write_transitions
 from store.layout import StoreLayout
@@ -97,3 +102,46 @@ def test_transitions_are_partitioned_by_utc_date_in_rollout_and_step_order(tmp_p
                                                           .to_pydict().values()))
            for p in files}
     assert got == want
+
+
+def test_resource_dicts_hold_exactly_the_non_empty_keys_asked_for() -> None:
+    keys = (TASK_ID, RESOURCE_AGENT)
+    rows = [None, [], [(RESOURCE_AGENT, "")], [(TASK_ID, "t1"), ("service.name", "svc")],
+            [("service.name", "svc")], [(RESOURCE_AGENT, "writer"), (TASK_ID, "t2")], None]
+    got = _resource_dicts(pa.array(rows, pa.map_(pa.string(), pa.string())), keys)
+    want = [{k: v for k, v in (r or []) if k in keys and v} for r in rows]
+    assert got == want
+    assert got[3] == {TASK_ID: "t1"} and got[5] == {RESOURCE_AGENT: "writer", TASK_ID: "t2"}
+    chunked = pa.chunked_array([pa.array(rows[:3], pa.map_(pa.string(), pa.string())),
+                                pa.array(rows[3:], pa.map_(pa.string(), pa.string()))])
+    assert _resource_dicts(chunked, keys) == want
+
+
+def test_worker_outputs_travel_packed_and_come_back_equal() -> None:
+    outputs = [
+        RolloutOutput("r0", "converted"),
+        RolloutOutput("r1", "converted", problems=["span s has no parent"], orphans=1),
+        RolloutOutput("r2", "excluded_no_reward", reason=NO_REWARD),
+        RolloutOutput("r3", "no_calls", reason=NO_CALLS_NONE),
+        RolloutOutput("r4", "converted", duplicates=2),
+        RolloutOutput("r5", "converted", filled_reward=True),
+        RolloutOutput("r6", "converted", untrainable_reasons={"malformed chat (semconv): x": 1}),
+    ]
+    packed = workers._pack(outputs)
+    assert [p for p in packed if isinstance(p, str)] == ["r0"]  # only a rollout with nothing to report shrinks
+    assert workers.unpack(pickle.loads(pickle.dumps(packed))) == outputs
+
+
+def test_files_of_names_each_asked_rollouts_span_files() -> None:
+    pairs = pa.table({"_file": pa.array([0, 0, 1, 2, 2], pa.int32()), "rollout_id": ["a", "b", "a", "c", None]})
+    files = ["d/part-0.parquet", "d/part-1.parquet", "d/part-2.parquet"]
+    assert _files_of(pairs, ["a", "c", "zz"], files) == {"a": {files[0], files[1]}, "c": {files[2]}}
+    assert _files_of(pairs, [], files) == {}
+
+
+def test_placed_puts_each_value_at_its_place_and_the_shared_empty_elsewhere() -> None:
+    a, b = {"k": "1"}, {}
+    got = _placed([a, b], np.array([3, 0]), 5)
+    assert got == [b, {}, {}, a, {}]
+    assert got[3] is a and got[0] is b and got[1] is _EMPTY and got[4] is _EMPTY
+    assert _placed([], np.array([], dtype=np.int64), 2) == [{}, {}]
