@@ -78,6 +78,7 @@ from trainer.dataset import (
 from trainer.feedback_window import WindowSplit, feedback_split, parse_duration
 from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
+from trainer.round_cap import over_cap
 
 DONE = ("trained", "published", "canary", "promoted", "rolled_back")
 
@@ -198,6 +199,8 @@ def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetric
         if stats.n_rollouts_feedback_waiting or stats.n_rollouts_unrewarded_at_close:
             parts += [f"feedback_waiting={stats.n_rollouts_feedback_waiting}",
                       f"unrewarded_at_close={stats.n_rollouts_unrewarded_at_close}"]
+        if stats.n_rollouts_over_cap:
+            parts.append(f"over_cap={stats.n_rollouts_over_cap}")
         if any(stats.staleness.get(d) for d in stats.staleness if d > 0) or stats.n_rollouts_too_stale:
             parts += ["staleness=" + ",".join(f"{d}:{n}" for d, n in sorted(stats.staleness.items())),
                       f"too_stale={stats.n_rollouts_too_stale}", f"stale_no_logprobs={stats.n_stale_no_logprobs}"]
@@ -303,10 +306,13 @@ def dataset_step(settings: TrainSettings, loc: StoreLocation, k: int, v: int, ba
     window = (feedback_split(settings.feedback_window, rows, used, int(_now().timestamp() * 1e9))
               if selection is None else WindowSplit())
     exclude = used | set(window.waiting) | window.unrewarded
+    capped = over_cap(rows, exclude, settings.max_rollouts) if selection is None else set()
+    exclude |= capped
     samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
                                    trained_version=v)
     stats.n_rollouts_feedback_waiting = len(window.waiting)
     stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
+    stats.n_rollouts_over_cap = len(capped)
     if lo > 0 and selection is None:
         stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
     return DatasetStep(selection, lo, rows, tokenizer, window, exclude, samples, stats)
