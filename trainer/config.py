@@ -40,6 +40,11 @@ class TrainSettings:
                                    "reload restores); 0 keeps all", metavar="N")
     min_rollouts: int = opt(8, "train a round once this many complete, rewarded rollouts of the current "
                                "version exist")
+    max_rollouts: int = opt(0, "cap a round at N rollouts, so cron rounds on a busy service stay bounded and "
+                               "on-policy: the newest N of the serving version (most recently ended first), then "
+                               "of older versions within --max-staleness; the rest are not consumed (a later "
+                               "round may take them; past --max-staleness they are dropped and counted). "
+                               "0: no cap, every unused rollout", metavar="N")
     every: float = opt(0.0, "also train when this many seconds passed since the last round, with any "
                             "number (>= 2) of rollouts; 0 disables", metavar="S")
     max_staleness: int = opt(0, "asynchronous rounds: round k also trains on not-yet-used rollouts that started "

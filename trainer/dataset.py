@@ -100,6 +100,7 @@ class DatasetStats:
     estimator_reason: str = ""
     n_rollouts_feedback_waiting: int = 0  # --feedback-window still open: not trained yet, a later round takes them
     n_rollouts_unrewarded_at_close: int = 0  # no feedback when the window closed: left out
+    n_rollouts_over_cap: int = 0  # --max-rollouts: not the newest N, left for a later round (not consumed)
 
 
 @dataclass

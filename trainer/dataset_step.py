@@ -27,6 +27,7 @@ from trainer.dataset import (
 )
 from trainer.feedback_window import WindowSplit, feedback_split
 from trainer.manifest import now_utc, read_selection, used_rollouts
+from trainer.round_cap import over_cap
 
 
 def dataset_config(s: TrainSettings) -> DatasetConfig:
@@ -70,10 +71,13 @@ def dataset_step(settings: TrainSettings, loc: StoreLocation, k: int, v: int, ba
     window = (feedback_split(settings.feedback_window, rows, used, int(now_utc().timestamp() * 1e9))
               if selection is None else WindowSplit())
     exclude = used | set(window.waiting) | window.unrewarded
+    capped = over_cap(rows, exclude, settings.max_rollouts) if selection is None else set()
+    exclude |= capped
     samples, stats = build_samples(rows, tokenizer, dataset_config(settings), exclude_rollouts=exclude,
                                    trained_version=v)
     stats.n_rollouts_feedback_waiting = len(window.waiting)
     stats.n_rollouts_unrewarded_at_close = len(window.unrewarded)
+    stats.n_rollouts_over_cap = len(capped)
     if lo > 0 and selection is None:
         stats.n_rollouts_too_stale = _too_stale(settings, loc, lo, used)
     return DatasetStep(selection, lo, rows, tokenizer, window, exclude, samples, stats)

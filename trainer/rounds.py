@@ -126,6 +126,8 @@ def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetric
         if stats.n_rollouts_feedback_waiting or stats.n_rollouts_unrewarded_at_close:
             parts += [f"feedback_waiting={stats.n_rollouts_feedback_waiting}",
                       f"unrewarded_at_close={stats.n_rollouts_unrewarded_at_close}"]
+        if stats.n_rollouts_over_cap:
+            parts.append(f"over_cap={stats.n_rollouts_over_cap}")
         if any(stats.staleness.get(d) for d in stats.staleness if d > 0) or stats.n_rollouts_too_stale:
             parts += ["staleness=" + ",".join(f"{d}:{n}" for d, n in sorted(stats.staleness.items())),
                       f"too_stale={stats.n_rollouts_too_stale}", f"stale_no_logprobs={stats.n_stale_no_logprobs}"]

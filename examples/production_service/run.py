@@ -56,7 +56,13 @@ TRAIN = [
     "1",
     "--steps-per-epoch",
     "1",
-]  # the real demo's SQL preset (tracerl/demo_tasks.py)
+    "--max-prompt-tokens",
+    "512",
+    "--max-response-tokens",
+    "64",
+    "--pack-tokens",
+    "640",
+]  # the real demo's SQL preset (tracerl/demo_tasks.py) and its token limits (tracerl/demo.py)
 sys.path.insert(0, str(HERE))
 from traffic import _load  # noqa: E402  (the demo's tasks and grader, loaded by path)
 
@@ -120,7 +126,7 @@ class Procs:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
-def service_env(db: Path, otlp: str, gateway: str, rewards: str) -> dict[str, str]:
+def service_env(db: Path, otlp: str, gateway: str, rewards: str, layout: str = "demo") -> dict[str, str]:
     """The service's whole configuration: env vars (OpenTelemetry's, OpenAI's, its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
     env.update(
@@ -136,6 +142,7 @@ def service_env(db: Path, otlp: str, gateway: str, rewards: str) -> dict[str, st
             "OPENAI_API_KEY": "unused",
             "SQL_SERVICE_DB": str(db),
             "SQL_SERVICE_FEEDBACK_URL": rewards,
+            "SQL_SERVICE_LAYOUT": layout,
         }
     )
     return env
@@ -221,7 +228,9 @@ class LoadSampler(threading.Thread):
             self.stop.wait(15)
 
 
-def start_stack(procs: Procs, model: Path, store: Path, db: Path, max_num_seqs: int) -> dict[str, str]:
+def start_stack(
+    procs: Procs, model: Path, store: Path, db: Path, max_num_seqs: int, layout: str
+) -> dict[str, str]:
     """Collector (converting), vLLM, gateway and the service, healthy; their URLs."""
     grpc, http, serve, gw, svc = (free_port() for _ in range(5))
     procs.start(
@@ -281,13 +290,14 @@ def start_stack(procs: Procs, model: Path, store: Path, db: Path, max_num_seqs: 
     procs.wait(f"{server}/health", "vLLM", 900)
     procs.wait(f"{gateway}/health", "the gateway", 60)
     rewards = f"http://127.0.0.1:{http}/v1/rewards"
-    service = start_service(procs, service_env(db, f"http://127.0.0.1:{grpc}", gateway, rewards), svc)
+    env = service_env(db, f"http://127.0.0.1:{grpc}", gateway, rewards, layout)
+    service = start_service(procs, env, svc)
     return {"server": server, "gateway": gateway, "rewards": rewards, "service": service}
 
 
-def train_once(args: argparse.Namespace, store: Path, model: Path, server: str, logs: Path) -> str:
-    """One cron run of ``tracerl train --once``; its last output line."""
-    cmd = [
+def train_cmd(args: argparse.Namespace, store: Path, model: Path, server: str) -> list[str]:
+    """The crontab line: ``tracerl train --once`` with the run's round sizing and the demo's learning settings."""
+    return [
         TRACERL,
         "train",
         "--once",
@@ -303,10 +313,17 @@ def train_once(args: argparse.Namespace, store: Path, model: Path, server: str, 
         str(args.max_staleness),
         "--min-rollouts",
         str(args.min_rollouts),
+        "--max-rollouts",
+        str(args.max_rollouts),
         "--threads",
         str(args.train_threads),
         *TRAIN,
     ]
+
+
+def train_once(args: argparse.Namespace, store: Path, model: Path, server: str, logs: Path) -> str:
+    """One cron run of ``tracerl train --once``; its last output line."""
+    cmd = train_cmd(args, store, model, server)
     with open(logs / "train.log", "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
@@ -314,6 +331,73 @@ def train_once(args: argparse.Namespace, store: Path, model: Path, server: str, 
         log.write(proc.stdout)
     lines = proc.stdout.strip().splitlines()
     return f"exit {proc.returncode}: {lines[-1] if lines else ''}"
+
+
+def _service_and_users(p: argparse.ArgumentParser) -> None:
+    """The deployment's side: the prompt layout, how many users, how often they ask, how they answer."""
+    p.add_argument(
+        "--layout",
+        choices=["demo", "system", "fewshot"],
+        default="demo",
+        help="the service's prompt layout (SQL_SERVICE_LAYOUT): demo, the real-model demo's writer prompt, where "
+        "the untrained SmolLM2 answers 12.5%% of held-out samples right; system (everything in the system "
+        "prompt: 1.7%%, too rare for noisy feedback to teach) (default: %(default)s)",
+    )
+    p.add_argument("--minutes", type=float, default=30, help="minutes of traffic (default: %(default)s)")
+    p.add_argument("--users", type=int, default=6, help="simulated users at once (default: %(default)s)")
+    p.add_argument(
+        "--think-s",
+        type=float,
+        default=10,
+        help="mean pause between a user's requests, i.e. the request rate: users that never pause keep vLLM "
+        "busy and each round trains everything that piled up since the last (default: %(default)s)",
+    )
+    p.add_argument("--delay-max-s", type=float, default=60, help="latest feedback (default: %(default)s)")
+    p.add_argument(
+        "--feedback-rate", type=float, default=0.6, help="share of users who answer (default: 0.6)"
+    )
+    p.add_argument(
+        "--flip",
+        type=float,
+        default=0.05,
+        help="probability a verdict is wrong: 5%% of users misjudging an answer (or clicking the wrong "
+        "thumb) is a realistic rate; at 10%% and a low base rate false positives outnumber true ones "
+        "(default: %(default)s)",
+    )
+
+
+def _training(p: argparse.ArgumentParser) -> None:
+    """The cron job's side: how often it runs and how large a round is."""
+    p.add_argument("--train-every-s", type=float, default=60, help="the cron period (default: %(default)s)")
+    p.add_argument(
+        "--feedback-window-s",
+        type=float,
+        default=90,
+        help="tracerl train --feedback-window, seconds (default: %(default)s)",
+    )
+    p.add_argument("--min-rollouts", type=int, default=16, help="tracerl train --min-rollouts (default: 16)")
+    p.add_argument(
+        "--max-rollouts",
+        type=int,
+        default=32,
+        help="tracerl train --max-rollouts: a round takes the newest N rewarded rollouts, so its size "
+        "follows the demo's rounds (32 rollouts), not the traffic's backlog (default: %(default)s)",
+    )
+    p.add_argument("--max-staleness", type=int, default=2, help="tracerl train --max-staleness (default: 2)")
+    p.add_argument("--train-threads", type=int, default=2, help="tracerl train --threads (default: 2)")
+    p.add_argument(
+        "--eval-every-s",
+        type=float,
+        default=540,
+        help="measure held-out success after a publish at most this often, and at the end (default: %(default)s)",
+    )
+    p.add_argument(
+        "--heldout-samples",
+        type=int,
+        default=4,
+        help="seeded samples per held-out question (30 questions; 4 as the demo measured its base rate) "
+        "(default: %(default)s)",
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -327,47 +411,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="HF model dir; default: WORKDIR/smollm2 built with "
         "'tracerl init-model --from smollm2-135m-instruct'",
     )
-    p.add_argument("--minutes", type=float, default=30, help="minutes of traffic (default: %(default)s)")
-    p.add_argument("--users", type=int, default=6, help="simulated users at once (default: %(default)s)")
-    p.add_argument(
-        "--think-s",
-        type=float,
-        default=10,
-        help="mean pause between a user's requests, i.e. the request rate: users that never pause keep vLLM "
-        "busy and each round trains everything that piled up since the last (default: %(default)s)",
-    )
-    p.add_argument("--train-every-s", type=float, default=120, help="the cron period (default: %(default)s)")
-    p.add_argument(
-        "--feedback-window-s",
-        type=float,
-        default=90,
-        help="tracerl train --feedback-window, seconds (default: %(default)s)",
-    )
-    p.add_argument("--delay-max-s", type=float, default=60, help="latest feedback (default: %(default)s)")
-    p.add_argument(
-        "--feedback-rate", type=float, default=0.6, help="share of users who answer (default: 0.6)"
-    )
-    p.add_argument("--flip", type=float, default=0.1, help="probability a verdict is wrong (default: 0.1)")
-    p.add_argument("--min-rollouts", type=int, default=16, help="tracerl train --min-rollouts (default: 16)")
-    p.add_argument("--max-staleness", type=int, default=2, help="tracerl train --max-staleness (default: 2)")
-    p.add_argument("--train-threads", type=int, default=2, help="tracerl train --threads (default: 2)")
-    p.add_argument(
-        "--eval-every-s",
-        type=float,
-        default=300,
-        help="measure held-out success after a publish at most this often, and at the end (default: %(default)s)",
-    )
-    p.add_argument(
-        "--heldout-samples",
-        type=int,
-        default=2,
-        help="seeded samples per held-out question (30 questions) (default: %(default)s)",
-    )
+    _service_and_users(p)
+    _training(p)
     args = p.parse_args(argv)
     if args.feedback_window_s < args.delay_max_s:
         p.error(
             f"--feedback-window-s {args.feedback_window_s:g} < --delay-max-s {args.delay_max_s:g}: "
             "feedback would come after its rollout's window closed; raise the window"
+        )
+    if 0 < args.max_rollouts < args.min_rollouts:
+        p.error(
+            f"--max-rollouts {args.max_rollouts} < --min-rollouts {args.min_rollouts}: no round could start"
         )
     return args
 
@@ -396,6 +450,13 @@ def serving_version(store: Path) -> int:
     return max(done) + 1 if done else 0
 
 
+def until_next_fire(t0: float, now: float, period: float) -> float:
+    """Seconds from ``now`` to cron's next firing, every ``period`` seconds since ``t0``. A run that took longer
+    than a period missed the firings meanwhile (cron would have started them and each would have found the lock
+    held), so the next run starts at the next multiple of the period, not a whole period after this one ended."""
+    return period - (now - t0) % period
+
+
 def cron(
     args: argparse.Namespace,
     paths: dict[str, Path],
@@ -404,11 +465,11 @@ def cron(
     measure,
     summary: dict,
 ) -> None:
-    """``tracerl train --once`` every --train-every-s while the traffic runs; held-out success after a
+    """``tracerl train --once`` at every --train-every-s firing while the traffic runs; held-out success after a
     publish once --eval-every-s passed since the last measurement, and at the end."""
     t0, measured, last_eval = time.monotonic(), 0, time.monotonic()
     while True:
-        ended = ended_within(traffic, args.train_every_s)
+        ended = ended_within(traffic, until_next_fire(t0, time.monotonic(), args.train_every_s))
         line = train_once(args, paths["store"], paths["model"], urls["server"], paths["logs"])
         minute = (time.monotonic() - t0) / 60
         summary["cron"].append({"minute": round(minute, 1), "train": line})
@@ -442,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler.start()
     summary: dict = {"settings": vars(args), "curve": [], "cron": []}
     try:
-        urls = start_stack(procs, model, store, db, max_num_seqs=max(16, args.users))
+        urls = start_stack(procs, model, store, db, max_num_seqs=max(16, args.users), layout=args.layout)
 
         def measure(minute: float, version: int) -> None:
             h = heldout(urls["service"], held, sql_reward, concurrency=16)

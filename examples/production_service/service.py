@@ -20,7 +20,8 @@ Endpoints:
 
 Knobs (env): ``SQL_SERVICE_DB`` (the SQLite database, required), ``SQL_SERVICE_LAYOUT`` (``system``:
 schema and worked examples in the system prompt, the question the first user message; ``fewshot``: the
-examples as user/assistant turns before the question), ``SQL_SERVICE_MODEL`` (``policy``),
+examples as user/assistant turns before the question; ``demo``: the real-model demo's writer prompt, the
+bare instruction as the system prompt and the schema in the first example's turn), ``SQL_SERVICE_MODEL`` (``policy``),
 ``SQL_SERVICE_TEMPERATURE`` (0.7), ``SQL_SERVICE_MAX_TOKENS`` (32), ``SQL_SERVICE_FEEDBACK_URL``.
 
 The prompt's pieces (instruction, schema, three worked examples) and the SQL extraction are the
@@ -42,9 +43,9 @@ from opentelemetry import trace
 from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "demo"))
-from sql_agent import EXAMPLES, SCHEMA, SYSTEM, extract_sql  # the demo writer's prompt
+from sql_agent import EXAMPLES, SCHEMA, SYSTEM, extract_sql, writer_messages  # the demo writer's prompt
 
-LAYOUTS = ("system", "fewshot")
+LAYOUTS = ("system", "fewshot", "demo")
 
 
 def system_prompt_messages(question: str) -> list[dict]:
@@ -72,10 +73,20 @@ def fewshot_messages(question: str) -> list[dict]:
     ]
 
 
+def demo_messages(question: str) -> list[dict]:
+    """The real-model demo's writer layout (examples/demo/sql_agent.py): the bare instruction as the system
+    prompt, the schema in the first worked example's user turn, the examples as user/assistant turns, then
+    the question. The untrained SmolLM2 writes SQL far more often in it (12.5 % of held-out samples right,
+    against 1.7 % with everything in the system prompt), which is what gives RL a signal to learn from."""
+    return writer_messages(question)
+
+
 def messages_for(layout: str, question: str) -> list[dict]:
-    if layout not in LAYOUTS:
+    """The request's messages in one of the ``LAYOUTS``; a ValueError naming SQL_SERVICE_LAYOUT otherwise."""
+    builders = {"system": system_prompt_messages, "fewshot": fewshot_messages, "demo": demo_messages}
+    if layout not in builders:
         raise ValueError(f"SQL_SERVICE_LAYOUT={layout!r}; use one of {', '.join(LAYOUTS)}")
-    return system_prompt_messages(question) if layout == "system" else fewshot_messages(question)
+    return builders[layout](question)
 
 
 def run_readonly(db: str, sql: str, limit: int = 20) -> list[list]:

@@ -1,7 +1,9 @@
-"""The simulated users of examples/production_service (traffic.py) and the service's two prompt layouts: pure."""
+"""The simulated users of examples/production_service (traffic.py), the service's prompt layouts and run.py's
+cron line: pure."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import random
 import sys
@@ -78,7 +80,7 @@ def test_bad_traffic_settings_are_usage_errors_naming_the_flag(argv, named, caps
     assert e.value.code == 2 and named in capsys.readouterr().err
 
 
-def test_the_two_layouts_put_the_question_where_the_issue_says(monkeypatch, tmp_path):
+def test_the_layouts_put_the_question_where_the_issue_says(monkeypatch, tmp_path):
     db = tmp_path / "shop.db"
     db.write_bytes(b"")
     monkeypatch.setenv("SQL_SERVICE_DB", str(db))
@@ -92,5 +94,47 @@ def test_the_two_layouts_put_the_question_where_the_issue_says(monkeypatch, tmp_
     fewshot = service.messages_for("fewshot", "How many orders?")
     assert [m["role"] for m in fewshot] == ["system"] + ["user", "assistant"] * 3 + ["user"]
     assert fewshot[1] == service.messages_for("fewshot", "Another question?")[1]  # one first user message
+    demo = service.messages_for("demo", "How many orders?")  # the demo writer's prompt, as its agent sends it
+    assert demo == service.writer_messages("How many orders?")
+    assert demo[0]["content"] == service.SYSTEM and demo[1]["content"].startswith(service.SCHEMA)
+    assert [m["role"] for m in demo] == ["system"] + ["user", "assistant"] * 3 + ["user"]
+    assert demo[-1]["content"] == "Question: How many orders?"
     with pytest.raises(ValueError, match="SQL_SERVICE_LAYOUT"):
         service.messages_for("chat", "q")
+
+
+def test_the_cron_line_caps_rounds_and_trains_with_the_demos_settings(monkeypatch):
+    from tracerl.commands import train
+    from tracerl.demo_tasks import PRESETS
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run = _load("run")
+    args = run.parse_args(["--max-rollouts", "24", "--min-rollouts", "12"])
+    cmd = run.train_cmd(args, Path("/s"), Path("/m"), "http://127.0.0.1:1")
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    parsed = parser.parse_args(cmd[2:])  # what `tracerl train` makes of it
+    assert (parsed.once, parsed.max_rollouts, parsed.min_rollouts) == (True, 24, 12)
+    sql = PRESETS["sql"]  # the real demo's learning settings, which took SmolLM2 from 0.042 to 0.233 held-out
+    assert (parsed.lr, parsed.lora_rank, parsed.epochs, parsed.steps_per_epoch) == (
+        sql["lr"],
+        sql["lora_rank"],
+        sql["epochs"],
+        sql["steps_per_epoch"],
+    )
+
+
+def test_a_round_cap_below_min_rollouts_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run = _load("run")
+    with pytest.raises(SystemExit) as e:
+        run.parse_args(["--max-rollouts", "8", "--min-rollouts", "16"])
+    assert e.value.code == 2 and "--max-rollouts 8 < --min-rollouts 16" in capsys.readouterr().err
+
+
+def test_cron_fires_on_its_period_and_a_long_run_skips_the_firings_it_overlapped(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run = _load("run")
+    assert run.until_next_fire(100.0, 100.0, 60) == 60  # the first firing, a period after the start
+    assert run.until_next_fire(100.0, 130.0, 60) == 30  # a short run: the next minute as planned
+    assert run.until_next_fire(100.0, 100.0 + 5 * 60 + 20, 60) == 40  # a 5-minute round: the next minute mark

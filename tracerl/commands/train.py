@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
     settings = from_args(TrainSettings, args)
     if settings.min_rollouts < 1 or settings.epochs < 1 or settings.steps_per_epoch < 1:
         raise UsageError("--min-rollouts, --epochs and --steps-per-epoch must be >= 1")
+    if settings.max_rollouts < 0 or 0 < settings.max_rollouts < settings.min_rollouts:
+        raise UsageError(f"--max-rollouts {settings.max_rollouts} must be 0 (no cap) or >= --min-rollouts "
+                         f"{settings.min_rollouts}, else a round could never start; raise it or lower --min-rollouts")
     if settings.pack_tokens < settings.max_prompt_tokens + settings.max_response_tokens:
         raise UsageError(f"--pack-tokens {settings.pack_tokens} is smaller than the longest possible sample "
                          f"(--max-prompt-tokens {settings.max_prompt_tokens} + --max-response-tokens "
