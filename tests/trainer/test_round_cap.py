@@ -98,7 +98,7 @@ def test_a_capped_round_trains_the_newest_and_leaves_the_rest_for_the_next(
     for r in rows:
         r.update(ended_at=ended[r["rollout_id"]], started_at=ended[r["rollout_id"]] - S)
     write_rows(store, rows)
-    monkeypatch.setattr("trainer.rounds._now", lambda: datetime.fromtimestamp(NOW / 1e9 + 1, timezone.utc))
+    monkeypatch.setattr("trainer.dataset_step.now_utc", lambda: datetime.fromtimestamp(NOW / 1e9 + 1, timezone.utc))
     s = train_settings(
         store, min_rollouts=4, max_rollouts=8, max_staleness=1, estimator="reinforce_plus_plus"
     )
