@@ -226,77 +226,18 @@ def materialize(table: pa.Table, keys: tuple[str, ...] = (TASK_ID,)) -> tuple[li
     n0 = len(table)
     if n0 == 0:
         return [], 0
-    # sort and dedupe on the id columns only; the wide columns are gathered once, at the end
-    ids = table.select(["rollout_id", "trace_id", "span_id", "received_at"])
-    order = pc.sort_indices(
-        ids,
-        sort_keys=[
-            ("rollout_id", "ascending"),
-            ("trace_id", "ascending"),
-            ("span_id", "ascending"),
-            ("received_at", "ascending"),
-        ],
-    )
-    ids = ids.take(order)
-    tid_a, sid_a = ids.column("trace_id"), ids.column("span_id")
-    if n0 > 1:
-        same = pc.and_(
-            pc.equal(tid_a.slice(1), tid_a.slice(0, n0 - 1)), pc.equal(sid_a.slice(1), sid_a.slice(0, n0 - 1))
-        )
-        first = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
-        order = pc.filter(order, pa.array(first))
+    order = _first_received_order(table)
     table = table.select(SPAN_COLUMNS)
     narrow = table.select(["trace_id", "span_id", "parent_span_id"]).take(order)
-    order_np = order.to_numpy(zero_copy_only=False)
-    m = len(narrow)
-    rows = pa.array(np.arange(m))
-    left = pa.table(
-        {
-            "trace_id": narrow.column("trace_id"),
-            "parent_span_id": narrow.column("parent_span_id"),
-            "row": rows,
-        }
-    )
-    right = pa.table(
-        {"trace_id": narrow.column("trace_id"), "span_id": narrow.column("span_id"), "prow": rows}
-    )
-    joined = left.join(
-        right,
-        keys=["trace_id", "parent_span_id"],
-        right_keys=["trace_id", "span_id"],
-        join_type="left outer",
-        use_threads=False,
-    )
-    parent = np.full(m, -1, dtype=np.int64)
-    parent[joined.column("row").to_numpy()] = pc.fill_null(joined.column("prow"), -1).to_numpy()
+    parent = _parent_rows(narrow)
     has_parent_id = pc.is_valid(narrow.column("parent_span_id")).to_numpy(zero_copy_only=False)
     orphan = has_parent_id & (parent < 0)
-    relevant = relevant_mask(table, keys).to_numpy(zero_copy_only=False)[order_np]
+    relevant = relevant_mask(table, keys).to_numpy(zero_copy_only=False)[order.to_numpy(zero_copy_only=False)]
     keep = relevant | ~has_parent_id | orphan
-    anc = parent.copy()
-    for _ in range(m):  # pointer jumping through pruned spans; bounded by the tree depth
-        hop = (anc >= 0) & ~keep[np.maximum(anc, 0)]
-        if not hop.any():
-            break
-        anc[hop] = parent[anc[hop]]
-
+    anc = _nearest_kept(parent, keep)
     kept_idx = np.nonzero(keep)[0]
-    rel_in_kept = relevant[kept_idx]
     kept = table.select(SKELETON_COLUMNS).take(pc.take(order, pa.array(kept_idx))).combine_chunks()
-    rel_rows = pc.take(order, pa.array(kept_idx[rel_in_kept]))  # rows of ``table`` that get attributes
-    # gather the wide map columns in ascending row order with a row mask (the rows are unique, so a
-    # filter selects exactly them, 10x faster than a gather), then put the Python objects in kept order
-    rel_np = rel_rows.to_numpy(zero_copy_only=False)
-    asc = np.argsort(rel_np, kind="stable")
-    row_mask = np.zeros(len(table), dtype=bool)
-    row_mask[rel_np] = True
-    row_mask_a = pa.array(row_mask)
-    at = np.flatnonzero(rel_in_kept)[asc]  # where each relevant row (ascending) goes among the kept spans
-    attrs = _placed(_maps_to_dicts(pc.filter(table.column("attributes"), row_mask_a)), at, len(kept))
-    resource = _placed(
-        _resource_dicts(pc.filter(table.column("resource_attributes"), row_mask_a), keys), at, len(kept)
-    )
-    events = _events_placed(table.column("events"), rel_rows, np.flatnonzero(rel_in_kept), len(kept))
+    attrs, resource, events = _wide_columns(table, order, kept_idx, relevant[kept_idx], keys)
     # parent: the nearest kept ancestor, else the recorded parent of an orphan, else none (a root)
     anc_kept = anc[kept_idx]
     parents = pc.if_else(
@@ -324,7 +265,94 @@ def materialize(table: pa.Table, keys: tuple[str, ...] = (TASK_ID,)) -> tuple[li
             rollouts.to_pylist(),
         )
     )
-    return out, n0 - m
+    return out, n0 - len(narrow)
+
+
+def _first_received_order(table: pa.Table) -> pa.Array:
+    """Row indices sorted by (rollout, trace, span, received_at), each span's earliest copy only: sorted
+    and deduplicated on the id columns alone (the wide columns are gathered once, at the end)."""
+    n0 = len(table)
+    ids = table.select(["rollout_id", "trace_id", "span_id", "received_at"])
+    order = pc.sort_indices(
+        ids,
+        sort_keys=[
+            ("rollout_id", "ascending"),
+            ("trace_id", "ascending"),
+            ("span_id", "ascending"),
+            ("received_at", "ascending"),
+        ],
+    )
+    ids = ids.take(order)
+    tid_a, sid_a = ids.column("trace_id"), ids.column("span_id")
+    if n0 > 1:
+        same = pc.and_(
+            pc.equal(tid_a.slice(1), tid_a.slice(0, n0 - 1)), pc.equal(sid_a.slice(1), sid_a.slice(0, n0 - 1))
+        )
+        first = np.concatenate([[True], ~same.to_numpy(zero_copy_only=False)])
+        order = pc.filter(order, pa.array(first))
+    return order
+
+
+def _parent_rows(narrow: pa.Table) -> np.ndarray:
+    """Each span's parent as a row of ``narrow`` (-1: none recorded, or not present): a hash join on
+    (trace_id, parent_span_id) = (trace_id, span_id)."""
+    m = len(narrow)
+    rows = pa.array(np.arange(m))
+    left = pa.table(
+        {
+            "trace_id": narrow.column("trace_id"),
+            "parent_span_id": narrow.column("parent_span_id"),
+            "row": rows,
+        }
+    )
+    right = pa.table(
+        {"trace_id": narrow.column("trace_id"), "span_id": narrow.column("span_id"), "prow": rows}
+    )
+    joined = left.join(
+        right,
+        keys=["trace_id", "parent_span_id"],
+        right_keys=["trace_id", "span_id"],
+        join_type="left outer",
+        use_threads=False,
+    )
+    parent = np.full(m, -1, dtype=np.int64)
+    parent[joined.column("row").to_numpy()] = pc.fill_null(joined.column("prow"), -1).to_numpy()
+    return parent
+
+
+def _nearest_kept(parent: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Each span's nearest kept ancestor (-1: none), by pointer jumping through pruned spans; the loop is
+    bounded by the tree depth."""
+    anc = parent.copy()
+    for _ in range(len(parent)):
+        hop = (anc >= 0) & ~keep[np.maximum(anc, 0)]
+        if not hop.any():
+            break
+        anc[hop] = parent[anc[hop]]
+    return anc
+
+
+def _wide_columns(
+    table: pa.Table, order: pa.Array, kept_idx: np.ndarray, rel_in_kept: np.ndarray, keys: tuple[str, ...]
+) -> tuple[list, list, list]:
+    """(attributes, resource attributes, events) of the kept spans, in kept order: Python objects for the
+    relevant ones only (the rest get empties). The wide map columns are gathered in ascending row order
+    with a row mask (the rows are unique, so a filter selects exactly them, 10x faster than a gather),
+    then the objects are put in kept order."""
+    n_kept = len(kept_idx)
+    rel_rows = pc.take(order, pa.array(kept_idx[rel_in_kept]))  # rows of ``table`` that get attributes
+    rel_np = rel_rows.to_numpy(zero_copy_only=False)
+    asc = np.argsort(rel_np, kind="stable")
+    row_mask = np.zeros(len(table), dtype=bool)
+    row_mask[rel_np] = True
+    row_mask_a = pa.array(row_mask)
+    at = np.flatnonzero(rel_in_kept)[asc]  # where each relevant row (ascending) goes among the kept spans
+    attrs = _placed(_maps_to_dicts(pc.filter(table.column("attributes"), row_mask_a)), at, n_kept)
+    resource = _placed(
+        _resource_dicts(pc.filter(table.column("resource_attributes"), row_mask_a), keys), at, n_kept
+    )
+    events = _events_placed(table.column("events"), rel_rows, np.flatnonzero(rel_in_kept), n_kept)
+    return attrs, resource, events
 
 
 def logs_from_table(table: pa.Table) -> list[LogEvent]:
