@@ -182,37 +182,9 @@ _plural = plural
 
 def diagnose(f: StoreFacts) -> list[Finding]:
     """The problems in a store, most fundamental first; empty when it is healthy."""
-    if f.spans == 0:
-        backlog = (
-            (
-                f" ({f.wal_backlog_bytes:,} bytes wait in the write-ahead log: the collector compacts them "
-                "into spans/ when it runs)"
-            )
-            if f.wal_backlog_bytes
-            else ""
-        )
-        return [
-            Finding(
-                "no spans",
-                f"spans/ is empty{backlog}",
-                "no agent has exported traces to this store's collector yet",
-                "run `tracerl collect --store DIR` and start the agent with OTEL_EXPORTER_OTLP_ENDPOINT="
-                "http://127.0.0.1:4317 (OTLP/gRPC; http://127.0.0.1:4318 for OTLP/HTTP); "
-                "check --store points at the collector's directory" + SKIPPED_HINT,
-            )
-        ]
-    if f.gateway_spans and f.gateway_spans == f.spans:
-        return [
-            Finding(
-                "no spans from the agent",
-                f"{_plural(f.spans, 'span')}, all from the tracerl gateway; none from the agent's process",
-                "the gateway saw the calls, but the agent exported no span (its instrumentation did not load, or its "
-                "exporter points elsewhere), so there are no prompts, agents or rewards to train on",
-                "start the agent under opentelemetry-instrument with OTEL_EXPORTER_OTLP_ENDPOINT="
-                "http://127.0.0.1:4317 (the collector)" + SKIPPED_HINT,
-            )
-        ]
-    out: list[Finding] = []
+    nothing = _nothing_from_the_agent(f)
+    if nothing is not None:
+        return [nothing]
     calls: list[SpanGroup] = []
     unread: list[SpanGroup] = []
     for g in f.groups:
@@ -223,7 +195,7 @@ def diagnose(f: StoreFacts) -> list[Finding]:
         elif _is_signal(g.sample):
             unread.append(g)
     n_calls = sum(g.count for g in calls)
-
+    out: list[Finding] = []
     if not calls and not unread and not f.gateway_spans:
         out.append(
             Finding(
@@ -235,32 +207,8 @@ def diagnose(f: StoreFacts) -> list[Finding]:
                 INSTRUMENT_FIX,
             )
         )
-    for g in unread:
-        keys = ", ".join(sorted(g.sample.attributes)[:40])
-        out.append(
-            Finding(
-                f"LLM calls in a dialect this converter does not read ({instrumentation(g.scope)[0]})",
-                f"{_plural(g.count, 'span')} like {g.sample.name!r} (scope {g.scope or '(none)'}) look like LLM calls; "
-                f"a sample's attribute keys: {keys}",
-                "the converter recognises none of its message spellings, so these calls yield no transitions",
-                "route the agent's calls through the gateway, whose spans are read whatever the agent uses ("
-                f"{POINT_AT_GATEWAY}); or report these attribute keys so the dialect can be added",
-            )
-        )
-
-    missing: dict[tuple[bool, str | None], int] = {}  # (has a response, scope) -> call spans with no prompt
-    for g in calls:
-        if g.wraps_call:  # a framework's outer record of a call recorded with its messages below it
-            continue
-        call = parse_call(g.sample, g.sample_logs)
-        shape = responses_finding(g.sample, call, g.scope, g.count)
-        if shape is not None:
-            out.append(shape)
-        elif call is not None and not call.messages:
-            key = (call.response is not None, g.scope)
-            missing[key] = missing.get(key, 0) + g.count
-    out += [_content_finding(scope, n, has_response) for (has_response, scope), n in missing.items()]
-
+    out += [_unread_finding(g) for g in unread]
+    out += _call_shape_findings(calls)
     out += chat_findings(f.untrainable)
     out += content_join_findings(f.content_join)
     out += agent_findings(f.transitions, f.transitions_without_agent, f.agents_setting)
@@ -272,6 +220,67 @@ def diagnose(f: StoreFacts) -> list[Finding]:
     if f.training is not None:
         out += training_findings(f.training)
     return out
+
+
+def _nothing_from_the_agent(f: StoreFacts) -> Finding | None:
+    """The store holds no span at all, or only the gateway's: nothing else can be diagnosed."""
+    if f.spans == 0:
+        backlog = (
+            (
+                f" ({f.wal_backlog_bytes:,} bytes wait in the write-ahead log: the collector compacts them "
+                "into spans/ when it runs)"
+            )
+            if f.wal_backlog_bytes
+            else ""
+        )
+        return Finding(
+            "no spans",
+            f"spans/ is empty{backlog}",
+            "no agent has exported traces to this store's collector yet",
+            "run `tracerl collect --store DIR` and start the agent with OTEL_EXPORTER_OTLP_ENDPOINT="
+            "http://127.0.0.1:4317 (OTLP/gRPC; http://127.0.0.1:4318 for OTLP/HTTP); "
+            "check --store points at the collector's directory" + SKIPPED_HINT,
+        )
+    if f.gateway_spans and f.gateway_spans == f.spans:
+        return Finding(
+            "no spans from the agent",
+            f"{_plural(f.spans, 'span')}, all from the tracerl gateway; none from the agent's process",
+            "the gateway saw the calls, but the agent exported no span (its instrumentation did not load, or its "
+            "exporter points elsewhere), so there are no prompts, agents or rewards to train on",
+            "start the agent under opentelemetry-instrument with OTEL_EXPORTER_OTLP_ENDPOINT="
+            "http://127.0.0.1:4317 (the collector)" + SKIPPED_HINT,
+        )
+    return None
+
+
+def _unread_finding(g: SpanGroup) -> Finding:
+    """Spans that look like LLM calls in no dialect the converter reads."""
+    keys = ", ".join(sorted(g.sample.attributes)[:40])
+    return Finding(
+        f"LLM calls in a dialect this converter does not read ({instrumentation(g.scope)[0]})",
+        f"{_plural(g.count, 'span')} like {g.sample.name!r} (scope {g.scope or '(none)'}) look like LLM calls; "
+        f"a sample's attribute keys: {keys}",
+        "the converter recognises none of its message spellings, so these calls yield no transitions",
+        "route the agent's calls through the gateway, whose spans are read whatever the agent uses ("
+        f"{POINT_AT_GATEWAY}); or report these attribute keys so the dialect can be added",
+    )
+
+
+def _call_shape_findings(calls: list[SpanGroup]) -> list[Finding]:
+    """Call spans in a shape the converter cannot read (the Responses API's, unreadable), or with no prompt."""
+    out: list[Finding] = []
+    missing: dict[tuple[bool, str | None], int] = {}  # (has a response, scope) -> call spans with no prompt
+    for g in calls:
+        if g.wraps_call:  # a framework's outer record of a call recorded with its messages below it
+            continue
+        call = parse_call(g.sample, g.sample_logs)
+        shape = responses_finding(g.sample, call, g.scope, g.count)
+        if shape is not None:
+            out.append(shape)
+        elif call is not None and not call.messages:
+            key = (call.response is not None, g.scope)
+            missing[key] = missing.get(key, 0) + g.count
+    return out + [_content_finding(scope, n, has_response) for (has_response, scope), n in missing.items()]
 
 
 def _content_finding(scope: str | None, n: int, has_response: bool) -> Finding:
