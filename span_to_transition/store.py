@@ -108,16 +108,7 @@ def _convert_store_locked(
 
     spans = _read_numbered(layout, todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
-    joins = ContentJoin()
-    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links, config.rollout_key, joins)
-    stats.content_ties += len(joins.ties)
-    stats.content_near_misses += len(joins.near_misses)
-    stats.problems.extend(
-        f"gateway span {g} matches no single agent call by content ({what}); its trace joins no rollout and the "
-        "call stays retokenized" for what, ids in (("a tie: several calls, or another gateway span", joins.ties),
-                                                   ("a near-miss: request or response only", joins.near_misses))
-        for g in ids)
-    stats.spans_read = len(spans)
+    spans = _assign(spans, ledger, config, stats)
     statuses = rollout_statuses(spans)
     stats.rollouts_seen = len(statuses)
     ready, timed_out, late_rollouts = _triage(statuses, converted, ledger, rewards, config, now_ns, stats)
@@ -144,7 +135,34 @@ def _convert_store_locked(
     known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
     stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
-    # a span file is done when none of its rollouts is still pending (neither converted nor excluded)
+    _mark_files_done(pairs, statuses, todo, rel, ledger)
+    ledger.reward_files = set(rewards.files)
+    confirm()
+    ledger.save(layout)
+    if rebuild:  # every rollout has newer rows now: the older files only hold superseded ones
+        _remove_superseded(layout, old_transition_files, stats)
+    stats.lap("ledger", lap)
+    return _finish(stats, ledger, t0)
+
+
+def _assign(spans: pa.Table, ledger: Ledger, config: ConvertConfig, stats: ConvertStats) -> pa.Table:
+    """Every span's rollout (``assign_rollouts``: its trace's, a linked or content-joined trace's), the
+    ledger's trace map updated; content-join ties and near-misses counted and named."""
+    joins = ContentJoin()
+    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links, config.rollout_key, joins)
+    stats.content_ties += len(joins.ties)
+    stats.content_near_misses += len(joins.near_misses)
+    stats.problems.extend(
+        f"gateway span {g} matches no single agent call by content ({what}); its trace joins no rollout and the "
+        "call stays retokenized" for what, ids in (("a tie: several calls, or another gateway span", joins.ties),
+                                                   ("a near-miss: request or response only", joins.near_misses))
+        for g in ids)
+    stats.spans_read = len(spans)
+    return spans
+
+
+def _mark_files_done(pairs: pa.Table, statuses: dict[str, RolloutStatus], todo: list[str], rel: dict[str, str], ledger: Ledger) -> None:
+    """A span file is done when none of its rollouts is still pending (neither converted nor excluded)."""
     pending = [r for r in statuses if r not in ledger.converted and r not in ledger.excluded]
     rollout_col = pairs.column("rollout_id")
     pending_mask = pc.or_(
@@ -154,19 +172,17 @@ def _convert_store_locked(
     for i, f in enumerate(todo):
         if i not in pending_files:
             ledger.files_done.add(rel[f])
-    ledger.reward_files = set(rewards.files)
-    confirm()
-    ledger.save(layout)
-    if rebuild:  # every rollout has newer rows now: the older files only hold superseded ones
-        stats.rollouts_reconverted = stats.rollouts_converted
-        written = set(stats.files_written)
-        for f in old_transition_files:
-            if f not in written:
-                with contextlib.suppress(FileNotFoundError):
-                    layout.fs.delete_file(f)
-                stats.files_removed += 1
-    stats.lap("ledger", lap)
-    return _finish(stats, ledger, t0)
+
+
+def _remove_superseded(layout: StoreLocation, old_transition_files: list[str], stats: ConvertStats) -> None:
+    """``--rebuild``: the transition files this pass did not write hold only superseded rows."""
+    stats.rollouts_reconverted = stats.rollouts_converted
+    written = set(stats.files_written)
+    for f in old_transition_files:
+        if f not in written:
+            with contextlib.suppress(FileNotFoundError):
+                layout.fs.delete_file(f)
+            stats.files_removed += 1
 
 
 def _open_ledger(
