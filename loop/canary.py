@@ -49,6 +49,11 @@ scale: success 0.25 -> 0.05; false rollbacks: a candidate equal to serving at 0.
     two-sided, tau 0.2 or 0.25, min 20     median 118, p90 233-235 0.041
     one-sided (half-normal mixture), tau 0.2, min 20   median 113, p90 204   0.065
     one-sided, tau 0.2, min 30             median 157, p90 219     0.052
+    betting on bounded rewards (loop/canary_betting.py), min 20   median 184, p90 299   0.028
+
+The betting rule needs no variance estimate (valid at every sample size, from the reward bounds and
+the known share alone) and keeps its false rollbacks below alpha, but is slower on the harm (p50 and
+p90), so it is not the default; ``tests/loop/test_canary.py`` prints both on the same 1,000 streams.
 
 The one-sided boundary is the closest to a p90 of 200 rollouts but rolls a good candidate back more
 often than alpha: with 20 rewards of 0/1 at 0.25, a candidate arm that is low by chance also

@@ -1,0 +1,89 @@
+"""A canary test that trusts only the reward bounds: testing by betting, measured against ``loop.canary``.
+
+Why it exists: the default rule (``loop.canary``, the mSPRT) plugs each arm's sample variance into a
+normal mixture, so its error guarantee is asymptotic; a small candidate arm of 0/1 rewards that scores
+low by chance also estimates a low variance. This rule needs no variance estimate to be valid: rewards
+lie in ``rule.reward_range`` and the gateway assigns each rollout to the candidate with a known
+probability ``share``, so the inverse-propensity increment
+
+    z_i = c_i x_i / share - (1 - c_i) x_i / (1 - share)      (c_i = 1 on the candidate arm)
+
+is bounded, independent across rollouts, with mean exactly Delta = mean(candidate) - mean(serving).
+Two test supermartingales bet on it (Waudby-Smith and Ramdas, "Estimating means of bounded random
+variables by betting", JRSS-B 2023; Shafer and Vovk's testing by betting):
+
+* **roll back** when the capital of betting *against* H0: Delta >= 0, prod (1 - l_i z_i), reaches 1/alpha;
+* **promote** when the capital of betting against H0: Delta <= -margin, prod (1 + l_i (z_i + margin)),
+  reaches 1/alpha.
+
+Each factor has mean <= 1 under its null and stays >= 0 (``l_i`` is capped below the bound), so by
+Ville's inequality each wrong answer has probability <= alpha over every look at once, for any sample
+size, without the central limit theorem. ``l_i`` is aGRAPA (the approximate growth-rate-adaptive bet:
+past mean over past second moment, from rollouts before i only, so the bet is predictable).
+
+Measured (``tests/loop/test_canary.py``, 1,000 seeded streams, a look after every rollout, share 0.2,
+success 0.25 -> 0.05): it rolls back after median ~180, p90 ~290 rollouts, against the mSPRT's ~124 /
+~244, with false rollbacks of an equal candidate ~0.03 (the mSPRT's ~0.04). The cost of validity without a
+variance estimate: a candidate success moves z by 1/share = 5 reward units, so the bet against it must
+stay below share, which caps how fast the capital can grow. So it is not the default.
+It also needs the rollouts in arrival order and the share, which the store's arms (count, mean,
+variance in SQL) do not carry today.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryRule
+
+BET_CAP = 0.5  # the fraction of the largest safe bet used (WSR's truncation; 0.5 measured best of 0.5 / 0.9)
+
+
+def ipw_increments(candidate: np.ndarray, rewards: np.ndarray, share: float, rule: CanaryRule) -> np.ndarray:
+    """Each rollout's unbiased increment for Delta (module docstring), rewards rescaled to [0, 1]."""
+    if not 0 < share < 1:
+        raise ValueError(f"share {share} must be in (0, 1): the gateway's --canary fraction")
+    lo, hi = rule.reward_range
+    x = (np.asarray(rewards, dtype=float) - lo) / (hi - lo)
+    if x.size and (x.min() < -1e-9 or x.max() > 1 + 1e-9):
+        raise ValueError(f"rewards outside reward_range [{lo:g}, {hi:g}]; pass the range the rewards live in")
+    return np.where(np.asarray(candidate, dtype=bool), x / share, -x / (1 - share))
+
+
+def log_capital(y: np.ndarray, max_bet: float) -> np.ndarray:
+    """log of prod (1 + l_i y_i) after each i, with the predictable aGRAPA bet ``l_i`` in [0, max_bet]."""
+    y = np.asarray(y, dtype=float)
+    t = np.arange(1, y.size + 1)
+    past_mean = np.concatenate([[0.0], np.cumsum(y)[:-1] / t[:-1]])
+    past_m2 = np.concatenate([[1.0], np.cumsum(y * y)[:-1] / t[:-1]])
+    bet = np.clip(past_mean / np.maximum(past_m2, 1e-12), 0.0, max_bet)
+    return np.cumsum(np.log1p(bet * y))
+
+
+def betting_codes(candidate: np.ndarray, rewards: np.ndarray, share: float, rule: CanaryRule) -> np.ndarray:
+    """The decision after every rollout of one stream: 1 promote, -1 roll back, 0 wait."""
+    cand = np.asarray(candidate, dtype=bool)
+    z = ipw_increments(cand, rewards, share, rule)
+    m = rule.margin / (rule.reward_range[1] - rule.reward_range[0])
+    threshold = math.log(1 / rule.alpha)
+    # factors >= 0: 1 - l z needs l <= share (z <= 1/share); 1 + l (z + m) needs l <= 1 / (1/(1-share) - m)
+    rollback = log_capital(-z, BET_CAP * share) >= threshold
+    promote = log_capital(z + m, BET_CAP / (1 / (1 - share) - m)) >= threshold
+    # a supermartingale that once crossed stays decided (Ville: the first crossing is the test)
+    rollback, promote = np.maximum.accumulate(rollback), np.maximum.accumulate(promote)
+    enough = (np.cumsum(cand) >= rule.min_per_arm) & (np.cumsum(~cand) >= rule.min_per_arm)
+    return np.where(enough, np.where(promote, 1, np.where(rollback, -1, 0)), 0)
+
+
+def betting_first_decision(
+    candidate: np.ndarray, rewards: np.ndarray, share: float, rule: CanaryRule | None = None
+) -> tuple[int, str]:
+    """Like ``loop.canary.first_decision``: (rollouts seen at the first decision, action), or (len, WAIT)."""
+    code = betting_codes(candidate, rewards, share, rule or CanaryRule())
+    hit = np.flatnonzero(code)
+    if hit.size == 0:
+        return len(code), WAIT
+    i = int(hit[0])
+    return i + 1, PROMOTE if code[i] > 0 else ROLL_BACK
