@@ -95,9 +95,14 @@ def newest_canary(rounds: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def canary_json(d: CanaryDecision, rule: CanaryRule, serving: int, candidate: int) -> str:
+def canary_json(
+    d: CanaryDecision, rule: CanaryRule, serving: int, candidate: int, gate: dict[str, Any] | None = None
+) -> str:
+    """The ``canary`` column: the decision, its rule, and the eval gate's numbers (``loop.gate``) when the
+    round passed one before its canary (kept from the row the trainer wrote)."""
     return json.dumps(
         {
+            **({"gate": gate} if gate else {}),
             **asdict(d),
             "serving_version": serving,
             "candidate_version": candidate,
@@ -137,7 +142,8 @@ def promote_once(
             s, c = arm_stats(loc, serving, candidate, row["published_at"])
             d = decide(s, c, rule)
             status = DECIDED.get(d.action, "canary")
-            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate)}
+            gate = json.loads(row["canary"]).get("gate") if row.get("canary") else None
+            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate, gate)}
             held.confirm()
             write_round(loc, row)
             log(f"round {k}: {served_name}@{candidate} vs {served_name}@{serving}: {describe(d)}")
