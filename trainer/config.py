@@ -80,7 +80,8 @@ class TrainSettings:
     gate_reward: str = opt("", "--gate-tasks: the reward function scoring the agent's stdout, MODULE:FN or "
                                "FILE.py:FN (as `tracerl rollout --reward`)", metavar="FN")
     gate_samples: int = opt(1, "--gate-tasks: runs per task on each arm", metavar="N")
-    gate_margin: float = opt(0.05, "--gate-tasks: the loss of held-out success a candidate may show and still pass")
+    gate_margin: float = opt(0.05, "--gate-tasks: the loss of held-out success a candidate may show and still pass",
+                             metavar="M")
     agents: str | None = opt(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
     tasks: str | None = opt(None, "train only rollouts whose task_id matches this regex; keeps evaluation "
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")

@@ -62,8 +62,11 @@ def test_gate_tasks_without_its_companions_is_a_usage_error_naming_them():
     with pytest.raises(UsageError, match=r"--canary, --server A,B, --gate-agent CMD, --gate-reward FN"):
         check_gate(TrainSettings(gate_tasks="held.jsonl"))
     with pytest.raises(UsageError, match="--gate-samples"):
-        check_gate(TrainSettings(gate_tasks="h", canary=True, server="u", gate_agent="a", gate_reward="r:f",
-                                 gate_samples=0))  # fmt: skip
+        check_gate(
+            TrainSettings(
+                gate_tasks="h", canary=True, server="u", gate_agent="a", gate_reward="r:f", gate_samples=0
+            )
+        )
     check_gate(TrainSettings(gate_tasks="h", canary=True, server="u", gate_agent="a", gate_reward="r:f"))
 
 
@@ -90,7 +93,7 @@ def greedy(url: str, prompt: str) -> str:
             "temperature": 0.0,
         },
     )
-    return r.json()["choices"][0]["message"]["content"] or ""  # fmt: skip
+    return r.json()["choices"][0]["message"]["content"] or ""
 
 
 def exact(task: dict, stdout: str) -> float:
@@ -110,8 +113,19 @@ def test_the_gate_stops_a_harmed_candidate_and_passes_a_sound_one_against_real_s
     (tmp_path / "agent.py").write_text(AGENT)
     pa, pb = free_port(), free_port()
     a, b = f"http://127.0.0.1:{pa}", f"http://127.0.0.1:{pb}"
-    serve = start_tracerl("serve", "--engine", "embedded", "--model", str(base), "--listen", f"127.0.0.1:{pa}",
-                          "--second-listen", f"127.0.0.1:{pb}", health=f"{b}/health", timeout=120)  # fmt: skip
+    serve = start_tracerl(
+        "serve",
+        "--engine",
+        "embedded",
+        "--model",
+        str(base),
+        "--listen",
+        f"127.0.0.1:{pa}",
+        "--second-listen",
+        f"127.0.0.1:{pb}",
+        health=f"{b}/health",
+        timeout=120,
+    )
     try:
         tasks = [Task(f"t{i}", {"prompt": p, "expect": greedy(a, p)}, i) for i, p in enumerate(PROMPTS)]
         plan = GatePlan(tasks, [sys.executable, str(tmp_path / "agent.py")], exact, margin=0.2, concurrency=2)
@@ -130,3 +144,52 @@ def test_the_gate_stops_a_harmed_candidate_and_passes_a_sound_one_against_real_s
         assert g.passed and g.success_candidate == 1.0
     finally:
         stop_tracerl(serve)
+
+
+def test_the_viewer_shows_the_gates_numbers_alone_and_beside_a_canary_decision():
+    from loop.canary import ArmStats, CanaryRule, decide
+    from loop.promote import canary_json
+    from ui.app import templates
+
+    g = gate_decision([1, 1, 1, 0], [0, 0, 0, 0], margin=0.05)
+    alone = {**g.record(), "serving_version": 1, "candidate_version": 2}
+    d = decide(ArmStats.of([1, 0, 0, 0] * 40), ArmStats.of([0.0] * 40))
+    beside = json.loads(canary_json(d, CanaryRule(), 1, 2, gate_decision([1], [1], 0.05).record()["gate"]))
+    cols = [
+        "n_rollouts",
+        "n_transitions",
+        "mean_reward",
+        "loss",
+        "kl",
+        "clip_fraction",
+        "staleness",
+        "estimator",
+        "estimator_reason",
+        "published_at",
+        "git_sha",
+        "checkpoint_path",
+        "adapter",
+        "seconds",
+        "settings_json",
+        "timings",
+    ]
+    rows = [
+        {"round": k, "policy_version": 1, "status": "rolled_back", "canary_info": c, **dict.fromkeys(cols)}
+        for k, c in ((1, alone), (2, beside))
+    ]
+    html = (
+        templates()
+        .get_template("rounds.html")
+        .render(
+            rounds=rows,
+            charts=[],
+            heldout=None,
+            tasks_re="",
+            live=False,
+            nav="rounds",
+            generation=0,
+            store="",
+        )
+    )
+    assert "eval gate failed: held-out success 0.000 (n=4) vs 0.750 (n=4)" in html
+    assert "eval gate passed" in html and "difference -0.250" in html  # the decision and its gate, one cell

@@ -31,6 +31,9 @@ examples:
   tracerl train --watch --store s3://bucket/runs/a --checkpoints /scratch/ckpt --model /models/base
   tracerl train --watch --canary --gateway http://127.0.0.1:8100 --model ./smol \
       --server http://127.0.0.1:8000,http://127.0.0.1:8001      (a canary per round, decided here)
+  tracerl train --watch --canary --server http://127.0.0.1:8000,http://127.0.0.1:8001 --model ./smol \
+      --gate-tasks heldout.jsonl --gate-agent "python examples/demo/agent.py" \
+      --gate-reward examples/demo/reward.py:score     (an eval gate before each canary)
 """
 
 
@@ -106,9 +109,12 @@ def eval_gate(settings: TrainSettings) -> Callable:
     from rollout.tasks import load_tasks
     from trainer.publish import server_urls, weight_tag
 
-    plan = GatePlan(tasks=load_tasks(settings.gate_tasks), command=shlex.split(settings.gate_agent),
-                    reward_fn=load_reward_fn(settings.gate_reward), n=settings.gate_samples,
-                    margin=settings.gate_margin)
+    try:  # the rollout command's loaders, their messages in this command's flags
+        tasks, reward_fn = load_tasks(settings.gate_tasks), load_reward_fn(settings.gate_reward)
+    except UsageError as e:
+        raise UsageError(str(e).replace("--tasks", "--gate-tasks").replace("--reward", "--gate-reward")) from None
+    plan = GatePlan(tasks=tasks, command=shlex.split(settings.gate_agent), reward_fn=reward_fn,
+                    n=settings.gate_samples, margin=settings.gate_margin)
     return server_gate(server_urls(settings.server or ""), plan, weight_tag, settings.served_name)
 
 
