@@ -31,8 +31,11 @@ with false rollbacks of an equal candidate 0.027 (the mSPRT's 0.045), and it pro
 sizes instead of aGRAPA 160 / 303. The cost of validity without a variance estimate: a candidate success
 moves z by about (1 - b)/share = 3.75 reward units, so the bet against it must stay below 1/3.75, which caps
 how fast the capital can grow. Slower on the harm at p90, so it is not the default.
-It also needs the rollouts in arrival order and the share, which the store's arms (count, mean,
-variance in SQL) do not carry today.
+It needs the rollouts in arrival order and the share: ``tracerl promote --once --betting-share F``
+(``decide_by_betting``) reads each arm's rewarded rollouts of the window in the order they began, and F
+is the gateway's ``--canary`` share. The guarantee assumes the order of a look extends the previous
+look's; a rollout rewarded late that began before rewarded ones is placed where it began, which bends
+that assumption a little (rewards that arrive in order keep it exact).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import math
 
 import numpy as np
 
-from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryRule
+from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryDecision, CanaryRule
 
 BET_CAP = 0.7  # the fraction of the largest safe bet used (WSR's truncation): measured p90 0.5: 276, 0.7: 277, 0.9: 369
 
@@ -98,3 +101,33 @@ def betting_first_decision(
         return len(code), WAIT
     i = int(hit[0])
     return i + 1, PROMOTE if code[i] > 0 else ROLL_BACK
+
+
+def decide_by_betting(
+    candidate: np.ndarray, rewards: np.ndarray, share: float, rule: CanaryRule | None = None
+) -> CanaryDecision:
+    """The decision over the window's rollouts in arrival order (``candidate[i]``: rollout i's arm), as
+    ``loop.canary.decide`` reports it: the first test to cross 1/alpha decides, and stays decided."""
+    rule = rule or CanaryRule()
+    cand = np.asarray(candidate, dtype=bool)
+    x = np.asarray(rewards, dtype=float)
+    n_c, n_s = int(cand.sum()), int((~cand).sum())
+    mean_c = float(x[cand].mean()) if n_c else 0.0
+    mean_s = float(x[~cand].mean()) if n_s else 0.0
+    nan = float("nan")
+    numbers = (n_s, n_c, mean_s, mean_c, mean_c - mean_s, nan, nan)
+    if min(n_s, n_c) < rule.min_per_arm:
+        why = f"{n_s} serving and {n_c} candidate rewards; each arm needs {rule.min_per_arm}"
+        return CanaryDecision(WAIT, *numbers, why)
+    code = betting_codes(cand, x, share, rule)
+    hit = np.flatnonzero(code)
+    if hit.size == 0:
+        return CanaryDecision(
+            WAIT, *numbers, f"neither bet reached 1/alpha = {1 / rule.alpha:g} (share {share:g})"
+        )
+    i = int(hit[0])
+    if code[i] > 0:
+        why = f"the bet against a loss of margin {rule.margin:g} reached 1/alpha at rollout {i + 1}"
+        return CanaryDecision(PROMOTE, *numbers, why)
+    why = f"the bet against 'no worse' reached 1/alpha at rollout {i + 1}: the candidate is worse"
+    return CanaryDecision(ROLL_BACK, *numbers, why)
