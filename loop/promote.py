@@ -31,7 +31,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from loop.canary import PROMOTE, ROLL_BACK, WAIT, ArmStats, CanaryDecision, CanaryRule, decide
+from loop.canary_betting import decide_by_betting
 from store.location import StoreLocation
 from store.views import connect_readonly
 from trainer.manifest import read_rounds, start_version, train_lock, write_round
@@ -84,6 +87,30 @@ def arm_stats(loc: StoreLocation, serving: int, candidate: int, since: datetime)
     return got.get(serving, empty), got.get(candidate, empty)
 
 
+_SEQUENCE_SQL = """
+WITH r AS (
+    SELECT policy_version AS v, rollout_id, max(rollout_reward) AS reward, min(started_at) AS began
+    FROM transitions
+    WHERE policy_version IN (?, ?) AND rollout_reward IS NOT NULL
+    GROUP BY 1, 2
+)
+SELECT v, reward FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? ORDER BY began, rollout_id
+"""
+
+
+def arm_sequence(
+    loc: StoreLocation, serving: int, candidate: int, since: datetime
+) -> tuple[np.ndarray, np.ndarray]:
+    """The window's rewarded rollouts in the order they began: (is the candidate's, reward), for the
+    betting test (``loop.canary_betting``), which needs the order as well as the counts."""
+    con = connect_readonly(loc)
+    try:
+        rows = con.execute(_SEQUENCE_SQL, [serving, candidate, since]).fetchall()
+    finally:
+        con.close()
+    return np.array([int(v) == candidate for v, _ in rows], dtype=bool), np.array([float(x) for _, x in rows])
+
+
 def newest_canary(rounds: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The newest round that was published as a canary (decided or not), or None."""
     for k in sorted(rounds, reverse=True):
@@ -95,9 +122,19 @@ def newest_canary(rounds: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def canary_json(d: CanaryDecision, rule: CanaryRule, serving: int, candidate: int) -> str:
+def canary_json(
+    d: CanaryDecision,
+    rule: CanaryRule,
+    serving: int,
+    candidate: int,
+    gate: dict[str, Any] | None = None,
+    share: float | None = None,
+) -> str:
+    """The ``canary`` column: the decision, its rule, and the eval gate's numbers (``loop.gate``) when the
+    round passed one before its canary (kept from the row the trainer wrote)."""
     return json.dumps(
         {
+            **({"gate": gate} if gate else {}),
             **asdict(d),
             "serving_version": serving,
             "candidate_version": candidate,
@@ -105,6 +142,8 @@ def canary_json(d: CanaryDecision, rule: CanaryRule, serving: int, candidate: in
             "margin": rule.margin,
             "min_per_arm": rule.min_per_arm,
             "tau": rule.tau,
+            "test": "msprt" if share is None else "betting",
+            **({} if share is None else {"share": share}),
             "at": datetime.now(timezone.utc).isoformat(),
         }
     )
@@ -117,8 +156,10 @@ def promote_once(
     served_name: str = "policy",
     tell: Callable[[GatewayOrder], None] | None = None,
     log: Callable[[str], None] = print,
+    share: float | None = None,
 ) -> PromoteOutcome:
-    """One cron-safe look at the newest canary (module docstring). ``tell(order)`` tells the gateway."""
+    """One cron-safe look at the newest canary (module docstring). ``tell(order)`` tells the gateway;
+    ``share`` (the gateway's --canary share) decides by betting (``loop.canary_betting``) instead."""
     rule = rule or CanaryRule()
     with train_lock(loc) as held:
         if held is None:
@@ -134,10 +175,15 @@ def promote_once(
         k = row["round"]
         serving, candidate = start_version(rounds, k), k + 1
         if row["status"] == "canary":
-            s, c = arm_stats(loc, serving, candidate, row["published_at"])
-            d = decide(s, c, rule)
+            if share is None:
+                d = decide(*arm_stats(loc, serving, candidate, row["published_at"]), rule)
+            else:
+                d = decide_by_betting(
+                    *arm_sequence(loc, serving, candidate, row["published_at"]), share, rule
+                )
             status = DECIDED.get(d.action, "canary")
-            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate)}
+            gate = json.loads(row["canary"]).get("gate") if row.get("canary") else None
+            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate, gate, share)}
             held.confirm()
             write_round(loc, row)
             log(f"round {k}: {served_name}@{candidate} vs {served_name}@{serving}: {describe(d)}")

@@ -181,7 +181,8 @@ ROUNDS_SCHEMA = pa.schema(
         # the version the round started from and trained on: k, or after a rolled-back round the
         # version that kept serving (null in files written before it existed: read as k)
         pa.field("parent_version", pa.int64()),
-        # JSON: the canary decision and its numbers (loop.canary.CanaryDecision + the rule), last look
+        # JSON: the canary decision and its numbers (loop.canary.CanaryDecision + the rule), last look;
+        # and/or the eval gate's (loop.gate.GateResult under "gate", tracerl train --gate-tasks)
         pa.field("canary", pa.string()),
     ]
 )

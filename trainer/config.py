@@ -69,6 +69,19 @@ class TrainSettings:
     gateway: str = opt("", "--watch --canary: decide each canary between polls (as `tracerl promote --once` with "
                            "its default rule) and tell this `tracerl gateway --canary` the pair and the share; "
                            "unset: run `tracerl promote --once --gateway URL` from cron", metavar="URL")
+    gate_tasks: str = opt("", "--canary: an eval gate before each canary: run this held-out tasks file (JSONL, as "
+                              "`tracerl rollout --tasks`) with --gate-agent against the candidate's server and the "
+                              "serving one; the candidate goes to live traffic only if its success (mean "
+                              "--gate-reward; a failed run counts 0) is no worse than serving's minus --gate-margin, "
+                              "else it is rolled back with the gate's numbers. Needs two full-weight servers "
+                              "(--server A,B)", metavar="FILE")
+    gate_agent: str = opt("", "--gate-tasks: the agent command, as after `tracerl rollout --` (one string, split "
+                              "like a shell), e.g. 'python examples/demo/agent.py'", metavar="CMD")
+    gate_reward: str = opt("", "--gate-tasks: the reward function scoring the agent's stdout, MODULE:FN or "
+                               "FILE.py:FN (as `tracerl rollout --reward`)", metavar="FN")
+    gate_samples: int = opt(1, "--gate-tasks: runs per task on each arm", metavar="N")
+    gate_margin: float = opt(0.05, "--gate-tasks: the loss of held-out success a candidate may show and still pass",
+                             metavar="M")
     agents: str | None = opt(None, "train only calls whose agent_name matches this regex", metavar="REGEX")
     tasks: str | None = opt(None, "train only rollouts whose task_id matches this regex; keeps evaluation "
                                   "tasks out of training (e.g. '^train-')", metavar="REGEX")

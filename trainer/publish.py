@@ -36,7 +36,7 @@ from serving.gateway.canary import serves
 from serving.vllm.publish import VLLMPublisher, publish_policy
 from trainer.choices import PUBLISH_MODES as MODES
 from trainer.merge import merge_adapter
-from trainer.rounds import Publisher, PublishRequest, TrainError
+from trainer.rounds import GateVerdict, Publisher, PublishRequest, TrainError
 
 
 def server_urls(value: str) -> list[str]:
@@ -149,5 +149,22 @@ def canary_publisher(
             )
         serving = req.serving_version if req.serving_version is not None else req.version - 1
         publish_one(canary_target({u: read_tag(u) for u in urls}, serving), req, mode, how)
+
+    return publish
+
+
+def gated(publisher: Publisher, gate: Callable[[PublishRequest], GateVerdict]) -> Publisher:
+    """``--gate-tasks``: publish the candidate to its server, then run the eval gate (``loop.gate``) on both
+    arms; the verdict decides whether the round becomes a canary or is rolled back (``rounds._publish``)."""
+
+    def publish(req: PublishRequest) -> GateVerdict:
+        publisher(req)
+        try:
+            return gate(req)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise TrainError(
+                f"the eval gate for {req.name} could not run ({e}); the round stays 'trained' and the "
+                "next run publishes and gates it again"
+            ) from e
 
     return publish

@@ -82,11 +82,20 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def canary_line(k: int, status: str, c: dict[str, Any]) -> str:
-    """A canary decision with its numbers (the ``canary`` column, written by ``tracerl promote``)."""
+    """A canary decision with its numbers (the ``canary`` column, written by ``tracerl promote``), or the eval
+    gate's (``loop.gate``) for a candidate it stopped before any live traffic."""
+    if "mean_candidate" not in c and "gate" in c:
+        g = c["gate"]
+        return (f"round {k}: eval gate v{c['candidate_version']} vs v{c['serving_version']}: {status}: held-out "
+                f"success {g['success_candidate']:.3f} (n={g['n_candidate']}) vs {g['success_serving']:.3f} "
+                f"(n={g['n_serving']}), margin {g['margin']}; {g['reason']}")
+    lo, hi = c.get("lower"), c.get("upper")  # none (nan) from the betting test or a look that waited on n
+    bounds = f" in [{lo:+.3f}, {hi:+.3f}]" if lo is not None and lo == lo else ""
+    test = f", by betting at share {c['share']}" if c.get("test") == "betting" else ""
     return (f"round {k}: canary v{c['candidate_version']} vs v{c['serving_version']}: {status}: candidate "
             f"{c['mean_candidate']:.3f} (n={c['n_candidate']}) vs serving {c['mean_serving']:.3f} "
-            f"(n={c['n_serving']}), difference {c['diff']:+.3f} in [{c['lower']:+.3f}, {c['upper']:+.3f}] "
-            f"(alpha {c['alpha']}, margin {c['margin']}); {c['reason']}")
+            f"(n={c['n_serving']}), difference {c['diff']:+.3f}{bounds} "
+            f"(alpha {c['alpha']}, margin {c['margin']}{test}); {c['reason']}")
 
 
 def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, int]] | None = None) -> Path:

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from schemas.attributes import version_name
 from store.lease import Held, LeaseLost
@@ -97,7 +97,16 @@ class PublishRequest:
     serving_version: int | None = None  # the version this round trained from (a canary's serving arm)
 
 
-Publisher = Callable[[PublishRequest], None]
+class GateVerdict(Protocol):
+    """What a gated canary publisher returns (``loop.gate.GateResult``): a failed gate rolls the round back."""
+
+    passed: bool
+
+    def record(self) -> dict[str, Any]: ...
+    def describe(self) -> str: ...
+
+
+Publisher = Callable[[PublishRequest], "GateVerdict | None"]  # None: published, no gate
 
 
 @dataclass
@@ -451,14 +460,20 @@ def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[s
                          adapter=bool(row["adapter"]), base_model=base_model, previous=previous,
                          serving_version=v)
     t = time.perf_counter()
-    publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
+    verdict = publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
     timings["publish"] = time.perf_counter() - t
-    # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py)
-    row = {**row, "status": "canary" if canary else "published", "published_at": now_utc(), "timings": json.dumps(timings)}
+    # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py); one that fails the
+    # eval gate (loop/gate.py) never reaches live traffic: rolled back, the next round trains from v
+    status = "canary" if canary else "published"
+    if verdict is not None:
+        log(f"round {k}: {req.name}: {verdict.describe()}")
+        status = status if verdict.passed else "rolled_back"
+        row = {**row, "canary": json.dumps(verdict.record())}
+    row = {**row, "status": status, "published_at": now_utc(), "timings": json.dumps(timings)}
     held.confirm()
     write_round(loc, row)
-    log(f"round {k}: published {req.name} from {req.checkpoint_path}")
+    log(f"round {k}: {'rolled back' if status == 'rolled_back' else 'published'} {req.name} from {req.checkpoint_path}")
     if keep_checkpoints:
         for gone in ckpts.prune(keep_checkpoints, protect=frozenset({v})):
             log(f"round {k}: removed old checkpoint {ckpts.name(gone)} (--keep-checkpoints {keep_checkpoints})")

@@ -228,3 +228,35 @@ def test_train_watch_decides_with_its_gateway_and_says_when_the_gateway_cannot_b
     out = capsys.readouterr().out
     assert "rolled back" in out and "unreachable" in out and "next poll tells the gateway again" in out
     assert read_rounds(parse_store(store))[0]["status"] == "rolled_back"
+
+
+def stream_store(tmp_path: Path, p_serving: float, p_candidate: float, n: int, seed: int) -> Path:
+    """A canary window of ``n`` rollouts in arrival order, each on the candidate with probability 0.2."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    store = canary_store(tmp_path, [], [])
+    rows = []
+    for i in range(n):
+        cand = bool(rng.random() < 0.2)
+        reward = float(rng.random() < (p_candidate if cand else p_serving))
+        rows += rollout_rows(int(cand), [reward], T0 + timedelta(seconds=1 + i))
+    write_transitions(store, rows)
+    return store
+
+
+def test_betting_share_decides_a_harmed_canary_from_the_rollouts_in_order_and_says_so(tmp_path):
+    store = stream_store(tmp_path, 0.25, 0.05, 600, seed=3)
+    out = promote_once(parse_store(store), log=lambda m: None, share=0.2)
+    assert out.status == "rolled_back" and "the candidate is worse" in out.decision.reason
+    c = json.loads(read_rounds(parse_store(store))[0]["canary"])
+    assert (c["test"], c["share"], c["n_serving"] + c["n_candidate"]) == ("betting", 0.2, 600)
+    line = format_table(round_rows(parse_store(store)))
+    assert "by betting at share 0.2" in line and "in [" not in line.split("round 0: canary")[1]
+
+
+def test_betting_share_promotes_a_sound_canary_and_waits_on_too_few(tmp_path):
+    few = stream_store(tmp_path / "few", 0.25, 0.25, 60, seed=4)
+    assert promote_once(parse_store(few), log=lambda m: None, share=0.2).status == "canary"
+    store = stream_store(tmp_path, 0.25, 0.45, 1200, seed=5)
+    assert promote_once(parse_store(store), log=lambda m: None, share=0.2).status == "promoted"

@@ -87,3 +87,53 @@ def test_train_watch_decides_its_undecided_canary_between_polls_and_goes_on_from
     assert rounds[1]["status"] == "rolled_back" and told[0] == GatewayOrder("policy@1", "policy@2", 0.0)
     assert len(polls) == 1  # one idle poll: the decision, then round 2 trained at the next
     assert (rounds[2]["status"], rounds[2]["parent_version"]) == ("canary", 1)  # from the serving policy@1
+
+
+def test_a_candidate_failing_the_eval_gate_never_becomes_a_canary_and_the_next_round_trains_from_serving(
+    tmp_path, write_rows, make_rollouts, train_settings
+):
+    """--gate-tasks wiring (loop/gate.py): the gate's verdict comes back through the gated publisher; the
+    held-out rewards are given here (the gate against real servers: tests/loop/test_gate.py)."""
+    import dataclasses
+
+    from loop.gate import gate_decision
+    from trainer.publish import gated
+    from trainer.report import canary_line
+
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    assert run_once(train_settings(store), publisher=lambda r: None, log=print).status == "published"
+    write_rows(store, make_rollouts(1))
+    held_out = iter([([1, 1, 0, 1], [0, 0, 0, 0]), ([1, 1, 0, 1], [1, 0, 1, 1])])  # harmed, then sound
+
+    def gate(req: PublishRequest):
+        s, c = next(held_out)
+        g = gate_decision(s, c, margin=0.05)
+        return dataclasses.replace(g, serving_version=req.serving_version, candidate_version=req.version)
+
+    loaded: list[PublishRequest] = []
+    s = train_settings(store, canary=True, min_rollouts=4)
+    out = run_once(s, publisher=gated(loaded.append, gate), log=print)
+    assert (out.status, out.round) == ("rolled_back", 1) and [p.name for p in loaded] == ["policy@2"]
+    row = read_rounds(parse_store(store))[1]
+    rec = json.loads(row["canary"])
+    assert (rec["serving_version"], rec["candidate_version"], rec["gate"]["passed"]) == (1, 2, False)
+    assert rec["gate"]["success_candidate"] == 0.0 and rec["gate"]["success_serving"] == 0.75
+    assert "eval gate v2 vs v1: rolled_back" in canary_line(1, row["status"], rec)
+    told: list[GatewayOrder] = []  # promote finds it decided and keeps the gateway off it (share 0)
+    assert promote_once(parse_store(store), tell=told.append, log=print).status == "rolled_back"
+    assert told == [GatewayOrder("policy@1", "policy@2", 0.0)]
+    # round 2 trains from policy@1 (never the gated weights), passes the gate and becomes the canary
+    at = row["published_at"]
+    write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5)), at + timedelta(seconds=1)))
+    out = run_once(s, publisher=gated(loaded.append, gate), log=print)
+    assert (out.status, out.round) == ("canary", 2)
+    row = read_rounds(parse_store(store))[2]
+    assert (row["parent_version"], json.loads(row["canary"])["gate"]["passed"]) == (1, True)
+    # the canary's decision keeps the gate's numbers beside its own
+    at = row["published_at"]
+    write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5), 1.0), at + timedelta(seconds=1)))
+    write_rows(store, dated(renamed(make_rollouts(3, n_tasks=6, per_task=5), 0.0), at + timedelta(seconds=1)))
+    assert promote_once(parse_store(store), log=print).status == "rolled_back"
+    rec = json.loads(read_rounds(parse_store(store))[2]["canary"])
+    assert rec["gate"]["passed"] and rec["n_candidate"] >= 20

@@ -31,6 +31,9 @@ examples:
   tracerl train --watch --store s3://bucket/runs/a --checkpoints /scratch/ckpt --model /models/base
   tracerl train --watch --canary --gateway http://127.0.0.1:8100 --model ./smol \
       --server http://127.0.0.1:8000,http://127.0.0.1:8001      (a canary per round, decided here)
+  tracerl train --watch --canary --server http://127.0.0.1:8000,http://127.0.0.1:8001 --model ./smol \
+      --gate-tasks heldout.jsonl --gate-agent "python examples/demo/agent.py" \
+      --gate-reward examples/demo/reward.py:score     (an eval gate before each canary)
 """
 
 
@@ -62,13 +65,16 @@ def run(args: argparse.Namespace) -> int:
                          "policy and the one a failed reload restores)")
     if settings.dual_clip is not None and settings.dual_clip <= 1.0:
         raise UsageError(f"--dual-clip must be > 1 (it bounds the loss at dual_clip * advantage), got {settings.dual_clip}")
+    check_gate(settings)
     try:
         publisher = None
         if settings.server:
-            from trainer.publish import canary_publisher, server_publisher
+            from trainer.publish import canary_publisher, gated, server_publisher
 
             make = canary_publisher if settings.canary else server_publisher
             publisher = make(settings.server, settings.publish)
+            if settings.gate_tasks:
+                publisher = gated(publisher, eval_gate(settings))
         if args.watch:
             watch(settings, publisher=publisher, between=canary_decision(settings))
             return 0
@@ -76,6 +82,40 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except TrainError as e:
         raise UsageError(str(e)) from e
+
+
+def check_gate(settings: TrainSettings) -> None:
+    """``--gate-tasks`` needs a canary over servers, an agent and a reward: say which is missing."""
+    if not settings.gate_tasks:
+        return
+    missing = [flag for flag, ok in (("--canary", settings.canary), ("--server A,B", settings.server),
+                                     ("--gate-agent CMD", settings.gate_agent),
+                                     ("--gate-reward FN", settings.gate_reward)) if not ok]
+    if missing:
+        raise UsageError(f"--gate-tasks {settings.gate_tasks} also needs {', '.join(missing)}: the gate runs the "
+                         "held-out tasks with that agent and reward against the canary's two servers")
+    if settings.gate_samples < 1 or settings.gate_margin < 0:
+        raise UsageError(f"--gate-samples must be >= 1 and --gate-margin >= 0, got {settings.gate_samples}, "
+                         f"{settings.gate_margin}")
+
+
+def eval_gate(settings: TrainSettings) -> Callable:
+    """The eval gate of ``--gate-tasks`` (``loop.gate.server_gate``), its files read now so a bad one fails
+    before the first round trains."""
+    import shlex
+
+    from loop.gate import GatePlan, server_gate
+    from rollout.rewards import load_reward_fn
+    from rollout.tasks import load_tasks
+    from trainer.publish import server_urls, weight_tag
+
+    try:  # the rollout command's loaders, their messages in this command's flags
+        tasks, reward_fn = load_tasks(settings.gate_tasks), load_reward_fn(settings.gate_reward)
+    except UsageError as e:
+        raise UsageError(str(e).replace("--tasks", "--gate-tasks").replace("--reward", "--gate-reward")) from None
+    plan = GatePlan(tasks=tasks, command=shlex.split(settings.gate_agent), reward_fn=reward_fn,
+                    n=settings.gate_samples, margin=settings.gate_margin)
+    return server_gate(server_urls(settings.server or ""), plan, weight_tag, settings.served_name)
 
 
 def canary_decision(settings: TrainSettings) -> Callable[[], None] | None:
