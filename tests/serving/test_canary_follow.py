@@ -103,12 +103,16 @@ def test_promote_then_a_new_round_then_rollback_the_gateway_follows_without_a_re
             got = switch({"fraction": 1.0})  # round 5 promoted: policy@6 on b takes every rollout
             assert (got["candidate"]["upstream"], got["fraction"]) == (b.url, 1.0)
             a.weights.tag = "7"  # the next round reloads the server not serving (a) with policy@7
+            # a real reload pauses the server, which the gateway waits out; this stand-in re-tags at once, so
+            # wait until no call can be sent on a version read from before it (reads are reused this long)
+            time.sleep(2 * cfg.version_max_age_s)
             got = switch({"serving": "policy@6", "candidate": "policy@7"})
             assert (got["serving"]["upstream"], got["candidate"]["upstream"]) == (b.url, a.url)
             assert got["fraction"] == 0.2  # a new candidate starts at --canary's share
             got = switch({"fraction": 0.0})  # policy@7 rolled back: b keeps serving policy@6
             assert got["fraction"] == 0.0
             a.weights.tag = "8"  # the round after trains from policy@6 and reloads a again
+            time.sleep(2 * cfg.version_max_age_s)
             got = switch({"serving": "policy@6", "candidate": "policy@8"})
             assert (got["serving"]["version"], got["candidate"]["upstream"]) == ("policy@6", a.url)
             assert all(post(t) == 200 for t in tids)
