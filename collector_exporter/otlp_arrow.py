@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,33 +22,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from schemas.attributes import ROLLOUT_ID as ROLLOUT_ATTR
+from schemas.compact_json import compact_json
 from schemas.tables import ATTRS, LOGS_SCHEMA, SPANS_SCHEMA, TS
 
-
-def _json_encoder() -> Callable[[object], str]:
-    """Compact JSON with UTF-8 kept, as ``JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode``
-    gives it. ``encode`` builds a new C encoder on every call (about as costly as encoding a short list), and
-    every non-scalar attribute of every span is encoded here, so the C encoder is built once (the settings
-    ``encode`` passes it; no circular check: the values come from a protobuf message, never circular). A
-    private CPython function: used only where it gives exactly what the public path gives."""
-    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return encoder.encode
-    try:
-        iterencode = make(
-            None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, True
-        )
-        fast: Callable[[object], str] = lambda obj: "".join(iterencode(obj, 0))  # noqa: E731
-        probe = [{"k": 'é "q"\n', "n": 1.5, "i": -3, "ok": True, "x": None, "l": [1e16, "a"]}, float("nan")]
-        if fast(probe) == encoder.encode(probe):
-            return fast
-    except Exception:
-        pass
-    return encoder.encode
-
-
-_encode_json = _json_encoder()
 _KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
 _STATUS = ("unset", "ok", "error")
 
@@ -92,7 +68,7 @@ def any_to_text(v: AnyValue) -> str | None:
         return None
     if which == "bytes_value":
         return base64.b64encode(v.bytes_value).decode()
-    return _encode_json(any_to_py(v))
+    return compact_json(any_to_py(v))
 
 
 class KeySet(Protocol):

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from options import opt
 from schemas.attributes import CONTENT_RECORDED, REQUEST_MESSAGES, TASK_ID
+from schemas.compact_json import compact_json
 from span_to_transition.agents import (
     AGENT_FROM,
     RESOURCE_AGENT,
@@ -172,27 +170,6 @@ def transition_id(rollout_id: str, trace_id: str, span_id: str) -> str:
     return hashlib.sha256(f"{rollout_id}/{trace_id}/{span_id}".encode()).hexdigest()[:32]
 
 
-def _compact_encoder() -> Callable[[Any], str]:
-    """Compact JSON, UTF-8 kept as-is: the text ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"))``
-    gives. ``JSONEncoder.encode`` builds a new C encoder on every call, which costs twice the encoding
-    of a chat message, so the C encoder is built once here (with the settings ``encode`` would pass it;
-    no circular-reference check: the values are decoded JSON, never circular)."""
-    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # no C accelerator: the pure-Python path
-        return encoder.encode
-    try:  # a private CPython function: use it only if it still behaves exactly like the public path
-        iterencode = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
-        fast = lambda obj: "".join(iterencode(obj, 0))  # noqa: E731
-        probe = [{"role": "user", "content": "é \"q\"\n", "n": 1.5, "ok": True, "x": None}]
-        if fast(probe) == encoder.encode(probe):
-            return fast
-    except Exception:
-        pass
-    return encoder.encode
-
-
-_dumps = _compact_encoder()
 
 
 def attribute_of(tree: SpanTree, key: str) -> str | None:
@@ -230,7 +207,7 @@ def task_id_of(tree: SpanTree, calls: list[LLMCall], task_key: str | None = None
             return value
     for i, c in enumerate(calls):
         if c.messages:
-            text = prompts[i] if prompts is not None else _dumps(c.messages)
+            text = prompts[i] if prompts is not None else compact_json(c.messages)
             return "h:" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return None
 
@@ -503,7 +480,7 @@ def _usage(call: LLMCall, gateway: Span | None) -> tuple[int | None, int | None]
 def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, is_last: bool, agent: str | None,
                 tokens: Tokens, usage: tuple[int | None, int | None], reward: _Reward, credited: float | None, *,
                 untrainable: str | None, trainable: bool, prompt: str) -> Transition:
-    """One call's row of the transitions table (schemas/tables.py); ``prompt``: ``_dumps(call.messages)``."""
+    """One call's row of the transitions table (schemas/tables.py); ``prompt``: ``compact_json(call.messages)``."""
     return Transition(
         transition_id=transition_id(rollout_id, call.trace_id, call.span_id),
         rollout_id=rollout_id,
@@ -516,8 +493,8 @@ def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, 
         model=call.response_model or call.request_model,
         policy_version=tokens.policy_version,
         prompt_messages=prompt,
-        tools=_dumps(call.tools) if call.tools else None,
-        response_message=_dumps(call.response),  # "null": the span recorded token ids only
+        tools=compact_json(call.tools) if call.tools else None,
+        response_message=compact_json(call.response),  # "null": the span recorded token ids only
         finish_reason=call.finish_reason,
         prompt_token_ids=tokens.prompt_token_ids,
         response_token_ids=tokens.response_token_ids,
@@ -562,7 +539,7 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         [None] * len(refs) if reward.value is None
         else list(assign(config.credit, CreditRollout(refs, reward.value, reward.rows, config.gamma, scopes)))
     )
-    prompts = [_dumps(c.messages) for c in unique]
+    prompts = [compact_json(c.messages) for c in unique]
     task_id = task_id_of(tree, unique, config.task_key, prompts)
     for step, (call, credited, found) in enumerate(zip(unique, credit, call_agents)):
         gateway = claimed.get(call.span_id)

@@ -114,7 +114,7 @@ def test_dedupe_window_evicts_oldest_batches_beyond_its_size():
 
 
 def test_structured_values_are_encoded_as_the_public_json_encoder_does():
-    """The prebuilt C encoder (``otlp_arrow._encode_json``) gives the text ``JSONEncoder.encode`` gives."""
+    """The prebuilt C encoder (``schemas.compact_json``, which otlp_arrow uses) gives the text ``JSONEncoder.encode`` gives."""
     public = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     values = [
         AnyValue(

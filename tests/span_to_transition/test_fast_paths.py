@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from schemas.attributes import TASK_ID
+from schemas.compact_json import compact_json
 from span_to_transition import workers
 from span_to_transition.agents import RESOURCE_AGENT, attribute_agent
 from span_to_transition.columnar import _EMPTY, _placed, _resource_dicts, transitions_table
-from span_to_transition.convert import NO_CALLS_NONE, NO_REWARD, RolloutOutput, _dumps
+from span_to_transition.convert import NO_CALLS_NONE, NO_REWARD, RolloutOutput
 from span_to_transition.records import Span, Transition, load_json
 from span_to_transition.store import _files_of
 from span_to_transition.tree import build_tree
@@ -51,8 +52,8 @@ def test_load_json_is_json_loads_or_the_text(text: str | None) -> None:
     [1, {"a": None, "b": [True, False]}], {"role": "user", "content": [{"type": "text", "text": "\U0001f600"}]},
     {"x": float("nan"), "y": float("inf")}, [], {},
 ])
-def test_dumps_is_compact_json_dumps(value: Any) -> None:
-    assert _dumps(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def test_compact_json_is_compact_json_dumps(value: Any) -> None:
+    assert compact_json(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def test_agent_memo_gives_the_same_answers_in_any_order() -> None:
