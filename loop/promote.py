@@ -63,39 +63,39 @@ class PromoteOutcome:
     message: str = ""
 
 
-_ARMS_SQL = """
+_WINDOW = """
 WITH r AS (
     SELECT policy_version AS v, rollout_id, max(rollout_reward) AS reward, min(started_at) AS began
     FROM transitions
     WHERE policy_version IN (?, ?) AND rollout_reward IS NOT NULL
     GROUP BY 1, 2
 )
-SELECT v, count(*), avg(reward), coalesce(var_samp(reward), 0)
-FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? GROUP BY v
 """
+"""The two arms' rewarded rollouts, one row each (``r``), filtered to the window by the query's ``?``."""
+
+
+def _window_rows(loc: StoreLocation, select: str, serving: int, candidate: int, since: datetime) -> list[tuple]:
+    """``select`` over the window's rollouts ``r`` (``_WINDOW``), on a read-only view of the store."""
+    con = connect_readonly(loc)
+    try:
+        return con.execute(_WINDOW + select, [serving, candidate, since]).fetchall()
+    finally:
+        con.close()
 
 
 def arm_stats(loc: StoreLocation, serving: int, candidate: int, since: datetime) -> tuple[ArmStats, ArmStats]:
     """Each arm's rewarded rollouts that began at or after ``since`` (the canary's publish)."""
-    con = connect_readonly(loc)
-    try:
-        rows = con.execute(_ARMS_SQL, [serving, candidate, since]).fetchall()
-    finally:
-        con.close()
+    rows = _window_rows(
+        loc,
+        "SELECT v, count(*), avg(reward), coalesce(var_samp(reward), 0) "
+        "FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? GROUP BY v",
+        serving,
+        candidate,
+        since,
+    )
     got = {int(v): ArmStats(int(n), float(m), float(s)) for v, n, m, s in rows}
     empty = ArmStats(0, 0.0, 0.0)
     return got.get(serving, empty), got.get(candidate, empty)
-
-
-_SEQUENCE_SQL = """
-WITH r AS (
-    SELECT policy_version AS v, rollout_id, max(rollout_reward) AS reward, min(started_at) AS began
-    FROM transitions
-    WHERE policy_version IN (?, ?) AND rollout_reward IS NOT NULL
-    GROUP BY 1, 2
-)
-SELECT v, reward FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? ORDER BY began, rollout_id
-"""
 
 
 def arm_sequence(
@@ -103,11 +103,13 @@ def arm_sequence(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The window's rewarded rollouts in the order they began: (is the candidate's, reward), for the
     betting test (``loop.canary_betting``), which needs the order as well as the counts."""
-    con = connect_readonly(loc)
-    try:
-        rows = con.execute(_SEQUENCE_SQL, [serving, candidate, since]).fetchall()
-    finally:
-        con.close()
+    rows = _window_rows(
+        loc,
+        "SELECT v, reward FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? ORDER BY began, rollout_id",
+        serving,
+        candidate,
+        since,
+    )
     return np.array([int(v) == candidate for v, _ in rows], dtype=bool), np.array([float(x) for _, x in rows])
 
 
