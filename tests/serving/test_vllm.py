@@ -203,7 +203,8 @@ def test_a_reload_that_fails_keeps_the_previous_policy_serving(vllm, model32, tm
     assert (p2, r2) == (prompt, response) and close(after, before, 1e-5)
 
 
-def stream_call(url: str, content: str, started: threading.Event, max_tokens: int) -> dict:
+def stream_call(url: str, content: str, started: threading.Event, max_tokens: int,
+                also: threading.Event | None = None) -> dict:
     """One streamed greedy chat call that runs to ``max_tokens``; what the client received."""
     body = {"model": "policy", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "logprobs": True, "return_token_ids": True}
@@ -227,6 +228,8 @@ def stream_call(url: str, content: str, started: threading.Event, max_tokens: in
                 got["logprobs"] += [c["logprob"] for c in (ch.get("logprobs") or {}).get("content") or []]
             if got["ids"]:
                 started.set()
+                if also is not None:
+                    also.set()
     return got
 
 
@@ -253,53 +256,64 @@ def served_by(got: dict, weights: dict[int, Path]) -> int:
     return version
 
 
-def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the_weights_that_served_it(
-        stack, model32, other32):
-    vllm, gateway, other = stack["vllm"], stack["gateway"], other32
+def reload_during_streams(vllm, gateway: str, model32: Path, other: Path) -> tuple[dict[str, dict], set[str]]:
+    """Six streamed calls, a full reload of ``other`` as soon as one of them streams, six more calls
+    sent as the publisher asks vLLM to pause. Returns every call's result and the first calls that were
+    still streaming when the pause was asked for."""
     VLLMPublisher(vllm.url).publish_full(model32, version=40)  # known weights (earlier tests may have trained it)
     calls: dict[str, dict] = {}
     started: dict[str, threading.Event] = {}
+    any_started = threading.Event()
+    in_flight: set[str] = set()
+    threads: list[threading.Thread] = []
 
     def launch(name: str) -> threading.Thread:
         started[name] = threading.Event()
-        t = threading.Thread(target=lambda: calls.__setitem__(
-            name, stream_call(gateway, f"Write the letter e, call {name}", started[name], 400)))
+
+        def run() -> None:
+            calls[name] = stream_call(gateway, f"Write the letter e, call {name}", started[name], 400,
+                                      any_started)
+        t = threading.Thread(target=run)
         t.start()
         return t
-
-    in_flight: set[str] = set()  # first calls streaming when the publisher asked vLLM to pause
 
     def on_request(request: httpx.Request) -> None:  # six more calls as the publisher asks vLLM to pause
         if request.url.path == "/pause":
             in_flight.update(n for n in (f"a{i}" for i in range(6)) if started[n].is_set() and n not in calls)
             threads.extend(launch(f"b{i}") for i in range(6))
 
-    # six streams, a reload of other weights as soon as one streams (the tiny model writes 400 tokens in
-    # seconds: waiting for all six could see the first finish on a loaded machine); six more calls
-    # arrive with its pause
-    threads = [launch(f"a{i}") for i in range(6)]
-    deadline = time.monotonic() + 120
-    while not any(e.is_set() for e in started.values()):
-        assert time.monotonic() < deadline, "the first calls never streamed a token"
-        time.sleep(0.01)
+    # built before the calls start: the pause then follows the first streamed token within a millisecond
+    # (the tiny model writes 400 tokens in well under a second on a quiet machine)
     pub = VLLMPublisher(vllm.url, httpx.Client(timeout=120, event_hooks={"request": [on_request]}))
-    published = [pub.publish_full(other, version=41, restore_from=model32)]
-    for t in threads:
+    threads += [launch(f"a{i}") for i in range(6)]
+    assert any_started.wait(120), "the first calls never streamed a token"
+    published = pub.publish_full(other, version=41, restore_from=model32)
+    for t in list(threads):
         t.join(300)
-    assert published and published[0].version == 41
+    assert published.version == 41
     assert httpx.get(f"{vllm.url}/weight_info", timeout=10).json()["weight_version"] == "41"
-
     # none lost: every call streamed to [DONE], all its tokens, no error
     for name, got in sorted(calls.items()):
         assert got["status"] == 200 and got["done"] and not got["errors"], (name, got["errors"])
         assert len(got["ids"]) == len(got["logprobs"]) == 400, (name, len(got["ids"]))
     assert len(calls) == 12
+    return calls, in_flight
 
-    # each call was served by exactly one weight set, for all of its tokens
-    served = {name: served_by(got, {40: model32, 41: other}) for name, got in sorted(calls.items())}
-    assert in_flight, "no call was streaming when the reload paused vLLM"
-    assert {served[n] for n in in_flight} == {40}  # drained on the old weights, none cut over
-    assert 41 in {served[f"b{i}"] for i in range(6)}  # most arrive in the pause, served by the new
+
+def test_a_full_reload_during_streamed_calls_loses_none_and_labels_each_with_the_weights_that_served_it(
+        stack, model32, other32):
+    vllm, gateway = stack["vllm"], stack["gateway"]
+    # a run where every first call finished before the pause was asked for exercises no drain (CI saw
+    # one); such a run is still checked in full, and the scenario is run again, up to three times
+    for _ in range(3):
+        calls, in_flight = reload_during_streams(vllm, gateway, model32, other32)
+        # each call was served by exactly one weight set, for all of its tokens
+        served = {name: served_by(got, {40: model32, 41: other32}) for name, got in sorted(calls.items())}
+        assert {served[n] for n in in_flight} <= {40}  # drained on the old weights, none cut over
+        assert 41 in {served[f"b{i}"] for i in range(6)}  # most arrive in the pause, served by the new
+        if in_flight:
+            break
+    assert in_flight, "no call was streaming when the reload paused vLLM, in three runs"
 
     # the gateway's label on each call's span: the version that served it, or explicitly ambiguous
     ids = {got["id"]: name for name, got in calls.items()}
