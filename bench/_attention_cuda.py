@@ -36,6 +36,7 @@ class Result:
     weights: str
     loop: str
     attention: str
+    checkpointing: bool = False
     tokens_per_s: float = 0.0
     mfu: float = 0.0
     peak_gib: float = 0.0
@@ -117,14 +118,29 @@ def bare_step(
 
 
 def stepper(
-    loop: str, model: Any, lora: bool, attention: str, batches: list[Batch], device: torch.device
+    loop: str,
+    model: Any,
+    lora: bool,
+    attention: str,
+    batches: list[Batch],
+    device: torch.device,
+    checkpointing: bool = False,
 ) -> Any:
-    """One optimizer step over ``batches``: ``TorchBackend.train`` (ours) or the bare loop."""
-    from trainer.backends.torch_backend import TorchBackend
+    """One optimizer step over ``batches``: ``TorchBackend.train`` (ours, with activation checkpointing
+    as ``--activation-checkpointing`` turns it on) or the bare loop."""
+    from trainer.backends.torch_backend import TorchBackend, checkpoint_activations
     from trainer.config import TrainSettings
 
     if loop == "ours":
-        settings = TrainSettings(lr=1e-6, progress=False, lora_rank=16 if lora else 0, attention=attention)
+        if checkpointing:
+            checkpoint_activations(model)
+        settings = TrainSettings(
+            lr=1e-6,
+            progress=False,
+            lora_rank=16 if lora else 0,
+            attention=attention,
+            activation_checkpointing=checkpointing,
+        )
         backend = TorchBackend(model, None, settings, device)
         return lambda: backend.train(batches)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
@@ -140,8 +156,9 @@ def run_config(
     repeats: int,
     device: torch.device,
     peak_tflops: float,
+    checkpointing: bool = False,
 ) -> Result:
-    res = Result(weights, loop, attention)
+    res = Result(weights, loop, attention, checkpointing)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -150,7 +167,7 @@ def run_config(
     try:
         lora = weights == "lora"
         model = build(shape, lora, attention, device)
-        step = stepper(loop, model, lora, attention, [b.to(device) for b in batches], device)
+        step = stepper(loop, model, lora, attention, [b.to(device) for b in batches], device, checkpointing)
         times = []
         for i in range(repeats + 1):
             sync()
@@ -173,6 +190,16 @@ def run_config(
     return res
 
 
+def parse_config(text: str) -> tuple[str, str, str, bool]:
+    """``weights:loop:attention[:ac]`` (``ac``: activation checkpointing, ours only)."""
+    parts = text.strip().split(":")
+    if len(parts) not in (3, 4) or parts[0] not in ("full", "lora") or parts[1] not in ("ours", "bare"):
+        raise SystemExit(
+            f"bad --configs entry {text!r}: use weights:loop:attention[:ac], e.g. lora:ours:varlen:ac"
+        )
+    return parts[0], parts[1], parts[2], parts[3:] == ["ac"]
+
+
 def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     device = torch.device("cuda" if args.device == "cuda" else "cpu")
     if args.smoke:  # the code path on CPU with a small model (no flex: no CPU backward)
@@ -191,9 +218,11 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     batches = make_batches(samples, row_tokens, 0)
     modes = ["dense", "varlen"] if device.type == "cpu" else ["dense", "flex", "varlen"]
     best = modes[1]
-    configs = [(w, "ours", m) for w in ("full", "lora") for m in modes] + [
-        (w, "bare", best) for w in ("full", "lora")
+    configs = [(w, "ours", m, False) for w in ("full", "lora") for m in modes] + [
+        (w, "bare", best, False) for w in ("full", "lora")
     ]
+    if args.configs:  # weights:loop:attention[:ac], e.g. lora:ours:varlen:ac
+        configs = [parse_config(c) for c in args.configs.split(",")]
     print(
         f"{len(batches)} rows, {sum(b.n_tokens for b in batches)} tokens, {len(samples)} samples; "
         f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}; "
@@ -201,11 +230,11 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
         flush=True,
     )
     results = []
-    for weights, loop, attention in configs:
-        r = run_config(shape, weights, loop, attention, batches, repeats, device, args.peak_tflops)
+    for weights, loop, attention, ac in configs:
+        r = run_config(shape, weights, loop, attention, batches, repeats, device, args.peak_tflops, ac)
         results.append(r)
         print(
-            f"  {weights:<5} {loop:<5} {attention:<7} "
+            f"  {weights:<5} {loop:<5} {attention + ('+ac' if ac else ''):<10} "
             + (
                 r.error
                 or f"{r.tokens_per_s:,.0f} tok/s  "
@@ -219,6 +248,7 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     )
     bare = {r.weights: r for r in results if r.loop == "bare" and not r.error}
     for r in results:
+        r.attention += "+ac" if r.checkpointing else ""
         if r.error:
             print(f"{r.weights:<8} {r.loop:<6} {r.attention:<10} {r.error:>36}")
             continue

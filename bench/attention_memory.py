@@ -172,6 +172,12 @@ def main() -> None:
     p.add_argument(
         "--peak-tflops", type=float, default=989.0, help="CUDA: the card's bf16 dense peak, for MFU"
     )
+    p.add_argument(
+        "--configs",
+        default="",
+        help="CUDA/smoke: only these, comma-separated weights:loop:attention[:ac] "
+        "(e.g. full:ours:varlen,lora:ours:varlen:ac; ac = --activation-checkpointing)",
+    )
     p.add_argument("--smoke", action="store_true", help="the GPU bench's code path on CPU with a small model")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="dense", help=argparse.SUPPRESS)

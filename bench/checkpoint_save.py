@@ -34,7 +34,9 @@ from trainer.checkpoint import write_checkpoint
 from trainer.config import TrainSettings
 
 
-def build_backend(hidden: int, layers: int, vocab: int, served: torch.dtype | None) -> TorchBackend:
+def build_backend(
+    hidden: int, layers: int, vocab: int, served: torch.dtype | None, device: str = "cpu"
+) -> TorchBackend:
     """A Qwen2 model with random weights and one AdamW step taken (so the moments exist)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -48,8 +50,8 @@ def build_backend(hidden: int, layers: int, vocab: int, served: torch.dtype | No
         vocab_size=vocab,
         tie_word_embeddings=True,
     )
-    model = Qwen2ForCausalLM(cfg)
-    backend = TorchBackend(model, None, TrainSettings(progress=False), torch.device("cpu"))
+    model = Qwen2ForCausalLM(cfg).to(device)
+    backend = TorchBackend(model, None, TrainSettings(progress=False), torch.device(device))
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     backend.optimizer.step()
@@ -65,10 +67,13 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--served", default="bf16", choices=["bf16", "fp32"], help="served weights' precision")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--device", default="cpu", help="where the trained weights live (cuda: the copy to host is timed)"
+    )
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     args = p.parse_args()
     served = torch.bfloat16 if args.served == "bf16" else None
-    backend = build_backend(args.hidden, args.layers, args.vocab, served)
+    backend = build_backend(args.hidden, args.layers, args.vocab, served, args.device)
     n = sum(t.numel() for t in backend.model.parameters())
     root = Path(tempfile.mkdtemp(prefix="ckpt-bench.", dir=args.dir))
     from safetensors.torch import save_file
@@ -128,7 +133,7 @@ def main() -> None:
     size = sum(t.numel() * t.element_size() for t in precast.values()) / 2**20
     print(
         f"model {n / 1e6:.0f}M parameters, served {args.served} ({size:.0f} MiB); best of {args.repeats}, "
-        f"load {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores), disk {root}"
+        f"load {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores), device {args.device}, disk {root}"
     )
     print(
         f"  bare save_file of the served tensors (cast included) {best['bare']:7.2f} s"
