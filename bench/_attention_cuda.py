@@ -157,6 +157,7 @@ def run_config(
     device: torch.device,
     peak_tflops: float,
     checkpointing: bool = False,
+    profile: bool = False,
 ) -> Result:
     res = Result(weights, loop, attention, checkpointing)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -177,6 +178,8 @@ def run_config(
             if i:  # the first is a warm-up (flex compiles there)
                 times.append(time.perf_counter() - t)
         res.step_s = min(times)
+        if profile:
+            print_profile(step, device)
         res.tokens_per_s = sum(b.n_tokens for b in batches) / res.step_s
         res.mfu = model_flops(model, batches, lora) / res.step_s / (peak_tflops * 1e12)
         if device.type == "cuda":
@@ -188,6 +191,20 @@ def run_config(
     model = step = None
     gc.collect()
     return res
+
+
+def print_profile(step: Any, device: torch.device, top: int = 25) -> None:
+    """One more step under ``torch.profiler``: the ops that take the device's time, most first (where an
+    MFU short of the matmuls' own rate goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60), flush=True)
 
 
 def parse_config(text: str) -> tuple[str, str, str, bool]:
@@ -231,7 +248,9 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     )
     results = []
     for weights, loop, attention, ac in configs:
-        r = run_config(shape, weights, loop, attention, batches, repeats, device, args.peak_tflops, ac)
+        r = run_config(
+            shape, weights, loop, attention, batches, repeats, device, args.peak_tflops, ac, args.profile
+        )
         results.append(r)
         print(
             f"  {weights:<5} {loop:<5} {attention + ('+ac' if ac else ''):<10} "

@@ -178,6 +178,9 @@ def main() -> None:
         help="CUDA/smoke: only these, comma-separated weights:loop:attention[:ac] "
         "(e.g. full:ours:varlen,lora:ours:varlen:ac; ac = --activation-checkpointing)",
     )
+    p.add_argument(
+        "--profile", action="store_true", help="CUDA/smoke: one more step per config under torch.profiler"
+    )
     p.add_argument("--smoke", action="store_true", help="the GPU bench's code path on CPU with a small model")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", default="dense", help=argparse.SUPPRESS)
