@@ -36,7 +36,7 @@ class Result:
     weights: str
     loop: str
     attention: str
-    checkpointing: bool = False
+    flags: tuple[str, ...] = ()
     tokens_per_s: float = 0.0
     mfu: float = 0.0
     peak_gib: float = 0.0
@@ -125,21 +125,25 @@ def stepper(
     batches: list[Batch],
     device: torch.device,
     checkpointing: bool = False,
+    compiled: bool = False,
 ) -> Any:
     """One optimizer step over ``batches``: ``TorchBackend.train`` (ours, with activation checkpointing
-    as ``--activation-checkpointing`` turns it on) or the bare loop."""
-    from trainer.backends.torch_backend import TorchBackend, checkpoint_activations
+    and compiled blocks as ``--activation-checkpointing``/``--compile-blocks`` turn them on) or the bare loop."""
+    from trainer.backends.torch_backend import TorchBackend, checkpoint_activations, compile_blocks
     from trainer.config import TrainSettings
 
     if loop == "ours":
         if checkpointing:
             checkpoint_activations(model)
+        if compiled:
+            compile_blocks(model)
         settings = TrainSettings(
             lr=1e-6,
             progress=False,
             lora_rank=16 if lora else 0,
             attention=attention,
             activation_checkpointing=checkpointing,
+            compile_blocks=compiled,
         )
         backend = TorchBackend(model, None, settings, device)
         return lambda: backend.train(batches)
@@ -156,10 +160,10 @@ def run_config(
     repeats: int,
     device: torch.device,
     peak_tflops: float,
-    checkpointing: bool = False,
+    flags: tuple[str, ...] = (),
     profile: bool = False,
 ) -> Result:
-    res = Result(weights, loop, attention, checkpointing)
+    res = Result(weights, loop, attention, flags)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -168,7 +172,8 @@ def run_config(
     try:
         lora = weights == "lora"
         model = build(shape, lora, attention, device)
-        step = stepper(loop, model, lora, attention, [b.to(device) for b in batches], device, checkpointing)
+        moved = [b.to(device) for b in batches]
+        step = stepper(loop, model, lora, attention, moved, device, "ac" in flags, "compile" in flags)
         times = []
         for i in range(repeats + 1):
             sync()
@@ -207,14 +212,20 @@ def print_profile(step: Any, device: torch.device, top: int = 25) -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60), flush=True)
 
 
-def parse_config(text: str) -> tuple[str, str, str, bool]:
-    """``weights:loop:attention[:ac]`` (``ac``: activation checkpointing, ours only)."""
+def parse_config(text: str) -> tuple[str, str, str, tuple[str, ...]]:
+    """``weights:loop:attention[:flag...]``, flags ``ac`` (activation checkpointing) and ``compile``
+    (compiled norms and MLPs), ours only."""
     parts = text.strip().split(":")
-    if len(parts) not in (3, 4) or parts[0] not in ("full", "lora") or parts[1] not in ("ours", "bare"):
+    if (
+        len(parts) < 3
+        or parts[0] not in ("full", "lora")
+        or parts[1] not in ("ours", "bare")
+        or not set(parts[3:]) <= {"ac", "compile"}
+    ):
         raise SystemExit(
             f"bad --configs entry {text!r}: use weights:loop:attention[:ac], e.g. lora:ours:varlen:ac"
         )
-    return parts[0], parts[1], parts[2], parts[3:] == ["ac"]
+    return parts[0], parts[1], parts[2], tuple(parts[3:])
 
 
 def run_cuda(args: argparse.Namespace, shape: dict) -> None:
@@ -235,8 +246,8 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     batches = make_batches(samples, row_tokens, 0)
     modes = ["dense", "varlen"] if device.type == "cpu" else ["dense", "flex", "varlen"]
     best = modes[1]
-    configs = [(w, "ours", m, False) for w in ("full", "lora") for m in modes] + [
-        (w, "bare", best, False) for w in ("full", "lora")
+    configs = [(w, "ours", m, ()) for w in ("full", "lora") for m in modes] + [
+        (w, "bare", best, ()) for w in ("full", "lora")
     ]
     if args.configs:  # weights:loop:attention[:ac], e.g. lora:ours:varlen:ac
         configs = [parse_config(c) for c in args.configs.split(",")]
@@ -253,7 +264,7 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
         )
         results.append(r)
         print(
-            f"  {weights:<5} {loop:<5} {attention + ('+ac' if ac else ''):<10} "
+            f"  {weights:<5} {loop:<5} {'+'.join((attention, *ac)):<10} "
             + (
                 r.error
                 or f"{r.tokens_per_s:,.0f} tok/s  "
@@ -267,7 +278,7 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     )
     bare = {r.weights: r for r in results if r.loop == "bare" and not r.error}
     for r in results:
-        r.attention += "+ac" if r.checkpointing else ""
+        r.attention = "+".join((r.attention, *r.flags))
         if r.error:
             print(f"{r.weights:<8} {r.loop:<6} {r.attention:<10} {r.error:>36}")
             continue

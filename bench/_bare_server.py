@@ -25,7 +25,15 @@ def text(v):
 
 class Bare(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request, context):
-        rows = {"trace_id": [], "span_id": [], "parent_span_id": [], "name": [], "start": [], "end": [], "attributes": []}
+        rows = {
+            "trace_id": [],
+            "span_id": [],
+            "parent_span_id": [],
+            "name": [],
+            "start": [],
+            "end": [],
+            "attributes": [],
+        }
         for rs in request.resource_spans:
             for ss in rs.scope_spans:
                 for sp in ss.spans:
@@ -36,14 +44,27 @@ class Bare(trace_service_pb2_grpc.TraceServiceServicer):
                     rows["start"].append(sp.start_time_unix_nano)
                     rows["end"].append(sp.end_time_unix_nano)
                     rows["attributes"].append([(kv.key, str(text(kv.value))) for kv in sp.attributes])
-        table = pa.table(rows, schema=pa.schema([
-            ("trace_id", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
-            ("start", pa.int64()), ("end", pa.int64()), ("attributes", pa.map_(pa.string(), pa.string()))]))
+        table = pa.table(
+            rows,
+            schema=pa.schema(
+                [
+                    ("trace_id", pa.string()),
+                    ("span_id", pa.string()),
+                    ("parent_span_id", pa.string()),
+                    ("name", pa.string()),
+                    ("start", pa.int64()),
+                    ("end", pa.int64()),
+                    ("attributes", pa.map_(pa.string(), pa.string())),
+                ]
+            ),
+        )
         pq.write_table(table, out / f"{uuid.uuid4().hex}.parquet", compression="zstd")
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[("grpc.max_receive_message_length", 64 << 20)])
+server = grpc.server(
+    futures.ThreadPoolExecutor(max_workers=16), options=[("grpc.max_receive_message_length", 64 << 20)]
+)
 trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Bare(), server)
 server.add_insecure_port(sys.argv[1])
 server.start()

@@ -19,9 +19,15 @@ def llm_call_attributes(i: int) -> dict:
     """The span attributes of one benchmark LLM call (~10, with a 1 KB prompt); bench/ingest.py
     uses the same set for its in-process measurement, so both measure the same workload."""
     return {
-        "gen_ai.operation.name": "chat", "gen_ai.request.model": "policy@3", "gen_ai.system": "openai",
-        "gen_ai.prompt": PROMPT, "gen_ai.usage.input_tokens": 312 + i, "gen_ai.usage.output_tokens": 40,
-        "gen_ai.request.temperature": 0.7, "gen_ai.response.id": f"chatcmpl-{i}", "tracerl.task_id": "t-1",
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "policy@3",
+        "gen_ai.system": "openai",
+        "gen_ai.prompt": PROMPT,
+        "gen_ai.usage.input_tokens": 312 + i,
+        "gen_ai.usage.output_tokens": 40,
+        "gen_ai.request.temperature": 0.7,
+        "gen_ai.response.id": f"chatcmpl-{i}",
+        "tracerl.task_id": "t-1",
         "gen_ai.response.finish_reasons": ["stop"],
     }
 

@@ -20,8 +20,10 @@ import time
 
 from openai import OpenAI
 
-SYSTEM = {"writer": "You are a writer. Answer with one short sentence.",
-          "rewriter": "You are an editor. Rewrite the draft more clearly, in one short sentence."}
+SYSTEM = {
+    "writer": "You are a writer. Answer with one short sentence.",
+    "rewriter": "You are an editor. Rewrite the draft more clearly, in one short sentence.",
+}
 
 
 def main() -> None:
@@ -33,14 +35,21 @@ def main() -> None:
         user = f"Write a note about topic {i // 2}." if role == "writer" else f"Draft: {draft}"
         messages = [{"role": "system", "content": SYSTEM[role]}, {"role": "user", "content": user}]
         t = time.perf_counter()
-        r = client.chat.completions.create(model="policy", messages=messages, max_tokens=max_tokens,
-                                           temperature=0, extra_body={"ignore_eos": True})
+        r = client.chat.completions.create(
+            model="policy",
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         latencies.append(time.perf_counter() - t)
         ids.append(r.id)
         draft = r.choices[0].message.content or ""
         if i == 0:
             cpu0 = time.process_time()
-    print(json.dumps({"latencies_s": latencies, "response_ids": ids, "loop_cpu_s": time.process_time() - cpu0}))
+    print(
+        json.dumps({"latencies_s": latencies, "response_ids": ids, "loop_cpu_s": time.process_time() - cpu0})
+    )
 
 
 if __name__ == "__main__":

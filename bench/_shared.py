@@ -23,9 +23,11 @@ if str(TESTS) not in sys.path:
     sys.path.append(str(TESTS))
 from scripted_server import Handler  # noqa: E402
 
-S3_NOTE = ("S3 figures are against moto's S3 server on 127.0.0.1, a stand-in for S3 sharing these cores: "
-           "they measure tracerl's object-storage code path (pyarrow's S3 client and its requests), "
-           "not S3's latency or throughput")
+S3_NOTE = (
+    "S3 figures are against moto's S3 server on 127.0.0.1, a stand-in for S3 sharing these cores: "
+    "they measure tracerl's object-storage code path (pyarrow's S3 client and its requests), "
+    "not S3's latency or throughput"
+)
 """Printed by every bench run with ``--store s3``, so its figures are never read as S3's."""
 
 
@@ -94,14 +96,30 @@ class ScriptedUpstream(Handler):
         req = self.read_json()
         want_ids = bool(req.get("return_token_ids"))
         tokens = list(self.answer.encode())
-        logprobs = {"content": [{"token": chr(t), "logprob": -0.5, "bytes": [t], "top_logprobs": []}
-                                for t in tokens]} if req.get("logprobs") else None
+        logprobs = (
+            {
+                "content": [
+                    {"token": chr(t), "logprob": -0.5, "bytes": [t], "top_logprobs": []} for t in tokens
+                ]
+            }
+            if req.get("logprobs")
+            else None
+        )
         resp = {
-            "id": f"chatcmpl-scripted-{next(self.ids)}", "object": "chat.completion", "created": 0,
+            "id": f"chatcmpl-scripted-{next(self.ids)}",
+            "object": "chat.completion",
+            "created": 0,
             "model": req.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
-                         "logprobs": logprobs, "finish_reason": "length", "stop_reason": None,
-                         "token_ids": tokens if want_ids else None}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": self.answer},
+                    "logprobs": logprobs,
+                    "finish_reason": "length",
+                    "stop_reason": None,
+                    "token_ids": tokens if want_ids else None,
+                }
+            ],
             "usage": {"prompt_tokens": 5, "completion_tokens": len(tokens), "total_tokens": 5 + len(tokens)},
             "prompt_token_ids": [1, 2, 3, 4, 5] if want_ids else None,
         }

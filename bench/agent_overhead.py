@@ -112,9 +112,21 @@ def start_collector(store: Path) -> tuple[subprocess.Popen, str]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    proc = subprocess.Popen([str(BIN / "tracerl"), "collect", "--store", str(store), "--grpc",
-                             f"127.0.0.1:{ports[0]}", "--http", f"127.0.0.1:{ports[1]}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            str(BIN / "tracerl"),
+            "collect",
+            "--store",
+            str(store),
+            "--grpc",
+            f"127.0.0.1:{ports[0]}",
+            "--http",
+            f"127.0.0.1:{ports[1]}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     if not proc.stdout.readline():  # it prints one line once it listens
         raise RuntimeError(f"tracerl collect exited ({proc.wait()}) before listening")
     return proc, f"http://127.0.0.1:{ports[0]}"
@@ -123,10 +135,19 @@ def start_collector(store: Path) -> tuple[subprocess.Popen, str]:
 def agent_env(gateway_url: str, otlp: str, service: str, export_every_ms: int) -> dict[str, str]:
     """One environment for both variants (plain python ignores the OTEL_* variables)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-    env.update({"OPENAI_BASE_URL": f"{gateway_url}/v1", "OPENAI_API_KEY": "sk-local",
-                "OTEL_SERVICE_NAME": service, "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
-                "OTEL_LOGS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
-                "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": str(export_every_ms)})
+    env.update(
+        {
+            "OPENAI_BASE_URL": f"{gateway_url}/v1",
+            "OPENAI_API_KEY": "sk-local",
+            "OTEL_SERVICE_NAME": service,
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": str(export_every_ms),
+        }
+    )
     return env
 
 
@@ -154,8 +175,11 @@ def bench_upstream(name: str, upstream: Server, otlp: str, args: argparse.Namesp
         for rep in range(args.reps):
             for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
                 res.runs.append(run_agent(variant, args.calls, args.max_tokens, env))
-                print(f"  {name}: rep {rep + 1}/{args.reps} {variant:<12} "
-                      f"p50 {statistics.median(res.runs[-1].latencies[1:]) * 1e3:.2f} ms", file=sys.stderr)
+                print(
+                    f"  {name}: rep {rep + 1}/{args.reps} {variant:<12} "
+                    f"p50 {statistics.median(res.runs[-1].latencies[1:]) * 1e3:.2f} ms",
+                    file=sys.stderr,
+                )
     finally:
         gateway.stop()
         provider.shutdown()  # flushes the gateway's spans to the collector
@@ -170,17 +194,25 @@ def count_spans(store: Path, results: list[Result]) -> None:
     con = connect_readonly(parse_store(store))
     for r in results:
         svc = f"overhead-agent-{r.upstream}"
-        agent = con.execute("""SELECT attributes['gen_ai.response.id'] FROM spans
-            WHERE name = 'openai.chat' AND resource_attributes['service.name'] = ?""", [svc]).fetchall()
-        joined = con.execute("""SELECT a.attributes['gen_ai.response.id'] FROM spans g JOIN spans a
+        agent = con.execute(
+            """SELECT attributes['gen_ai.response.id'] FROM spans
+            WHERE name = 'openai.chat' AND resource_attributes['service.name'] = ?""",
+            [svc],
+        ).fetchall()
+        joined = con.execute(
+            """SELECT a.attributes['gen_ai.response.id'] FROM spans g JOIN spans a
             ON g.trace_id = a.trace_id AND g.parent_span_id = a.span_id
             WHERE g.name = 'tracerl.gateway policy' AND a.name = 'openai.chat'
-              AND a.resource_attributes['service.name'] = ?""", [svc]).fetchall()
+              AND a.resource_attributes['service.name'] = ?""",
+            [svc],
+        ).fetchall()
         ids = r.instrumented_ids()
         r.spans_found = len(ids & {row[0] for row in agent})
         r.joined = len(ids & {row[0] for row in joined})
     total = con.execute("SELECT count(*) FROM spans WHERE name = 'tracerl.gateway policy'").fetchone()[0]
-    results[0].gateway_spans = total  # one gateway for each upstream, one store: the total is what is checkable
+    results[
+        0
+    ].gateway_spans = total  # one gateway for each upstream, one store: the total is what is checkable
 
 
 def tiny_upstream(args: argparse.Namespace) -> Server:
@@ -199,52 +231,77 @@ def tiny_upstream(args: argparse.Namespace) -> Server:
 
 def report(results: list[Result], args: argparse.Namespace) -> str:
     """The printed table: per variant, then what instrumentation adds, then the span check and target."""
-    lines = [f"{args.calls} calls per agent process (the first is warm-up, not timed), {args.reps} processes per "
-             f"variant and upstream (ABBA), tiny model generating {args.max_tokens} tokens per call, "
-             f"instrumented agent exporting every {args.export_every_ms} ms", "",
-             f"{'upstream':<9} {'variant':<13} {'calls':>5} {'p50 ms':>8} {'mean ms':>8} {'p90 ms':>8} "
-             f"{'CPU µs/call':>11} {'process ms':>10}"]
+    lines = [
+        f"{args.calls} calls per agent process (the first is warm-up, not timed), {args.reps} processes per "
+        f"variant and upstream (ABBA), tiny model generating {args.max_tokens} tokens per call, "
+        f"instrumented agent exporting every {args.export_every_ms} ms",
+        "",
+        f"{'upstream':<9} {'variant':<13} {'calls':>5} {'p50 ms':>8} {'mean ms':>8} {'p90 ms':>8} "
+        f"{'CPU µs/call':>11} {'process ms':>10}",
+    ]
     added = []
     for r in results:
         row = {}
         for v in VARIANTS:
             xs, runs = r.steady(v), r.of(v)
-            row[v] = {"p50": statistics.median(xs), "mean": statistics.fmean(xs),
-                      "cpu": sum(x.loop_cpu for x in runs) / len(xs),
-                      "fixed": statistics.median(x.fixed for x in runs)}
-            lines.append(f"{r.upstream:<9} {v:<13} {len(xs):>5} {row[v]['p50'] * 1e3:>8.3f} "
-                         f"{row[v]['mean'] * 1e3:>8.3f} {percentile(xs, 0.9) * 1e3:>8.3f} "
-                         f"{row[v]['cpu'] * 1e6:>11.0f} {row[v]['fixed'] * 1e3:>10.0f}")
-        pairs = [statistics.median(b.latencies[1:]) - statistics.median(a.latencies[1:])
-                 for a, b in zip(r.of("plain"), r.of("instrumented"))]
+            row[v] = {
+                "p50": statistics.median(xs),
+                "mean": statistics.fmean(xs),
+                "cpu": sum(x.loop_cpu for x in runs) / len(xs),
+                "fixed": statistics.median(x.fixed for x in runs),
+            }
+            lines.append(
+                f"{r.upstream:<9} {v:<13} {len(xs):>5} {row[v]['p50'] * 1e3:>8.3f} "
+                f"{row[v]['mean'] * 1e3:>8.3f} {percentile(xs, 0.9) * 1e3:>8.3f} "
+                f"{row[v]['cpu'] * 1e6:>11.0f} {row[v]['fixed'] * 1e3:>10.0f}"
+            )
+        pairs = [
+            statistics.median(b.latencies[1:]) - statistics.median(a.latencies[1:])
+            for a, b in zip(r.of("plain"), r.of("instrumented"))
+        ]
         added.append((r, row["plain"], row["instrumented"], pairs))
 
     def pct(a: float, b: float) -> str:
         return f"{(b - a) * 1e6:+6.0f} µs {(b / a - 1) * 100:+5.1f}%"
 
-    lines += ["", "added by instrumentation (instrumented - plain):",
-              f"{'upstream':<9} {'p50':>16} {'mean':>16} {'paired p50, range':>26} {'CPU/call':>10} "
-              f"{'per process':>11} {'spans':>9} {'joined':>9}"]
+    lines += [
+        "",
+        "added by instrumentation (instrumented - plain):",
+        f"{'upstream':<9} {'p50':>16} {'mean':>16} {'paired p50, range':>26} {'CPU/call':>10} "
+        f"{'per process':>11} {'spans':>9} {'joined':>9}",
+    ]
     for r, p, i, pairs in added:
         n = len(r.instrumented_ids())
-        paired = f"{statistics.median(pairs) * 1e6:+.0f} ({min(pairs) * 1e6:+.0f}..{max(pairs) * 1e6:+.0f}) µs"
-        lines.append(f"{r.upstream:<9} {pct(p['p50'], i['p50']):>16} {pct(p['mean'], i['mean']):>16} {paired:>26} "
-                     f"{(i['cpu'] - p['cpu']) * 1e6:>+7.0f} µs {(i['fixed'] - p['fixed']) * 1e3:>+8.0f} ms "
-                     f"{r.spans_found:>4}/{n:<4} {r.joined:>4}/{n:<4}")
+        paired = (
+            f"{statistics.median(pairs) * 1e6:+.0f} ({min(pairs) * 1e6:+.0f}..{max(pairs) * 1e6:+.0f}) µs"
+        )
+        lines.append(
+            f"{r.upstream:<9} {pct(p['p50'], i['p50']):>16} {pct(p['mean'], i['mean']):>16} {paired:>26} "
+            f"{(i['cpu'] - p['cpu']) * 1e6:>+7.0f} µs {(i['fixed'] - p['fixed']) * 1e3:>+8.0f} ms "
+            f"{r.spans_found:>4}/{n:<4} {r.joined:>4}/{n:<4}"
+        )
     total = sum(r.calls_total for r in results)
-    lines += ["",
-              "paired p50: median over processes pairs of the p50 difference within a pair (the range is the noise)",
-              "CPU/call: agent process CPU (all threads, exporter included) in the timed loop, per call",
-              "per process: wall time outside calls (startup + exit, incl. the final span flush); opentelemetry-"
-              "instrument's once-per-process cost",
-              "spans: timed instrumented calls whose response id arrived on an `openai.chat` span in the store; "
-              "joined: of those, with the gateway's span as its child (W3C traceparent)",
-              f"gateway spans in the store: {results[0].gateway_spans}/{total} calls (plain and warm-up too)"]
+    lines += [
+        "",
+        "paired p50: median over processes pairs of the p50 difference within a pair (the range is the noise)",
+        "CPU/call: agent process CPU (all threads, exporter included) in the timed loop, per call",
+        "per process: wall time outside calls (startup + exit, incl. the final span flush); opentelemetry-"
+        "instrument's once-per-process cost",
+        "spans: timed instrumented calls whose response id arrived on an `openai.chat` span in the store; "
+        "joined: of those, with the gateway's span as its child (W3C traceparent)",
+        f"gateway spans in the store: {results[0].gateway_spans}/{total} calls (plain and warm-up too)",
+    ]
     load, cores = os.getloadavg()[:2], os.cpu_count() or 1
-    lines.append(f"machine: {cores} cores, load average {load[0]:.1f} (1 min), {load[1]:.1f} (5 min)"
-                 + (": BUSY, other processes competed for the cores, so wall-time figures are inflated and "
-                    "noisy (extra CPU per call costs more wall time when cores are oversubscribed); CPU/call "
-                    "is the steadier figure" if max(load) > cores else ""))
+    lines.append(
+        f"machine: {cores} cores, load average {load[0]:.1f} (1 min), {load[1]:.1f} (5 min)"
+        + (
+            ": BUSY, other processes competed for the cores, so wall-time figures are inflated and "
+            "noisy (extra CPU per call costs more wall time when cores are oversubscribed); CPU/call "
+            "is the steadier figure"
+            if max(load) > cores
+            else ""
+        )
+    )
     tiny = next((a for a in added if a[0].upstream == "tiny"), None)
     if tiny:
         lines += verdict(tiny, next((a for a in added if a[0].upstream == "scripted"), None))
@@ -259,45 +316,81 @@ def verdict(tiny: tuple, scripted: tuple | None) -> list[str]:
     _, p, i, pairs = tiny
     direct = (i["p50"] / p["p50"] - 1) * 100
     lo, hi = min(pairs) / p["p50"] * 100, max(pairs) / p["p50"] * 100
-    lines = [f"target <= 2 % added per call vs. the tiny-model engine (plain p50 {p['p50'] * 1e3:.1f} ms):",
-             f"  measured directly  {direct:+6.2f} %  (process pairs ranged {lo:+.1f} .. {hi:+.1f} %"
-             + ("; noise wider than the target" if hi - lo > 4 else "") + ")"]
+    lines = [
+        f"target <= 2 % added per call vs. the tiny-model engine (plain p50 {p['p50'] * 1e3:.1f} ms):",
+        f"  measured directly  {direct:+6.2f} %  (process pairs ranged {lo:+.1f} .. {hi:+.1f} %"
+        + ("; noise wider than the target" if hi - lo > 4 else "")
+        + ")",
+    ]
     worst = direct
     if scripted:
         _, sp, si, _ = scripted
         derived = (si["p50"] - sp["p50"]) / p["p50"] * 100
         worst = max(direct, derived)
-        lines.append(f"  from absolute cost {derived:+6.2f} %  (scripted added p50 {(si['p50'] - sp['p50']) * 1e6:+.0f} µs "
-                     "/ tiny plain p50)")
+        lines.append(
+            f"  from absolute cost {derived:+6.2f} %  (scripted added p50 {(si['p50'] - sp['p50']) * 1e6:+.0f} µs "
+            "/ tiny plain p50)"
+        )
     lines.append(f"  -> {'met' if worst <= 2 else 'NOT met'} (judged by the larger)")
     return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=80, help="LLM calls per agent process (default: %(default)s)")
-    ap.add_argument("--reps", type=int, default=4,
-                    help="agent processes per variant and upstream, alternating ABBA (default: %(default)s)")
-    ap.add_argument("--upstream", choices=["both", "tiny", "scripted"], default="both",
-                    help="tiny: embedded CPU engine (relative cost); scripted: instant answers (absolute "
-                         "cost); default: %(default)s")
-    ap.add_argument("--max-tokens", type=int, default=16,
-                    help="tokens the tiny model generates per call, exactly (ignore_eos) (default: %(default)s)")
-    ap.add_argument("--model", default=None,
-                    help="model dir for the tiny upstream (default: the tiny model, built once under --out)")
-    ap.add_argument("--export-every-ms", type=int, default=200,
-                    help="OTEL_BSP_SCHEDULE_DELAY of the instrumented agent: short, so spans are exported while "
-                         "calls run, as in a long-lived agent; the SDK default (5000) would move every export "
-                         "of these short runs into the exit flush (default: %(default)s)")
-    ap.add_argument("--engine-threads", type=int, default=1,
-                    help="torch threads of the tiny engine: one keeps it steady on a small shared machine "
-                         "(default: %(default)s)")
-    ap.add_argument("--warmup-calls", type=int, default=2,
-                    help="calls of one untimed process per variant before the timed ones; 0: none "
-                         "(default: %(default)s)")
-    ap.add_argument("--out", default=str(OUT),
-                    help="directory for the tiny model (built once) and the span store (replaced each run) "
-                         "(default: bench/out/agent_overhead)")
+    ap.add_argument(
+        "--calls", type=int, default=80, help="LLM calls per agent process (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=4,
+        help="agent processes per variant and upstream, alternating ABBA (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--upstream",
+        choices=["both", "tiny", "scripted"],
+        default="both",
+        help="tiny: embedded CPU engine (relative cost); scripted: instant answers (absolute "
+        "cost); default: %(default)s",
+    )
+    ap.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16,
+        help="tokens the tiny model generates per call, exactly (ignore_eos) (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="model dir for the tiny upstream (default: the tiny model, built once under --out)",
+    )
+    ap.add_argument(
+        "--export-every-ms",
+        type=int,
+        default=200,
+        help="OTEL_BSP_SCHEDULE_DELAY of the instrumented agent: short, so spans are exported while "
+        "calls run, as in a long-lived agent; the SDK default (5000) would move every export "
+        "of these short runs into the exit flush (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--engine-threads",
+        type=int,
+        default=1,
+        help="torch threads of the tiny engine: one keeps it steady on a small shared machine "
+        "(default: %(default)s)",
+    )
+    ap.add_argument(
+        "--warmup-calls",
+        type=int,
+        default=2,
+        help="calls of one untimed process per variant before the timed ones; 0: none (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(OUT),
+        help="directory for the tiny model (built once) and the span store (replaced each run) "
+        "(default: bench/out/agent_overhead)",
+    )
     args = ap.parse_args(argv)
     if args.calls < 2 or args.reps < 1:
         ap.error("--calls must be >= 2 (the first call of each process is warm-up) and --reps >= 1")
@@ -313,8 +406,11 @@ def run(args: argparse.Namespace) -> list[Result]:
     results = []
     try:
         for name in ("scripted", "tiny") if args.upstream == "both" else (args.upstream,):
-            upstream = tiny_upstream(args) if name == "tiny" else \
-                Server(("127.0.0.1", 0), ScriptedUpstream).start_background()
+            upstream = (
+                tiny_upstream(args)
+                if name == "tiny"
+                else Server(("127.0.0.1", 0), ScriptedUpstream).start_background()
+            )
             try:
                 results.append(bench_upstream(name, upstream, otlp, args))
             finally:

@@ -54,7 +54,9 @@ def measure(run) -> dict:
     before = next((h for k, h in run.heldout if k == 0), None)
     after = max(run.heldout, key=lambda kh: kh[0]) if run.heldout else None
     return {
-        "rounds": len(run.rounds), "samples": run.samples, "window_s": round(window, 1),
+        "rounds": len(run.rounds),
+        "samples": run.samples,
+        "window_s": round(window, 1),
         "samples_per_min": round(run.samples / (window / 60.0), 2) if window > 0 else None,
         "engine_idle": round(1 - union_seconds(run.rollout_spans, lo, hi) / window, 3),
         "trainer_idle": round(1 - union_seconds(run.train_spans, lo, hi) / window, 3),
@@ -67,13 +69,21 @@ def measure(run) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="0,1,2", help="--max-staleness values to run, the first is the baseline; "
-                    "K:T also sets --train-threads T")
+    ap.add_argument(
+        "--modes",
+        default="0,1,2",
+        help="--max-staleness values to run, the first is the baseline; K:T also sets --train-threads T",
+    )
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--heldout-samples", type=int, default=4)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
-                    help="SmolLM2 directory (default: .models/smollm2-135m-instruct, else built per run)")
-    ap.add_argument("--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)")
+    ap.add_argument(
+        "--model",
+        default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
+        help="SmolLM2 directory (default: .models/smollm2-135m-instruct, else built per run)",
+    )
+    ap.add_argument(
+        "--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)"
+    )
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
@@ -85,22 +95,34 @@ def main() -> int:
     results: dict[str, dict] = {}
     for mode in modes:
         k, _, threads = mode.partition(":")
-        print(f"\n=== --max-staleness {k}" + (f" --train-threads {threads}" if threads else "") + " ===", flush=True)
-        cfg = DemoConfig(workdir=str(work / f"staleness-{mode.replace(':', '-t')}"), model=args.model,
-                         rounds=args.rounds, heldout_samples=args.heldout_samples, max_staleness=int(k),
-                         train_threads=int(threads) if threads else None)
+        print(
+            f"\n=== --max-staleness {k}" + (f" --train-threads {threads}" if threads else "") + " ===",
+            flush=True,
+        )
+        cfg = DemoConfig(
+            workdir=str(work / f"staleness-{mode.replace(':', '-t')}"),
+            model=args.model,
+            rounds=args.rounds,
+            heldout_samples=args.heldout_samples,
+            max_staleness=int(k),
+            train_threads=int(threads) if threads else None,
+        )
         results[mode] = measure(run_demo(cfg))
         print(json.dumps(results[mode]), flush=True)
 
     base = results[modes[0]]
-    print(f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
-          f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}")
+    print(
+        f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
+        f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}"
+    )
     for k, r in results.items():
         ratio = r["samples_per_min"] / base["samples_per_min"] if base["samples_per_min"] else float("nan")
         r["ratio"] = round(ratio, 3)
-        print(f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
-              f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
-              f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})")
+        print(
+            f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
+            f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
+            f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
+        )
     for k, r in results.items():
         if k != modes[0]:
             print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")

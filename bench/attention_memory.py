@@ -175,8 +175,8 @@ def main() -> None:
     p.add_argument(
         "--configs",
         default="",
-        help="CUDA/smoke: only these, comma-separated weights:loop:attention[:ac] "
-        "(e.g. full:ours:varlen,lora:ours:varlen:ac; ac = --activation-checkpointing)",
+        help="CUDA/smoke: only these, comma-separated weights:loop:attention[:ac][:compile] "
+        "(e.g. full:ours:varlen,lora:ours:varlen:ac; ac = --activation-checkpointing, compile = --compile-blocks)",
     )
     p.add_argument(
         "--profile", action="store_true", help="CUDA/smoke: one more step per config under torch.profiler"

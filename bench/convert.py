@@ -56,8 +56,9 @@ def _map(n: int, columns: list[tuple[str, pa.Array]]) -> pa.MapArray:
     """n rows, each with the same keys; per-key value arrays of length n (or length 1: constant)."""
     k = len(columns)
     keys = pa.array(np.tile(np.array([c[0] for c in columns], dtype=object), n), pa.string())
-    vals = pa.concat_arrays([
-        (v if len(v) == n else pa.array(np.repeat(v.to_pylist()[0], n), pa.string())) for _, v in columns])
+    vals = pa.concat_arrays(
+        [(v if len(v) == n else pa.array(np.repeat(v.to_pylist()[0], n), pa.string())) for _, v in columns]
+    )
     order = (np.arange(n)[:, None] + np.arange(k)[None, :] * n).ravel()
     items = pc.take(vals, pa.array(order))
     offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
@@ -83,38 +84,76 @@ def generate(n_spans: int) -> pa.Table:
         slot = kind * 10 + j
         span_id = _ids(ro * 100 + slot, 16)
         start = T0 + ro * 10_000_000_000 + slot * 1_000_000
-        parts.append(pa.table({
-            "trace_id": pc.take(trace, pa.array(ro)),
-            "span_id": span_id,
-            "parent_span_id": pc.take(_ids(r * 100, 16), pa.array(ro)) if parent else pa.nulls(n, pa.string()),
-            "name": pa.array(np.repeat(name, n), pa.string()),
-            "start_time_ns": pa.array(start, pa.int64()),
-            "end_time_ns": pa.array(start + 500_000, pa.int64()),
-            "attributes": _map(n, attrs),
-            "received_at": pa.array(np.full(n, T0), pa.int64()).cast(SPANS_SCHEMA.field("received_at").type),
-            "rollout_id": pc.take(trace, pa.array(ro)),
-        }))
+        parts.append(
+            pa.table(
+                {
+                    "trace_id": pc.take(trace, pa.array(ro)),
+                    "span_id": span_id,
+                    "parent_span_id": pc.take(_ids(r * 100, 16), pa.array(ro))
+                    if parent
+                    else pa.nulls(n, pa.string()),
+                    "name": pa.array(np.repeat(name, n), pa.string()),
+                    "start_time_ns": pa.array(start, pa.int64()),
+                    "end_time_ns": pa.array(start + 500_000, pa.int64()),
+                    "attributes": _map(n, attrs),
+                    "received_at": pa.array(np.full(n, T0), pa.int64()).cast(
+                        SPANS_SCHEMA.field("received_at").type
+                    ),
+                    "rollout_id": pc.take(trace, pa.array(ro)),
+                }
+            )
+        )
 
-    block(0, 1, "invoke_agent solver", [("gen_ai.operation.name", _const("invoke_agent")),
-                                        ("gen_ai.agent.name", _const("solver"))], parent=False)
+    block(
+        0,
+        1,
+        "invoke_agent solver",
+        [("gen_ai.operation.name", _const("invoke_agent")), ("gen_ai.agent.name", _const("solver"))],
+        parent=False,
+    )
     nc = n_roll * CALLS_PER_ROLLOUT
     step = pc.cast(pa.array(np.tile(np.arange(CALLS_PER_ROLLOUT), n_roll)), pa.string())
     rc = pc.take(r_str, pa.array(np.repeat(r, CALLS_PER_ROLLOUT)))
     prompt = pc.binary_join_element_wise(
         '[{"role":"system","parts":[{"type":"text","content":"You solve tasks."}]},'
-        '{"role":"user","parts":[{"type":"text","content":"task ', rc, " step ", step, '"}]}]', "")
+        '{"role":"user","parts":[{"type":"text","content":"task ',
+        rc,
+        " step ",
+        step,
+        '"}]}]',
+        "",
+    )
     output = pc.binary_join_element_wise(
-        '[{"role":"assistant","parts":[{"type":"text","content":"answer ', rc, '"}],"finish_reason":"stop"}]', "")
+        '[{"role":"assistant","parts":[{"type":"text","content":"answer ',
+        rc,
+        '"}],"finish_reason":"stop"}]',
+        "",
+    )
     response_id = pc.binary_join_element_wise("chatcmpl-", rc, "-", step, "")
     assert len(prompt) == nc
-    block(1, CALLS_PER_ROLLOUT, "chat policy@2", [
-        ("gen_ai.operation.name", _const("chat")), ("gen_ai.request.model", _const("policy@2")),
-        ("gen_ai.response.model", _const("policy@2")), ("gen_ai.response.id", response_id),
-        ("gen_ai.input.messages", prompt), ("gen_ai.output.messages", output),
-        ("gen_ai.usage.input_tokens", _const("31")), ("gen_ai.usage.output_tokens", _const("7")),
-    ], parent=True)
-    block(2, CALLS_PER_ROLLOUT, "execute_tool search", [("gen_ai.operation.name", _const("execute_tool")),
-                                                        ("gen_ai.tool.name", _const("search"))], parent=True)
+    block(
+        1,
+        CALLS_PER_ROLLOUT,
+        "chat policy@2",
+        [
+            ("gen_ai.operation.name", _const("chat")),
+            ("gen_ai.request.model", _const("policy@2")),
+            ("gen_ai.response.model", _const("policy@2")),
+            ("gen_ai.response.id", response_id),
+            ("gen_ai.input.messages", prompt),
+            ("gen_ai.output.messages", output),
+            ("gen_ai.usage.input_tokens", _const("31")),
+            ("gen_ai.usage.output_tokens", _const("7")),
+        ],
+        parent=True,
+    )
+    block(
+        2,
+        CALLS_PER_ROLLOUT,
+        "execute_tool search",
+        [("gen_ai.operation.name", _const("execute_tool")), ("gen_ai.tool.name", _const("search"))],
+        parent=True,
+    )
     block(3, 1, "reward", [("tracerl.reward", _const("1.0"))], parent=True)
     table = pa.concat_tables(parts, promote_options="default")
     full = []
@@ -128,10 +167,16 @@ def main() -> int:
     ap.add_argument("--spans", type=int, default=1_000_000)
     ap.add_argument("--files", type=int, default=10, help="span files the store is split into")
     ap.add_argument("--keep", type=Path, help="build the store here and keep it")
-    ap.add_argument("--workers", type=int, default=0, help="conversion worker processes (0: one per CPU; 1: in-process)")
-    ap.add_argument("--store", choices=["local", "s3"], default="local",
-                    help="convert the local store, or a copy of it in a bucket on moto's S3 server on 127.0.0.1 "
-                         "(a stand-in: our code path, not S3's latency)")
+    ap.add_argument(
+        "--workers", type=int, default=0, help="conversion worker processes (0: one per CPU; 1: in-process)"
+    )
+    ap.add_argument(
+        "--store",
+        choices=["local", "s3"],
+        default="local",
+        help="convert the local store, or a copy of it in a bucket on moto's S3 server on 127.0.0.1 "
+        "(a stand-in: our code path, not S3's latency)",
+    )
     args = ap.parse_args()
 
     root = args.keep or Path(tempfile.mkdtemp(prefix="tracerl-bench-"))
@@ -143,8 +188,11 @@ def main() -> int:
     gen_s = time.perf_counter() - t
     step = -(-len(table) // args.files)
     for i in range(args.files):  # rollouts are contiguous per block; spread them like a collector would
-        write_table_atomic(table.slice(i * step, step), layout.partition("spans", "2025-11-21") / f"part-{i}.parquet",
-                           "spans")
+        write_table_atomic(
+            table.slice(i * step, step),
+            layout.partition("spans", "2025-11-21") / f"part-{i}.parquet",
+            "spans",
+        )
     n_spans = len(table)
     del table
 
@@ -179,8 +227,9 @@ def _grandchildren_cpu_s() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure(args: argparse.Namespace, layout: StoreLayout, n_spans: int, gen_s: float,
-            bucket: str | None = None) -> None:
+def measure(
+    args: argparse.Namespace, layout: StoreLayout, n_spans: int, gen_s: float, bucket: str | None = None
+) -> None:
     """Time the bare read and the conversion of the store at ``layout`` and print both; with ``bucket``
     (``s3://…``), of a copy of its spans there instead, so only where the bytes live differs."""
     root, extra = layout.location, {}
@@ -190,9 +239,16 @@ def measure(args: argparse.Namespace, layout: StoreLayout, n_spans: int, gen_s: 
     else:
         loc = parse_store(bucket)
         t = time.perf_counter()
-        pafs.copy_files(str(layout.table("spans")), loc.table("spans"), source_filesystem=pafs.LocalFileSystem(),
-                        destination_filesystem=loc.fs)
-        extra = {"store": f"{bucket} (moto on 127.0.0.1: a stand-in)", "copy_to_bucket_s": round(time.perf_counter() - t, 2)}
+        pafs.copy_files(
+            str(layout.table("spans")),
+            loc.table("spans"),
+            source_filesystem=pafs.LocalFileSystem(),
+            destination_filesystem=loc.fs,
+        )
+        extra = {
+            "store": f"{bucket} (moto on 127.0.0.1: a stand-in)",
+            "copy_to_bucket_s": round(time.perf_counter() - t, 2),
+        }
         root, files, fs = loc, loc.files("spans"), loc.fs
     t = time.perf_counter()
     read_rows = sum(pq.read_table(f, filesystem=fs).num_rows for f in files)
@@ -212,19 +268,33 @@ def measure(args: argparse.Namespace, layout: StoreLayout, n_spans: int, gen_s: 
         workers_cpu += _grandchildren_cpu_s() - forkserved
     calls = stats.transitions_written
     result = {
-        **extra, "spans": n_spans, "generate_s": round(gen_s, 2), "bare_read_s": round(read_s, 3),
-        "bare_read_spans_per_s": round(read_rows / read_s), "convert_s": round(conv_s, 2),
-        "calls": calls, "calls_per_s": round(calls / conv_s), "convert_cpu_s_this_process": round(conv_cpu, 2),
-        "cpu_us_per_call": round(conv_cpu / max(calls, 1) * 1e6, 1), "convert_cpu_s_workers": round(workers_cpu, 2),
-        "calls_per_cpu_s": round(calls / max(conv_cpu + workers_cpu, 1e-9)), "convert_over_read": round(conv_s / read_s, 1),
-        "rollouts": stats.rollouts_converted, "cpus": os.cpu_count(), "workers": args.workers,
-        "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)], "problems": len(stats.problems), "phases_s": stats.phase_seconds,
+        **extra,
+        "spans": n_spans,
+        "generate_s": round(gen_s, 2),
+        "bare_read_s": round(read_s, 3),
+        "bare_read_spans_per_s": round(read_rows / read_s),
+        "convert_s": round(conv_s, 2),
+        "calls": calls,
+        "calls_per_s": round(calls / conv_s),
+        "convert_cpu_s_this_process": round(conv_cpu, 2),
+        "cpu_us_per_call": round(conv_cpu / max(calls, 1) * 1e6, 1),
+        "convert_cpu_s_workers": round(workers_cpu, 2),
+        "calls_per_cpu_s": round(calls / max(conv_cpu + workers_cpu, 1e-9)),
+        "convert_over_read": round(conv_s / read_s, 1),
+        "rollouts": stats.rollouts_converted,
+        "cpus": os.cpu_count(),
+        "workers": args.workers,
+        "load_avg_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "problems": len(stats.problems),
+        "phases_s": stats.phase_seconds,
     }
     print(json.dumps(result, indent=2))
     where = "" if bucket is None else " (in the bucket)"
-    print(f"convert{where}: {calls / conv_s:,.0f} calls/s ({n_spans / conv_s:,.0f} spans/s), "
-          f"{calls / max(conv_cpu + workers_cpu, 1e-9):,.0f} calls per CPU-second; bare Parquet read: "
-          f"{read_rows / read_s:,.0f} spans/s; convert takes {conv_s / read_s:.1f}x the bare read")
+    print(
+        f"convert{where}: {calls / conv_s:,.0f} calls/s ({n_spans / conv_s:,.0f} spans/s), "
+        f"{calls / max(conv_cpu + workers_cpu, 1e-9):,.0f} calls per CPU-second; bare Parquet read: "
+        f"{read_rows / read_s:,.0f} spans/s; convert takes {conv_s / read_s:.1f}x the bare read"
+    )
 
 
 if __name__ == "__main__":

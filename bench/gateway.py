@@ -73,7 +73,9 @@ CONNECTIONS = 4096  # connection cap of both servers in the sweep, above its lar
 def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16))
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16)
+    )
     return provider, exporter
 
 
@@ -88,15 +90,25 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
 
         upstream: Any = EmbeddedServer.start(model_dir)
     else:
-        upstream = Server(("127.0.0.1", 0), type("Ok", (ScriptedUpstream,), {"answer": "ok"})).start_background()
+        upstream = Server(
+            ("127.0.0.1", 0), type("Ok", (ScriptedUpstream,), {"answer": "ok"})
+        ).start_background()
     provider, exporter = recording_provider()
     gateway = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider).start_background()
-    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+    body = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
     direct_t, gw_t = [], []
     with httpx.Client(timeout=30) as client:
         for i in range(calls + 50):
-            for base, out in ((upstream.url, direct_t), (gateway.url, gw_t)) if i % 2 else \
-                    ((gateway.url, gw_t), (upstream.url, direct_t)):
+            for base, out in (
+                ((upstream.url, direct_t), (gateway.url, gw_t))
+                if i % 2
+                else ((gateway.url, gw_t), (upstream.url, direct_t))
+            ):
                 t = time.perf_counter()
                 r = client.post(base + "/v1/chat/completions", json=body)
                 dt = time.perf_counter() - t
@@ -113,9 +125,17 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
     provider.shutdown()
     d50, d99 = statistics.median(direct_t) * 1e3, percentile(direct_t, 0.99) * 1e3
     g50, g99 = statistics.median(gw_t) * 1e3, percentile(gw_t, 0.99) * 1e3
-    return {"calls": calls, "spans": spans, "direct_p50_ms": d50, "direct_p99_ms": d99,
-            "gateway_p50_ms": g50, "gateway_p99_ms": g99, "added_p50_ms": g50 - d50,
-            "added_p99_ms": g99 - d99, "ratio_p50": g50 / d50}
+    return {
+        "calls": calls,
+        "spans": spans,
+        "direct_p50_ms": d50,
+        "direct_p99_ms": d99,
+        "gateway_p50_ms": g50,
+        "gateway_p99_ms": g99,
+        "added_p50_ms": g50 - d50,
+        "added_p99_ms": g99 - d99,
+        "ratio_p50": g50 / d50,
+    }
 
 
 # -- 2. the concurrency sweep ---------------------------------------------------------------------------
@@ -141,11 +161,20 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
             if scope["method"] == "GET":
                 path = scope["path"].rstrip("/")
                 found = path == "/v1/models" or path in VLLM_DEV_GETS
-                body = dumps({"object": "list", "data": [{"id": "policy", "object": "model"}]}
-                             if path == "/v1/models" else VLLM_DEV_GETS[path] if found else
-                             {"error": {"message": "not found", "type": "NotFoundError", "code": 404}})
-                await send({"type": "http.response.start", "status": 200 if found else 404,
-                            "headers": [(b"content-type", b"application/json")]})
+                body = dumps(
+                    {"object": "list", "data": [{"id": "policy", "object": "model"}]}
+                    if path == "/v1/models"
+                    else VLLM_DEV_GETS[path]
+                    if found
+                    else {"error": {"message": "not found", "type": "NotFoundError", "code": 404}}
+                )
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200 if found else 404,
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
             raw, more = b"", True
@@ -154,30 +183,67 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
                 raw += m.get("body", b"")
                 more = m.get("more_body", False)
             req = json.loads(raw)
-            base = {"id": f"chatcmpl-bench-{next(ids)}", "object": "chat.completion.chunk", "created": 0,
-                    "model": req.get("model")}
+            base = {
+                "id": f"chatcmpl-bench-{next(ids)}",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": req.get("model"),
+            }
             want_ids, lp = bool(req.get("return_token_ids")), bool(req.get("logprobs"))
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
 
             async def event(obj: dict) -> None:
-                await send({"type": "http.response.body", "body": b"data: " + dumps(obj) + b"\n\n", "more_body": True})
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + dumps(obj) + b"\n\n",
+                        "more_body": True,
+                    }
+                )
 
-            await event({**base, **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "finish_reason": None}]})
+            await event(
+                {
+                    **base,
+                    **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
+                    "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                    ],
+                }
+            )
             for i in range(tokens):
                 await asyncio.sleep(interval)
                 last = i == tokens - 1
-                ch = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": "length" if last else None,
-                      "logprobs": {"content": [{"token": f"t{i} ", "logprob": -0.5, "bytes": [], "top_logprobs": []}]}
-                      if lp else None}
+                ch = {
+                    "index": 0,
+                    "delta": {"content": f"t{i} "},
+                    "finish_reason": "length" if last else None,
+                    "logprobs": {
+                        "content": [{"token": f"t{i} ", "logprob": -0.5, "bytes": [], "top_logprobs": []}]
+                    }
+                    if lp
+                    else None,
+                }
                 if want_ids:
                     ch["token_ids"] = [100 + i]
                 await event({**base, "choices": [ch]})
             if (req.get("stream_options") or {}).get("include_usage"):
-                await event({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens,
-                                                               "total_tokens": 5 + tokens}})
+                await event(
+                    {
+                        **base,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": 5,
+                            "completion_tokens": tokens,
+                            "total_tokens": 5 + tokens,
+                        },
+                    }
+                )
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
     return StreamingUpstream(ServerOptions(max_connections=CONNECTIONS, name="bench-upstream"))
@@ -211,8 +277,13 @@ def serve_process(args: argparse.Namespace) -> int:
             provider, exporter = recording_provider()  # after the fork: each process exports its own
             canary = getattr(args, "canary", 0.0)
             arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
-            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS,
-                                   reuse_port=args.workers > 1, canary=canary or None, upstream_for=arms)
+            config = GatewayConfig(
+                upstreams=[args.upstream],
+                max_connections=CONNECTIONS,
+                reuse_port=args.workers > 1,
+                canary=canary or None,
+                upstream_for=arms,
+            )
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
             calm_gc()
     got = []
@@ -275,12 +346,20 @@ def stream_request(url: str) -> tuple[str, int, bytes]:
     """(host, port, the bytes of one streaming chat call) for ``url``; each client's calls share a trace id
     (one rollout), so the canary gateway routes them by it."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    payload = json.dumps({"model": "policy", "stream": True, "max_tokens": 16,
-                          "messages": [{"role": "user", "content": "Say something."}]}).encode()
+    payload = json.dumps(
+        {
+            "model": "policy",
+            "stream": True,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Say something."}],
+        }
+    ).encode()
     tp = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01".encode()
-    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-               b"traceparent: %s\r\nContent-Length: %d\r\n\r\n%s"
-               % (f"{host}:{port}".encode(), tp, len(payload), payload))
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"traceparent: %s\r\nContent-Length: %d\r\n\r\n%s"
+        % (f"{host}:{port}".encode(), tp, len(payload), payload)
+    )
     return host, int(port), request
 
 
@@ -314,11 +393,25 @@ async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Ph
     return phase
 
 
-def start_server(role: str, args: argparse.Namespace, upstream: str = "", root: str = "",
-                 canary: float = 0.0) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", role, "--tokens", str(args.tokens),
-           "--token-ms", str(args.token_ms), "--upstream", upstream, "--canary", str(canary),
-           "--workers", str(1 if root or canary or role == "upstream" else args.workers)]
+def start_server(
+    role: str, args: argparse.Namespace, upstream: str = "", root: str = "", canary: float = 0.0
+) -> tuple[subprocess.Popen, str]:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--serve",
+        role,
+        "--tokens",
+        str(args.tokens),
+        "--token-ms",
+        str(args.token_ms),
+        "--upstream",
+        upstream,
+        "--canary",
+        str(canary),
+        "--workers",
+        str(1 if root or canary or role == "upstream" else args.workers),
+    ]
     env = dict(os.environ)
     if root:
         env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
@@ -367,8 +460,12 @@ def routing_cost_us(calls: int = 100_000) -> float:
 
     arms = {"policy@5": "http://127.0.0.1:1", "policy@6": "http://127.0.0.1:2"}
     gw = Gateway(("127.0.0.1", 0), GatewayConfig(canary=0.2, upstream_for=arms), TracerProvider())
-    headers = Headers({"traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
-                       "content-type": "application/json"})
+    headers = Headers(
+        {
+            "traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
+            "content-type": "application/json",
+        }
+    )
     t = time.process_time()
     for _ in range(calls):
         gw.canary_arm("policy", headers)
@@ -409,9 +506,17 @@ def canary_ab(plain: str, canary: str, clients: int, args: argparse.Namespace) -
 
     async def run_all() -> None:
         t0 = time.perf_counter()
-        await asyncio.gather(*(alternate([plain, canary] if c % 2 else [canary, plain],
-                                         phases if c % 2 else phases[::-1], t0 + warm, t0 + warm + args.seconds)
-                               for c in range(clients)))
+        await asyncio.gather(
+            *(
+                alternate(
+                    [plain, canary] if c % 2 else [canary, plain],
+                    phases if c % 2 else phases[::-1],
+                    t0 + warm,
+                    t0 + warm + args.seconds,
+                )
+                for c in range(clients)
+            )
+        )
 
     asyncio.run(run_all())
     return phases[0], phases[1]
@@ -445,63 +550,110 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
 
 
 def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
-    print(f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
-          f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
-          f"gateway spans recorded: {rows[0]['spans'] if rows else {}}")
+    print(
+        f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
+        f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
+        f"gateway spans recorded: {rows[0]['spans'] if rows else {}}"
+    )
     names = [k for k in ("gateway", "other", "canary") if rows and k in rows[0]]
     for name in names:
         procs = f" ({args.workers} processes)" if args.workers > 1 else ""
-        label = (f"this gateway{procs}" if name == "gateway" else f"gateway of {args.gateway_root}"
-                 if name == "other" else f"this gateway routing a canary share of {args.canary:g} (1 process)")
-        print(f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
-              f"gw %: the gateway process's share of one core during the phase)")
-        print(f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
-              f"{'p99 ms':>8} {'err':>4} | {'+p50 ms':>8} {'+p99 ms':>8} {'thru x':>6} | {'gw cpu':>6} "
-              f"{'up cpu':>6} {'gw %':>5} | load1")
+        label = (
+            f"this gateway{procs}"
+            if name == "gateway"
+            else f"gateway of {args.gateway_root}"
+            if name == "other"
+            else f"this gateway routing a canary share of {args.canary:g} (1 process)"
+        )
+        print(
+            f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
+            f"gw %: the gateway process's share of one core during the phase)"
+        )
+        print(
+            f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
+            f"{'p99 ms':>8} {'err':>4} | {'+p50 ms':>8} {'+p99 ms':>8} {'thru x':>6} | {'gw cpu':>6} "
+            f"{'up cpu':>6} {'gw %':>5} | load1"
+        )
         for r in rows:
             d, g = r["direct"], r[name]
             ratio = g.per_s / d.per_s if d.per_s else float("nan")
             calls = max(1, g.calls)
-            print(f"{r['clients']:>7} | {d.per_s:>8.1f} {d.p(0.5):>8.2f} {d.p(0.99):>8.2f} {len(d.errors):>4} | "
-                  f"{g.per_s:>8.1f} {g.p(0.5):>8.2f} {g.p(0.99):>8.2f} {len(g.errors):>4} | "
-                  f"{g.p(0.5) - d.p(0.5):>8.2f} {g.p(0.99) - d.p(0.99):>8.2f} {ratio:>6.2f} | "
-                  f"{g.cpu[1] / calls * 1e3:>6.2f} {d.cpu[0] / max(1, d.calls) * 1e3:>6.2f} "
-                  f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}")
+            print(
+                f"{r['clients']:>7} | {d.per_s:>8.1f} {d.p(0.5):>8.2f} {d.p(0.99):>8.2f} {len(d.errors):>4} | "
+                f"{g.per_s:>8.1f} {g.p(0.5):>8.2f} {g.p(0.99):>8.2f} {len(g.errors):>4} | "
+                f"{g.p(0.5) - d.p(0.5):>8.2f} {g.p(0.99) - d.p(0.99):>8.2f} {ratio:>6.2f} | "
+                f"{g.cpu[1] / calls * 1e3:>6.2f} {d.cpu[0] / max(1, d.calls) * 1e3:>6.2f} "
+                f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}"
+            )
             for e in sorted(set(d.errors + g.errors))[:3]:
                 print(f"        error: {e}")
     if "canary" in names:
         print("\ncanary routing vs plain proxying, same run (+p50: canary gateway p50 - plain gateway p50)")
         for r in rows:
             g, c = r["gateway"], r["canary"]
-            print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms, canary p50 {c.p(0.5):.2f} ms, "
-                  f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64); "
-                  f"gw cpu per call {g.cpu[1] / max(1, g.calls) * 1e3:.2f} vs {c.cpu[1] / max(1, c.calls) * 1e3:.2f} ms")
+            print(
+                f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms, canary p50 {c.p(0.5):.2f} ms, "
+                f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64); "
+                f"gw cpu per call {g.cpu[1] / max(1, g.calls) * 1e3:.2f} vs {c.cpu[1] / max(1, c.calls) * 1e3:.2f} ms"
+            )
         print(f"routing decision: {routing_cost_us():.1f} us CPU per call (Gateway.canary_arm, in process)")
-        print("interleaved (each client alternates its calls between the two gateways; the same moments' load)")
+        print(
+            "interleaved (each client alternates its calls between the two gateways; the same moments' load)"
+        )
         for r in rows:
             g, c = r["ab"]
-            print(f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms ({len(g.latencies)} calls, "
-                  f"{len(g.errors)} err), canary p50 {c.p(0.5):.2f} ms ({len(c.latencies)} calls, {len(c.errors)} err), "
-                  f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64)")
-    print("targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
-          "no errors at 1024")
+            print(
+                f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms ({len(g.latencies)} calls, "
+                f"{len(g.errors)} err), canary p50 {c.p(0.5):.2f} ms ({len(c.latencies)} calls, {len(c.errors)} err), "
+                f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64)"
+            )
+    print(
+        "targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
+        "no errors at 1024"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=1000, help="sequential calls per path (0: skip; default: %(default)s)")
-    ap.add_argument("--model", default=None, help="sequential part: use the embedded server on this model dir")
-    ap.add_argument("--sweep", type=int, nargs="*", default=[1, 64, 256, 1024],
-                    help="concurrent streaming clients per step (none: skip; default: %(default)s)")
-    ap.add_argument("--seconds", type=float, default=5.0, help="measured seconds per sweep phase (default: %(default)s)")
-    ap.add_argument("--tokens", type=int, default=16, help="chunks per scripted stream (default: %(default)s)")
+    ap.add_argument(
+        "--calls", type=int, default=1000, help="sequential calls per path (0: skip; default: %(default)s)"
+    )
+    ap.add_argument(
+        "--model", default=None, help="sequential part: use the embedded server on this model dir"
+    )
+    ap.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[1, 64, 256, 1024],
+        help="concurrent streaming clients per step (none: skip; default: %(default)s)",
+    )
+    ap.add_argument(
+        "--seconds", type=float, default=5.0, help="measured seconds per sweep phase (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--tokens", type=int, default=16, help="chunks per scripted stream (default: %(default)s)"
+    )
     ap.add_argument("--token-ms", type=float, default=25.0, help="ms between chunks (default: %(default)s)")
-    ap.add_argument("--workers", type=int, default=1,
-                    help="sweep: gateway processes on one port, as `tracerl gateway --workers` (default: %(default)s)")
-    ap.add_argument("--gateway-root", default="", metavar="DIR",
-                    help="sweep: run the gateway of another checkout (e.g. the last release) in the same run")
-    ap.add_argument("--canary", type=float, default=0.0, metavar="FRACTION",
-                    help="sweep: also a gateway routing this canary share, to measure the routing (0: skip)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="sweep: gateway processes on one port, as `tracerl gateway --workers` (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--gateway-root",
+        default="",
+        metavar="DIR",
+        help="sweep: run the gateway of another checkout (e.g. the last release) in the same run",
+    )
+    ap.add_argument(
+        "--canary",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="sweep: also a gateway routing this canary share, to measure the routing (0: skip)",
+    )
     ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
     ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -513,8 +665,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calls per path: {r['calls']} (+50 warm-up)  gateway spans recorded: {r['spans']}")
         print(f"direct : p50 {r['direct_p50_ms']:.3f} ms   p99 {r['direct_p99_ms']:.3f} ms")
         print(f"gateway: p50 {r['gateway_p50_ms']:.3f} ms   p99 {r['gateway_p99_ms']:.3f} ms")
-        print(f"added  : p50 {r['added_p50_ms']:.3f} ms   p99 {r['added_p99_ms']:.3f} ms   "
-              f"ratio p50 {r['ratio_p50']:.2f}x   (target: <= 1 ms p50 added)")
+        print(
+            f"added  : p50 {r['added_p50_ms']:.3f} ms   p99 {r['added_p99_ms']:.3f} ms   "
+            f"ratio p50 {r['ratio_p50']:.2f}x   (target: <= 1 ms p50 added)"
+        )
     if args.sweep:
         print_sweep(sweep(args.sweep, args), args)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

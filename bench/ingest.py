@@ -48,7 +48,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(kind: str, port: int, out: Path, protocol: str, store: str | None = None) -> subprocess.Popen:
+def start_server(
+    kind: str, port: int, out: Path, protocol: str, store: str | None = None
+) -> subprocess.Popen:
     """``store``: the collector's s3:// store (its WAL then goes to ``out/wal``); None: ``out`` is the store."""
     if kind == "tracerl":
         addr = f"127.0.0.1:{port}"
@@ -78,7 +80,9 @@ def stored_spans(kind: str, out: Path, store: str | None = None) -> int:
     return sum(pq.read_metadata(p).num_rows for p in root.rglob("*.parquet") if not p.name.startswith("."))
 
 
-def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str, bucket: str | None = None) -> dict:
+def run_load(
+    kind: str, clients: int, seconds: float, batch: int, protocol: str, bucket: str | None = None
+) -> dict:
     """One server under K clients; ``bucket`` (s3://…): tracerl's collector stores there, under a fresh prefix."""
     out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     port = free_port()
@@ -86,8 +90,21 @@ def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str,
     store = f"{bucket}/ingest-{uuid.uuid4().hex[:8]}" if bucket and kind == "tracerl" else None
     server = start_server(kind, port, out, protocol, store)
     startup_cpu = cpu_seconds_so_far(server.pid)  # imports and binding: not per-span work
-    procs = [subprocess.Popen([sys.executable, str(HERE / "_ingest_client.py"), f"127.0.0.1:{port}", str(seconds), str(batch), protocol],
-                              stdout=subprocess.PIPE, text=True) for _ in range(clients)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "_ingest_client.py"),
+                f"127.0.0.1:{port}",
+                str(seconds),
+                str(batch),
+                protocol,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(clients)
+    ]
     results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     server.send_signal(signal.SIGTERM)  # graceful: the collector drains its WAL into Parquet
     _, status, usage = os.wait4(server.pid, 0)
@@ -97,8 +114,14 @@ def run_load(kind: str, clients: int, seconds: float, batch: int, protocol: str,
     stored = stored_spans(kind, out, store)
     cpu_s = usage.ru_utime + usage.ru_stime - startup_cpu
     return {
-        "server": f"{kind}{'+s3' if store else ''}/{protocol}", "clients": clients, "acked_per_s": acked / seconds, "stored": stored, "acked": acked,
-        "lost": max(0, acked - stored), "p50_ms": percentile(lat, 0.5) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
+        "server": f"{kind}{'+s3' if store else ''}/{protocol}",
+        "clients": clients,
+        "acked_per_s": acked / seconds,
+        "stored": stored,
+        "acked": acked,
+        "lost": max(0, acked - stored),
+        "p50_ms": percentile(lat, 0.5) * 1e3,
+        "p99_ms": percentile(lat, 0.99) * 1e3,
         "cpu_us_per_span": cpu_s / max(stored, 1) * 1e6,
     }
 
@@ -158,8 +181,14 @@ def split_collector_cpu(batches: int = 40, batch: int = 512, bucket: str | None 
     out = None if bucket is None else parse_store(f"{bucket}/split-{uuid.uuid4().hex[:8]}")
     Compactor(store, out=out).run_once()
     compact = (time.process_time() - t0) / n * 1e6
-    return {"bare_decode_us": bare_decode, "validate_us": validate, "ack_path_us": ack, "compaction_us": compact,
-            "ack_p50_ms": percentile(ack_latency, 0.5) * 1e3, "ack_p99_ms": percentile(ack_latency, 0.99) * 1e3}
+    return {
+        "bare_decode_us": bare_decode,
+        "validate_us": validate,
+        "ack_path_us": ack,
+        "compaction_us": compact,
+        "ack_p50_ms": percentile(ack_latency, 0.5) * 1e3,
+        "ack_p99_ms": percentile(ack_latency, 0.99) * 1e3,
+    }
 
 
 def main() -> None:
@@ -167,10 +196,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--clients", type=int, nargs="*", default=[2, 4])
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--protocol", choices=["grpc", "http"], default="grpc", help="tracerl's transport (bare is gRPC)")
-    ap.add_argument("--store", choices=["local", "s3"], default="local",
-                    help="tracerl's store: a local temp dir, or a bucket on moto's S3 server on 127.0.0.1 "
-                         "(a stand-in: our code path, not S3's latency); the bare baseline is always local")
+    ap.add_argument(
+        "--protocol", choices=["grpc", "http"], default="grpc", help="tracerl's transport (bare is gRPC)"
+    )
+    ap.add_argument(
+        "--store",
+        choices=["local", "s3"],
+        default="local",
+        help="tracerl's store: a local temp dir, or a bucket on moto's S3 server on 127.0.0.1 "
+        "(a stand-in: our code path, not S3's latency); the bare baseline is always local",
+    )
     args = ap.parse_args()
     if args.store == "s3":
         print(f"--store s3: {S3_NOTE}.", flush=True)
@@ -188,25 +223,35 @@ def report(args: argparse.Namespace, bucket: str | None) -> None:
         for kind in ("bare", "tracerl"):
             rows.append(run_load(kind, k, args.seconds, args.batch, args.protocol, bucket))
     w = max([13, *(len(r["server"]) for r in rows)])
-    print(f"{'server':<{w}} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}")
+    print(
+        f"{'server':<{w}} {'K':>2} {'acked/s':>9} {'stored':>8} {'lost':>5} {'p50 ms':>7} {'p99 ms':>7} {'CPU µs/span':>11}"
+    )
     for r in rows:
-        print(f"{r['server']:<{w}} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
-              f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_us_per_span']:>11.1f}")
+        print(
+            f"{r['server']:<{w}} {r['clients']:>2} {r['acked_per_s']:>9,.0f} {r['stored']:>8,} {r['lost']:>5} "
+            f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['cpu_us_per_span']:>11.1f}"
+        )
     for k in args.clients:
         ours = next(r for r in rows if r["server"].startswith("tracerl") and r["clients"] == k)
         bare = next(r for r in rows if r["server"].startswith("bare") and r["clients"] == k)
         name = ours["server"].split("/")[0]
-        print(f"K={k}: CPU per stored span {name}/bare = {ours['cpu_us_per_span'] / bare['cpu_us_per_span']:.2f}x, "
-              f"throughput {name}/bare = {ours['acked_per_s'] / max(bare['acked_per_s'], 1):.2f}x")
+        print(
+            f"K={k}: CPU per stored span {name}/bare = {ours['cpu_us_per_span'] / bare['cpu_us_per_span']:.2f}x, "
+            f"throughput {name}/bare = {ours['acked_per_s'] / max(bare['acked_per_s'], 1):.2f}x"
+        )
     split = split_collector_cpu(bucket=bucket)
     into = "" if bucket is None else " into the bucket"
-    print(f"collector CPU split (in-process, same requests): ack path {split['ack_path_us']:.1f} µs/span "
-          f"(bare protobuf decode {split['bare_decode_us']:.1f}, validation before the ack "
-          f"{split['validate_us']:.2f}), compaction{into} {split['compaction_us']:.1f} µs/span, "
-          f"total {split['ack_path_us'] + split['compaction_us']:.1f} µs/span")
-    print(f"collector ack latency per 512-span request (decode + validate + WAL fsync, no network): "
-          f"p50 {split['ack_p50_ms']:.1f} ms, p99 {split['ack_p99_ms']:.1f} ms. Export latencies above also "
-          "include the SDK encoding the batch in the client on the same 2 cores.")
+    print(
+        f"collector CPU split (in-process, same requests): ack path {split['ack_path_us']:.1f} µs/span "
+        f"(bare protobuf decode {split['bare_decode_us']:.1f}, validation before the ack "
+        f"{split['validate_us']:.2f}), compaction{into} {split['compaction_us']:.1f} µs/span, "
+        f"total {split['ack_path_us'] + split['compaction_us']:.1f} µs/span"
+    )
+    print(
+        f"collector ack latency per 512-span request (decode + validate + WAL fsync, no network): "
+        f"p50 {split['ack_p50_ms']:.1f} ms, p99 {split['ack_p99_ms']:.1f} ms. Export latencies above also "
+        "include the SDK encoding the batch in the client on the same 2 cores."
+    )
 
 
 if __name__ == "__main__":

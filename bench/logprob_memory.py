@@ -40,8 +40,16 @@ from trainer.attention import use_attention
 from trainer.backends.torch_backend import checkpoint_activations
 from trainer.packing import make_batches, sequence_logprobs
 
-MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768)
+MODEL = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+)
 CONFIGS = ("forward", "chunked", "chunked+ac")
 
 
@@ -66,8 +74,13 @@ def child(tokens: int, config: str, sample_len: int) -> dict:
     loss = -(lp * batch.advantages * batch.weights).sum()
     loss.backward()
     peak = _status_kib("VmHWM")
-    return {"tokens": tokens, "config": config, "scored": int((batch.weights > 0).sum()),
-            "step_peak_mib": (peak - base) / 1024, "loss": float(loss.detach())}
+    return {
+        "tokens": tokens,
+        "config": config,
+        "scored": int((batch.weights > 0).sum()),
+        "step_peak_mib": (peak - base) / 1024,
+        "loss": float(loss.detach()),
+    }
 
 
 def main() -> None:
@@ -82,16 +95,34 @@ def main() -> None:
     rows = {}
     for t in args.tokens:
         for c in CONFIGS:
-            out = subprocess.run([sys.executable, __file__, "--child", c, "--tokens", str(t), "--sample-len",
-                                  str(args.sample_len)], capture_output=True, text=True, timeout=3600)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    c,
+                    "--tokens",
+                    str(t),
+                    "--sample-len",
+                    str(args.sample_len),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
             if out.returncode != 0:
                 print(f"{t} {c}: failed ({out.stderr.strip().splitlines()[-1:]})", flush=True)
                 continue
             rows[(t, c)] = r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"  {t:>6} tokens ({r['scored']} scored)  {c:<10} step peak {r['step_peak_mib']:8.1f} MiB"
-                  f"  loss {r['loss']:.6f}", flush=True)
-    print(f"\nstep peak memory over baseline (MiB); vocab {MODEL['vocab_size']}, "
-          f"{MODEL['num_hidden_layers']} layers, LoRA r16; load {os.getloadavg()[0]:.2f}")
+            print(
+                f"  {t:>6} tokens ({r['scored']} scored)  {c:<10} step peak {r['step_peak_mib']:8.1f} MiB"
+                f"  loss {r['loss']:.6f}",
+                flush=True,
+            )
+    print(
+        f"\nstep peak memory over baseline (MiB); vocab {MODEL['vocab_size']}, "
+        f"{MODEL['num_hidden_layers']} layers, LoRA r16; load {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'tokens':>7} " + " ".join(f"{c:>11}" for c in CONFIGS) + "  forward/chunked  forward/chunked+ac")
     for t in args.tokens:
         r = [rows.get((t, c)) for c in CONFIGS]

@@ -54,31 +54,82 @@ ENGINES = ("vllm", "embedded")
 TARGETS = {"gateway_over_direct": 0.9, "round_s": 60.0, "publish_s": 5.0}
 
 
-def start_stack(model: Path, work: Path, threads: int, max_num_seqs: int, engine: str = "embedded",
-                publish: str = "auto", lora_rank: int = 8):
+def start_stack(
+    model: Path,
+    work: Path,
+    threads: int,
+    max_num_seqs: int,
+    engine: str = "embedded",
+    publish: str = "auto",
+    lora_rank: int = 8,
+):
     """collect, serve and gateway as `tracerl` processes on free ports (the demo's process handling)."""
     from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
 
     taken: set[int] = set()
     grpc, http, serve, gw = (pick_port(0, "", taken) for _ in range(4))
     tracerl, logs, children = str(BIN / "tracerl"), work / "logs", Children()
-    serve_argv = [tracerl, "serve", "--engine", engine, "--model", str(model), "--listen", f"127.0.0.1:{serve}",
-                  "--max-num-seqs", str(max_num_seqs)]
+    serve_argv = [
+        tracerl,
+        "serve",
+        "--engine",
+        engine,
+        "--model",
+        str(model),
+        "--listen",
+        f"127.0.0.1:{serve}",
+        "--max-num-seqs",
+        str(max_num_seqs),
+    ]
     if engine == "vllm":  # as the demo runs it: merged full-weight publishes, unless LoRA is asked for
         serve_argv += ["--max-model-len", "1024"]
-        serve_argv += (["--max-lora-rank", str(max(16, lora_rank))] if publish == "lora" else ["--no-enable-lora"])
+        serve_argv += (
+            ["--max-lora-rank", str(max(16, lora_rank))] if publish == "lora" else ["--no-enable-lora"]
+        )
     else:
         serve_argv += ["--threads", str(threads)]
     try:
-        collector = children.start(Child("collect", [
-            tracerl, "collect", "--store", str(work / "store"), "--grpc", f"127.0.0.1:{grpc}",
-            "--http", f"127.0.0.1:{http}", "--segment-age-s", "0.2"], logs / "collect.log"))
+        collector = children.start(
+            Child(
+                "collect",
+                [
+                    tracerl,
+                    "collect",
+                    "--store",
+                    str(work / "store"),
+                    "--grpc",
+                    f"127.0.0.1:{grpc}",
+                    "--http",
+                    f"127.0.0.1:{http}",
+                    "--segment-age-s",
+                    "0.2",
+                ],
+                logs / "collect.log",
+            )
+        )
         server = children.start(Child("serve", serve_argv, logs / "serve.log"))
-        gateway = children.start(Child("gateway", [
-            tracerl, "gateway", "--upstream", f"http://127.0.0.1:{serve}", "--listen", f"127.0.0.1:{gw}",
-            "--otlp", f"http://127.0.0.1:{grpc}", "--models-ttl-s", "0.5"], logs / "gateway.log"))
+        gateway = children.start(
+            Child(
+                "gateway",
+                [
+                    tracerl,
+                    "gateway",
+                    "--upstream",
+                    f"http://127.0.0.1:{serve}",
+                    "--listen",
+                    f"127.0.0.1:{gw}",
+                    "--otlp",
+                    f"http://127.0.0.1:{grpc}",
+                    "--models-ttl-s",
+                    "0.5",
+                ],
+                logs / "gateway.log",
+            )
+        )
         collector.wait_healthy(lambda: tcp_open(grpc) and tcp_open(http), 60)
-        server.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{serve}/health"), 600 if engine == "vllm" else 300)
+        server.wait_healthy(
+            lambda: http_ok(f"http://127.0.0.1:{serve}/health"), 600 if engine == "vllm" else 300
+        )
         gateway.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{gw}/health"), 60)
     except BaseException:
         children.stop_all()
@@ -92,7 +143,9 @@ def start_stack(model: Path, work: Path, threads: int, max_num_seqs: int, engine
     return children, urls
 
 
-def rollouts(agent, reward, tasks: list[dict], samples: int, collector: str) -> tuple[list[str], list[list[list]]]:
+def rollouts(
+    agent, reward, tasks: list[dict], samples: int, collector: str
+) -> tuple[list[str], list[list[list]]]:
     """Each (task, sample) as the demo agent's main(), in a thread; its trace id is its rollout id.
     Also the chat messages of each rollout's calls, in order (for the direct replay)."""
     import httpx
@@ -138,8 +191,9 @@ def reset_prefix_cache(server: str) -> None:
         httpx.post(f"{server}/reset_prefix_cache", timeout=30)
 
 
-def replay(server: str, calls: list[list[list]], max_tokens: int, temperature: float,
-           capture: bool = False) -> tuple[float, int]:
+def replay(
+    server: str, calls: list[list[list]], max_tokens: int, temperature: float, capture: bool = False
+) -> tuple[float, int]:
     """The recorded chat calls straight to the engine (no gateway, no spans): one thread per rollout, its calls
     in order, as in the round, each over its own connection with urllib as the demo agent's calls are; (seconds,
     completion tokens). ``capture``: with what the gateway adds to each request (``return_token_ids``,
@@ -152,10 +206,18 @@ def replay(server: str, calls: list[list[list]], max_tokens: int, temperature: f
     def one(messages_in_order: list[list]) -> int:
         n = 0
         for messages in messages_in_order:
-            body = {"model": model, "max_tokens": max_tokens, "temperature": temperature, "messages": messages,
-                    **extra}
-            req = urllib.request.Request(f"{server}/v1/chat/completions", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
+            body = {
+                "model": model,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "messages": messages,
+                **extra,
+            }
+            req = urllib.request.Request(
+                f"{server}/v1/chat/completions",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(req, timeout=600) as r:
                 n += int((json.load(r).get("usage") or {}).get("completion_tokens") or 0)
         return n
@@ -302,8 +364,21 @@ def switch_exporter():
     return SwitchExporter()
 
 
-def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: int, max_tokens: int, lora_rank: int,
-               threads: int, max_num_seqs: int, lr: float, repeats: int, publish: str) -> dict:
+def run_engine(
+    engine: str,
+    model: Path,
+    ctx: dict,
+    *,
+    letters: str,
+    samples: int,
+    max_tokens: int,
+    lora_rank: int,
+    threads: int,
+    max_num_seqs: int,
+    lr: float,
+    repeats: int,
+    publish: str,
+) -> dict:
     """``repeats`` rounds on ``engine`` (round k trains on policy@k's rollouts), each followed by the direct replay
     of its calls (before its training: same policy) and the baseline on its prompts; every phase's figure is its
     fastest repeat (the least disturbed by other load)."""
@@ -318,8 +393,9 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
     from trainer.publish import server_publisher
     from trainer.rounds import run_once
 
-    agent, reward, provider, tok, lora, autocast = (ctx[k] for k in ("agent", "reward", "provider", "tok", "lora",
-                                                                     "autocast"))
+    agent, reward, provider, tok, lora, autocast = (
+        ctx[k] for k in ("agent", "reward", "provider", "tok", "lora", "autocast")
+    )
     work = Path(tempfile.mkdtemp(prefix=f"tracerl-bench-round-{engine}-"))
     store = work / "store"
     settings = TrainSettings(
@@ -347,7 +423,9 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
         # of the round's shape straight to it, the gateway's connections
         t = time.perf_counter()
         agent.invoke_agent("warm-up", agent.user("Hi"))
-        warm = [[agent.user(agent.writer_prompt(task["letter"]))] * 2 for task in tasks for _ in range(samples)]
+        warm = [
+            [agent.user(agent.writer_prompt(task["letter"]))] * 2 for task in tasks for _ in range(samples)
+        ]
         replay(urls["server"], warm, max_tokens, 1.0)
         warmup_s = time.perf_counter() - t
         for _ in range(repeats):
@@ -367,19 +445,24 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
             r["generated_tokens"] = sum(len(row["response_token_ids"]) for row in rows)
             r["generation_tokens_per_s"] = r["generated_tokens"] / r["generation_s"]
 
-            reset_prefix_cache(urls["server"])  # the round's prompts are cached: the replay must not gain by it
+            reset_prefix_cache(
+                urls["server"]
+            )  # the round's prompts are cached: the replay must not gain by it
             r["direct_s"], r["direct_tokens"] = replay(urls["server"], calls, max_tokens, 1.0)
             r["direct_tokens_per_s"] = r["direct_tokens"] / r["direct_s"]
             r["gateway_over_direct"] = r["generation_tokens_per_s"] / r["direct_tokens_per_s"]
             reset_prefix_cache(urls["server"])
-            r["direct_capture_s"], r["direct_capture_tokens"] = replay(urls["server"], calls, max_tokens, 1.0, True)
+            r["direct_capture_s"], r["direct_capture_tokens"] = replay(
+                urls["server"], calls, max_tokens, 1.0, True
+            )
             r["direct_capture_tokens_per_s"] = r["direct_capture_tokens"] / r["direct_capture_s"]
 
             merges: list[float] = []
             t = time.perf_counter()
             with timed_merges(merges):
-                outcome = run_once(settings, publisher=server_publisher(urls["server"], publish),
-                                   log=lambda _m: None)
+                outcome = run_once(
+                    settings, publisher=server_publisher(urls["server"], publish), log=lambda _m: None
+                )
             r["train_round_s"] = time.perf_counter() - t
             r["publish_merge_s"] = sum(merges)
             if outcome.status != "published":
@@ -442,9 +525,12 @@ def run_engine(engine: str, model: Path, ctx: dict, *, letters: str, samples: in
             "generation_tokens_per_s": gen_tps,
             "train_tokens_per_s": max(x["step_tokens"] / x["train_round_parts_s"]["train"] for x in reps),
         },
-        "direct": {"generation_s": best("direct_s"), "generation_tokens_per_s": direct_tps,
-                   "capture_generation_s": best("direct_capture_s"),
-                   "capture_generation_tokens_per_s": max(x["direct_capture_tokens_per_s"] for x in reps)},
+        "direct": {
+            "generation_s": best("direct_s"),
+            "generation_tokens_per_s": direct_tps,
+            "capture_generation_s": best("direct_capture_s"),
+            "capture_generation_tokens_per_s": max(x["direct_capture_tokens_per_s"] for x in reps),
+        },
         "gateway_over_direct": gen_tps / direct_tps,
         "bare": {
             "generate_s": best("bare_generate_s"),
@@ -489,7 +575,9 @@ def run(
 
     torch.set_num_threads(threads)
     os.environ.update({"DEMO_MAX_TOKENS": str(max_tokens), "DEMO_TEMPERATURE": "1.0", "OPENAI_API_KEY": ""})
-    tok, lora = bare_model(model, lora_rank)  # also imports transformers + peft, as a `train --watch` process has
+    tok, lora = bare_model(
+        model, lora_rank
+    )  # also imports transformers + peft, as a `train --watch` process has
     dtype = autocast_dtype(torch.device("cpu"), True)
 
     def autocast():
@@ -507,14 +595,32 @@ def run(
     with torch.no_grad():
         bare_generate(lora, [tok("Hi").input_ids], 2, 1, tok.pad_token_id)  # its warm-up, as the server had
     lora.train()
-    ctx = {"agent": agent, "reward": reward, "provider": provider, "tok": tok, "lora": lora, "autocast": autocast,
-           "switch": switch}
+    ctx = {
+        "agent": agent,
+        "reward": reward,
+        "provider": provider,
+        "tok": tok,
+        "lora": lora,
+        "autocast": autocast,
+        "switch": switch,
+    }
     per_engine = {}
     try:
         for engine in engines:
             per_engine[engine] = run_engine(
-                engine, model, ctx, letters=letters, samples=samples, max_tokens=max_tokens, lora_rank=lora_rank,
-                threads=threads, max_num_seqs=max_num_seqs, lr=lr, repeats=repeats, publish=publish)
+                engine,
+                model,
+                ctx,
+                letters=letters,
+                samples=samples,
+                max_tokens=max_tokens,
+                lora_rank=lora_rank,
+                threads=threads,
+                max_num_seqs=max_num_seqs,
+                lr=lr,
+                repeats=repeats,
+                publish=publish,
+            )
     finally:
         provider.shutdown()
     return {
@@ -548,12 +654,20 @@ def report(r: dict) -> None:
     )
     for name, e in r["engines"].items():
         lp, bp, dp = e["loop"], e["bare"], e["direct"]
-        per_round = ", ".join(f"{x['loop_s']:.1f}s (gateway / direct {x['gateway_over_direct']:.2f}x, publish "
-                              f"{x['publish_s']:.1f}s)" for x in e["repeats"])
-        how = {"vllm": "real vLLM, " + ("LoRA adapters" if e["publish"] == "lora" else "merged full-weight reloads"),
-               "embedded": "tracerl's embedded engine"}.get(name, name)
-        print(f"\n[{name}] {how}; started in {e['start_s']:.1f}s, warm-up {e['warmup_s']:.1f}s (not counted); "
-              f"rounds: {per_round}")
+        per_round = ", ".join(
+            f"{x['loop_s']:.1f}s (gateway / direct {x['gateway_over_direct']:.2f}x, publish "
+            f"{x['publish_s']:.1f}s)"
+            for x in e["repeats"]
+        )
+        how = {
+            "vllm": "real vLLM, "
+            + ("LoRA adapters" if e["publish"] == "lora" else "merged full-weight reloads"),
+            "embedded": "tracerl's embedded engine",
+        }.get(name, name)
+        print(
+            f"\n[{name}] {how}; started in {e['start_s']:.1f}s, warm-up {e['warmup_s']:.1f}s (not counted); "
+            f"rounds: {per_round}"
+        )
         print(
             f"  loop   : generation {lp['generation_s']:.1f}s ({lp['generation_tokens_per_s']:.1f} tok/s) + spans "
             f"stored {lp['collect_wait_s']:.1f}s + convert {lp['convert_s']:.1f}s + train round "
@@ -591,16 +705,26 @@ def main() -> None:
         default=DEFAULT_MODEL,
         help="HF model dir (default: SmolLM2 in .models/, built with init-model --from if missing)",
     )
-    p.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, run in this order (vllm, embedded)")
-    p.add_argument("--publish", default="auto", choices=["auto", "lora", "full"],
-                   help="the trainer's --publish (auto: merged full weights on a CPU vLLM); lora keeps vLLM's LoRA on")
+    p.add_argument(
+        "--engines", default=",".join(ENGINES), help="comma-separated, run in this order (vllm, embedded)"
+    )
+    p.add_argument(
+        "--publish",
+        default="auto",
+        choices=["auto", "lora", "full"],
+        help="the trainer's --publish (auto: merged full weights on a CPU vLLM); lora keeps vLLM's LoRA on",
+    )
     p.add_argument("--letters", default="ae", help="one task per letter")
     p.add_argument("--samples", type=int, default=4, help="rollouts per task")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=8, help="the engine's batch (and the baseline's)")
     p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads of the embedded server, trainer and baseline (vLLM binds its worker to core 0)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the embedded server, trainer and baseline (vLLM binds its worker to core 0)",
+    )
     p.add_argument(
         "--repeats",
         type=int,
@@ -616,8 +740,18 @@ def main() -> None:
         from serving.models.pretrained import build_pretrained
 
         build_pretrained("smollm2-135m-instruct", DEFAULT_MODEL)
-    r = run(a.model, a.letters, a.samples, a.max_tokens, a.lora_rank, a.threads, a.max_num_seqs,
-            repeats=a.repeats, engines=engines, publish=a.publish)
+    r = run(
+        a.model,
+        a.letters,
+        a.samples,
+        a.max_tokens,
+        a.lora_rank,
+        a.threads,
+        a.max_num_seqs,
+        repeats=a.repeats,
+        engines=engines,
+        publish=a.publish,
+    )
     report(r)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -33,13 +33,24 @@ def skewed_samples(n: int, vocab: int, long_len: int, seed: int) -> list[Sample]
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
-        total = int(torch.randint(16, 96, (1,), generator=g)) if torch.rand(1, generator=g) < 0.85 else \
-            int(torch.randint(long_len // 2, long_len, (1,), generator=g))
+        total = (
+            int(torch.randint(16, 96, (1,), generator=g))
+            if torch.rand(1, generator=g) < 0.85
+            else int(torch.randint(long_len // 2, long_len, (1,), generator=g))
+        )
         prompt = max(4, total // 2)
         ids = torch.randint(3, vocab, (total,), generator=g).tolist()
         lps = (-torch.rand(total - prompt, generator=g) * 3).tolist()
-        out.append(Sample(f"t{i}", f"r{i // 2}", ids[:prompt], ids[prompt:], lps,
-                          advantage=float(torch.randn(1, generator=g))))
+        out.append(
+            Sample(
+                f"t{i}",
+                f"r{i // 2}",
+                ids[:prompt],
+                ids[prompt:],
+                lps,
+                advantage=float(torch.randn(1, generator=g)),
+            )
+        )
     assign_weights(out, "rollout")
     return out
 
@@ -71,14 +82,21 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8, help="samples per padded batch")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads; 1 keeps timings stable on a shared machine")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads; 1 keeps timings stable on a shared machine"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "m", hidden=args.hidden, layers=args.layers,
-                                heads=4, kv_heads=2, intermediate=args.hidden * 2)
+        path = build_tiny_model(
+            Path(tmp) / "m",
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=4,
+            kv_heads=2,
+            intermediate=args.hidden * 2,
+        )
         settings = TrainSettings(model=str(path), lr=1e-6, progress=False, device=args.device)
         ours = TorchBackend.load(settings, path, None)
     device = ours.device
@@ -88,9 +106,11 @@ def main() -> None:
     n_tokens = sum(s.length for s in samples)
     packed = [b.to(device) for b in make_batches(samples, args.pack_tokens)]
     padded = [b.to(device) for b in make_padded_batches(samples, args.rows)]
-    print(f"model: {n_params / 1e6:.2f}M params on {device}; {len(samples)} samples, {n_tokens} tokens "
-          f"(longest {max(s.length for s in samples)}); {len(packed)} packed rows of <= {args.pack_tokens}, "
-          f"{len(padded)} padded batches of {args.rows}")
+    print(
+        f"model: {n_params / 1e6:.2f}M params on {device}; {len(samples)} samples, {n_tokens} tokens "
+        f"(longest {max(s.length for s in samples)}); {len(packed)} packed rows of <= {args.pack_tokens}, "
+        f"{len(padded)} padded batches of {args.rows}"
+    )
 
     bare_model = copy.deepcopy(ours.model)
     bare_opt = torch.optim.AdamW(bare_model.parameters(), lr=1e-6)
@@ -103,15 +123,19 @@ def main() -> None:
         bare_opt.step()
         bare_opt.zero_grad(set_to_none=True)
 
-    t = timed({"bare": bare_step, "ours": lambda: ours.train(packed), "padded": lambda: ours.train(padded)},
-              args.repeats)
+    t = timed(
+        {"bare": bare_step, "ours": lambda: ours.train(packed), "padded": lambda: ours.train(padded)},
+        args.repeats,
+    )
     t_bare, t_ours, t_padded = t["bare"], t["ours"], t["padded"]
     padded_slots = sum(b.input_ids.numel() for b in padded)
     packed_slots = sum(b.input_ids.numel() for b in packed)
     print(f"bare torch step     {t_bare * 1e3:8.1f} ms")
     print(f"tracerl step        {t_ours * 1e3:8.1f} ms   (packed)")
-    print(f"tracerl step        {t_padded * 1e3:8.1f} ms   (padded: {padded_slots} token slots for {n_tokens} tokens, "
-          f"packed uses {packed_slots})")
+    print(
+        f"tracerl step        {t_padded * 1e3:8.1f} ms   (padded: {padded_slots} token slots for {n_tokens} tokens, "
+        f"packed uses {packed_slots})"
+    )
     print(f"packed {n_tokens / t_ours:,.0f} tok/s vs padded {n_tokens / t_padded:,.0f} tok/s")
     print(f"RATIO overhead (ours / bare)     = {t_ours / t_bare:.3f}   target <= 1.10")
     print(f"RATIO packing  (packed / padded) = {t_padded / t_ours:.3f}   target >= 1.5")

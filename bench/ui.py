@@ -56,7 +56,9 @@ CHUNK = 100_000
 
 
 def _join(*parts: object) -> pa.Array:
-    return pc.binary_join_element_wise(*[p if isinstance(p, (pa.Array, pa.ChunkedArray)) else str(p) for p in parts], "")
+    return pc.binary_join_element_wise(
+        *[p if isinstance(p, (pa.Array, pa.ChunkedArray)) else str(p) for p in parts], ""
+    )
 
 
 def build(store: Path, n: int, rounds: int) -> dict[str, float]:
@@ -73,63 +75,101 @@ def build(store: Path, n: int, rounds: int) -> dict[str, float]:
         version = np.minimum(r // per_version, rounds - 1)
         held = task % 20 == 0
         rs = pc.cast(pa.array(r), pa.string())
-        task_id = pc.if_else(pa.array(held), _join("heldout-", pc.cast(pa.array(task), pa.string())),
-                             _join("task-", pc.cast(pa.array(task), pa.string())))
+        task_id = pc.if_else(
+            pa.array(held),
+            _join("heldout-", pc.cast(pa.array(task), pa.string())),
+            _join("task-", pc.cast(pa.array(task), pa.string())),
+        )
         reward = np.round((r * 2654435761 % 1000) / 1000, 1)  # one reward per rollout (a hash: deterministic)
         k = len(i)
-        table = pa.table({
-            "transition_id": _join("t-", pc.cast(pa.array(i), pa.string())),
-            "rollout_id": _join("r-", rs),
-            "task_id": task_id,
-            "trace_id": _join("trace-", rs),
-            "span_id": _join("s-", pc.cast(pa.array(i), pa.string())),
-            "step": pa.array(step, pa.int32()),
-            "agent_name": pa.array(np.where(step % 2 == 0, "writer", "rewriter"), pa.string()),
-            "trainable": pa.array(np.ones(k, bool)),
-            "model": _join("policy@", pc.cast(pa.array(version), pa.string())),
-            "policy_version": pa.array(version, pa.int64()),
-            "prompt_messages": _join('[{"role":"system","content":"You write SQL for the shop database."},'
-                                     '{"role":"user","content":"Question ', rs, " step ",
-                                     pc.cast(pa.array(step), pa.string()), '"}]'),
-            "tools": pa.nulls(k, pa.string()),
-            "response_message": _join('{"role":"assistant","content":"SELECT count(*) FROM orders WHERE id = ',
-                                      rs, '"}'),
-            "finish_reason": pa.array(np.repeat("stop", k), pa.string()),
-            "prompt_token_ids": pa.FixedSizeListArray.from_arrays(
-                pa.array(rng.integers(0, 300, k * 24), pa.int32()), 24).cast(pa.list_(pa.int32())),
-            "response_token_ids": pa.FixedSizeListArray.from_arrays(
-                pa.array(rng.integers(0, 300, k * 16), pa.int32()), 16).cast(pa.list_(pa.int32())),
-            "response_logprobs": pa.FixedSizeListArray.from_arrays(
-                pa.array(-rng.exponential(1.0, k * 16), pa.float32()), 16).cast(pa.list_(pa.float32())),
-            "token_source": pa.array(np.where(i % 97 == 0, "retokenized", "gateway"), pa.string()),
-            "reward": pa.array(reward),
-            "rollout_reward": pa.array(reward),
-            "reward_source": pa.array(np.repeat("side_channel", k), pa.string()),
-            "is_last": pa.array(step == CALLS - 1),
-            "started_at": pa.array(T0 + r * 1_000_000_000 + step * 100_000_000, pa.int64()).cast(
-                TRANSITIONS_SCHEMA.field("started_at").type),
-            "ended_at": pa.array(T0 + r * 1_000_000_000 + step * 100_000_000 + 90_000_000, pa.int64()).cast(
-                TRANSITIONS_SCHEMA.field("ended_at").type),
-            "input_tokens": pa.array(np.full(k, 24), pa.int64()),
-            "output_tokens": pa.array(np.full(k, 16), pa.int64()),
-            "conversion": pa.array(np.ones(k, np.int64)),
-        })
+        table = pa.table(
+            {
+                "transition_id": _join("t-", pc.cast(pa.array(i), pa.string())),
+                "rollout_id": _join("r-", rs),
+                "task_id": task_id,
+                "trace_id": _join("trace-", rs),
+                "span_id": _join("s-", pc.cast(pa.array(i), pa.string())),
+                "step": pa.array(step, pa.int32()),
+                "agent_name": pa.array(np.where(step % 2 == 0, "writer", "rewriter"), pa.string()),
+                "trainable": pa.array(np.ones(k, bool)),
+                "model": _join("policy@", pc.cast(pa.array(version), pa.string())),
+                "policy_version": pa.array(version, pa.int64()),
+                "prompt_messages": _join(
+                    '[{"role":"system","content":"You write SQL for the shop database."},'
+                    '{"role":"user","content":"Question ',
+                    rs,
+                    " step ",
+                    pc.cast(pa.array(step), pa.string()),
+                    '"}]',
+                ),
+                "tools": pa.nulls(k, pa.string()),
+                "response_message": _join(
+                    '{"role":"assistant","content":"SELECT count(*) FROM orders WHERE id = ', rs, '"}'
+                ),
+                "finish_reason": pa.array(np.repeat("stop", k), pa.string()),
+                "prompt_token_ids": pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.integers(0, 300, k * 24), pa.int32()), 24
+                ).cast(pa.list_(pa.int32())),
+                "response_token_ids": pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.integers(0, 300, k * 16), pa.int32()), 16
+                ).cast(pa.list_(pa.int32())),
+                "response_logprobs": pa.FixedSizeListArray.from_arrays(
+                    pa.array(-rng.exponential(1.0, k * 16), pa.float32()), 16
+                ).cast(pa.list_(pa.float32())),
+                "token_source": pa.array(np.where(i % 97 == 0, "retokenized", "gateway"), pa.string()),
+                "reward": pa.array(reward),
+                "rollout_reward": pa.array(reward),
+                "reward_source": pa.array(np.repeat("side_channel", k), pa.string()),
+                "is_last": pa.array(step == CALLS - 1),
+                "started_at": pa.array(T0 + r * 1_000_000_000 + step * 100_000_000, pa.int64()).cast(
+                    TRANSITIONS_SCHEMA.field("started_at").type
+                ),
+                "ended_at": pa.array(
+                    T0 + r * 1_000_000_000 + step * 100_000_000 + 90_000_000, pa.int64()
+                ).cast(TRANSITIONS_SCHEMA.field("ended_at").type),
+                "input_tokens": pa.array(np.full(k, 24), pa.int64()),
+                "output_tokens": pa.array(np.full(k, 16), pa.int64()),
+                "conversion": pa.array(np.ones(k, np.int64)),
+            }
+        )
         write_transitions(layout.location, table)
     t_tr = time.perf_counter() - t
     for v in range(rounds):
         ckpt = layout.checkpoints / f"policy-{v + 1:06d}"
         ckpt.mkdir(parents=True, exist_ok=True)
-        (ckpt / "tracerl_checkpoint.json").write_text(json.dumps({
-            "round": v, "git_sha": "0123456789abcdef", "settings": {"estimator": "grpo", "tasks": "^task-",
-                                                                   "lr": 1e-5, "max_staleness": 0}}))
+        (ckpt / "tracerl_checkpoint.json").write_text(
+            json.dumps(
+                {
+                    "round": v,
+                    "git_sha": "0123456789abcdef",
+                    "settings": {"estimator": "grpo", "tasks": "^task-", "lr": 1e-5, "max_staleness": 0},
+                }
+            )
+        )
         ids = [f"r-{x}" for x in range(v * per_version, min(n_roll, (v + 1) * per_version))]
         (layout.checkpoints / f"round-{v:06d}.json").write_text(json.dumps({"round": v, "rollout_ids": ids}))
-        row = {"round": v, "policy_version": v, "base_model": "/nonexistent/base", "checkpoint_path": str(ckpt),
-               "adapter": True, "n_rollouts": len(ids), "n_transitions": len(ids) * CALLS,
-               "mean_reward": 0.4 + v / rounds / 2, "loss": 0.1 / (v + 1), "kl": 0.001 * v, "clip_fraction": 0.1,
-               "timings": json.dumps({"train": 10.0}), "published_at": None, "status": "published", "metrics": None}
-        write_table_atomic(pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA),
-                           layout.partition("rounds", "2026-11-21") / f"round-{v:06d}.parquet", "rounds")
+        row = {
+            "round": v,
+            "policy_version": v,
+            "base_model": "/nonexistent/base",
+            "checkpoint_path": str(ckpt),
+            "adapter": True,
+            "n_rollouts": len(ids),
+            "n_transitions": len(ids) * CALLS,
+            "mean_reward": 0.4 + v / rounds / 2,
+            "loss": 0.1 / (v + 1),
+            "kl": 0.001 * v,
+            "clip_fraction": 0.1,
+            "timings": json.dumps({"train": 10.0}),
+            "published_at": None,
+            "status": "published",
+            "metrics": None,
+        }
+        write_table_atomic(
+            pa.Table.from_pylist([row], schema=ROUNDS_SCHEMA),
+            layout.partition("rounds", "2026-11-21") / f"round-{v:06d}.parquet",
+            "rounds",
+        )
     return {"transitions_s": t_tr, "total_s": time.perf_counter() - t}
 
 
@@ -143,8 +183,10 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
     con = connect_readonly(parse_store(store))
     t = time.perf_counter()
     con.execute(ROLLOUT_INDEX_SQL)  # what the viewer's reader builds once per store version
-    print(f"per-rollout table (ui_rollouts, built once per store version): {time.perf_counter() - t:.2f}s",
-          flush=True)
+    print(
+        f"per-rollout table (ui_rollouts, built once per store version): {time.perf_counter() - t:.2f}s",
+        flush=True,
+    )
     from ui.store import store_signature
 
     loc, times = parse_store(store), []
@@ -152,13 +194,17 @@ def bare_runners(store: Path) -> tuple[dict[str, Callable[[], object]], dict[str
         t = time.perf_counter()
         n = len(store_signature(loc))
         times.append(time.perf_counter() - t)
-    print(f"change signature ({n} table files, per request): {percentile(times, 0.5) * 1000:.2f}ms p50", flush=True)
+    print(
+        f"change signature ({n} table files, per request): {percentile(times, 0.5) * 1000:.2f}ms p50",
+        flush=True,
+    )
 
     def run(sql: str, params: object = None) -> list:
         return (con.execute(sql, params) if params is not None else con.execute(sql)).fetchall()
 
     rid = run("SELECT rollout_id FROM transitions WHERE step = 0 ORDER BY started_at DESC LIMIT 1")[0][0]
     task = run("SELECT task_id FROM transitions WHERE rollout_id = ? LIMIT 1", [rid])[0][0]
+
     def rounds() -> None:  # the per-request statements; the staleness join is kept per store version
         run("SELECT * EXCLUDE (date) FROM rounds ORDER BY round")
         run(pages.HELDOUT_SQL, {"re": "^task-"})
@@ -216,12 +262,17 @@ def main() -> None:
     try:
         if not (store / "transitions").exists():
             built = build(store, args.transitions, args.rounds)
-            print(f"built {args.transitions:,} transitions in {built['transitions_s']:.1f}s "
-                  f"(store + manifest {built['total_s']:.1f}s): {store}", flush=True)
+            print(
+                f"built {args.transitions:,} transitions in {built['transitions_s']:.1f}s "
+                f"(store + manifest {built['total_s']:.1f}s): {store}",
+                flush=True,
+            )
         runners, urls, close = bare_runners(store)
         server = serve(UiConfig(store=parse_store(store)), port=0)
         client = httpx.Client(base_url=server.url, timeout=120)
-        print(f"{'page':<18} {'server p50':>10} {'p95':>8}   {'bare p50':>9} {'p95':>8}   {'ratio p50':>9} {'p95':>6}")
+        print(
+            f"{'page':<18} {'server p50':>10} {'p95':>8}   {'bare p50':>9} {'p95':>8}   {'ratio p50':>9} {'p95':>6}"
+        )
         try:
             for name, bare in runners.items():
                 assert client.get(urls[name]).status_code == 200  # warm-up (first connection, caches)
@@ -237,8 +288,11 @@ def main() -> None:
                     bare_s.append(time.perf_counter() - t)
                 p = [percentile(page_s, q) * 1000 for q in (0.5, 0.95)]
                 b = [percentile(bare_s, q) * 1000 for q in (0.5, 0.95)]
-                print(f"{name:<18} {p[0]:>8.1f}ms {p[1]:>6.1f}ms   {b[0]:>7.1f}ms {b[1]:>6.1f}ms   "
-                      f"{p[0] / b[0]:>8.2f}x {p[1] / b[1]:>5.2f}x", flush=True)
+                print(
+                    f"{name:<18} {p[0]:>8.1f}ms {p[1]:>6.1f}ms   {b[0]:>7.1f}ms {b[1]:>6.1f}ms   "
+                    f"{p[0] / b[0]:>8.2f}x {p[1] / b[1]:>5.2f}x",
+                    flush=True,
+                )
         finally:
             client.close()
             server.stop(grace_s=1)

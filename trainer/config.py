@@ -131,6 +131,10 @@ class TrainSettings:
                                                 "forward pass and recompute the layer in the backward pass: "
                                                 "activation memory drops by about the layer count, a step costs "
                                                 "about a third more compute (for long rows or big models on a GPU)")
+    compile_blocks: bool = opt(False, "torch backend: torch.compile each decoder layer's norms and MLP (dynamic "
+                                      "shapes, so packed rows of any length reuse one graph): their elementwise "
+                                      "ops fuse, which took as much GPU time as the matmuls in a profile of a "
+                                      "1.5B model; the first step pays the compile (tens of seconds)")
     lora_rank: int = opt(0, "LoRA rank; 0 trains all weights")
     lora_alpha: float = opt(16.0, "LoRA alpha")
     lora_targets: str = opt("all-linear", "LoRA target modules (comma list or 'all-linear')")

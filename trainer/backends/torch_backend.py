@@ -43,7 +43,10 @@ MASTER_DIR = "master"  # fp32 weights to resume from, when the served ones are b
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower."""
     cpu = torch.cpu
-    return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(
+        getattr(cpu, probe, lambda: False)()
+        for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
 
 
 def autocast_dtype(device: torch.device, bf16: bool) -> torch.dtype | None:
@@ -67,8 +70,10 @@ def checkpoint_activations(model: Any) -> None:
     names it ``activation_checkpointing_enable``; older 5.x, ``gradient_checkpointing_enable``."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
-        raise ValueError(f"{type(base).__name__} does not support activation checkpointing; "
-                         "train without --activation-checkpointing")
+        raise ValueError(
+            f"{type(base).__name__} does not support activation checkpointing; "
+            "train without --activation-checkpointing"
+        )
     kwargs = {"use_reentrant": False}
     if hasattr(base, "activation_checkpointing_enable"):
         base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -76,10 +81,32 @@ def checkpoint_activations(model: Any) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+def compile_blocks(model: Any) -> int:
+    """``torch.compile`` (dynamic shapes) every norm and MLP module of the model in place; returns how many.
+
+    Why these and not whole layers: their ops are elementwise chains around the matmuls (RMSNorm's
+    upcast, square, mean, rsqrt, scale; SwiGLU's silu and product) that run one kernel each in eager
+    mode, in the forward and again in the backward pass; on one H200 they took as much time as the
+    matmuls of a 1.5B model (``bench/attention_memory.py --profile``). Attention stays eager: the packed
+    rows' segment layout changes every batch, which a compiled graph would re-trace."""
+    n = 0
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith(("RMSNorm", "MLP")):
+            module.compile(dynamic=True)
+            n += 1
+    return n
+
+
 def loss_config(s: TrainSettings) -> LossConfig:
     return LossConfig(
-        clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip=s.dual_clip, kl_coef=s.kl_coef,
-        kl_estimator=s.kl_estimator, is_correction=s.is_correction, is_threshold_low=s.is_low,
+        clip_eps_low=s.clip_eps_low,
+        clip_eps_high=s.clip_eps_high,
+        dual_clip=s.dual_clip,
+        kl_coef=s.kl_coef,
+        kl_estimator=s.kl_estimator,
+        is_correction=s.is_correction,
+        is_threshold_low=s.is_low,
         is_threshold_high=s.is_high,
     )
 
@@ -87,8 +114,14 @@ def loss_config(s: TrainSettings) -> LossConfig:
 class TorchBackend:
     """Owns the model, its optimizer and (when needed) the reference; see the module docstring."""
 
-    def __init__(self, model: Any, tokenizer: Any, settings: TrainSettings, device: torch.device,
-                 ref_model: Any | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        settings: TrainSettings,
+        device: torch.device,
+        ref_model: Any | None = None,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
@@ -119,6 +152,8 @@ class TorchBackend:
             ref.to(device)
         if settings.activation_checkpointing:
             checkpoint_activations(model)
+        if settings.compile_blocks:
+            compile_blocks(model)
         model.to(device).train()
         if rank_world()[1] > 1:
             broadcast_trainable(model)
@@ -152,8 +187,12 @@ class TorchBackend:
         with self._autocast():
             return sequence_logprobs(self.model, batch, batch.weights > 0)
 
-    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None,
-              threads_now: Callable[[], int] | None = None) -> TrainMetrics:
+    def train(
+        self,
+        batches: Sequence[Batch],
+        on_step: StepCallback | None = None,
+        threads_now: Callable[[], int] | None = None,
+    ) -> TrainMetrics:
         """Every rank gets all of the round's ``batches`` and trains its share of each step (one rank:
         all of them); see ``trainer.distributed`` for why the ranks' gradients are summed.
         ``threads_now``: torch threads for the next micro-batch on CPU (``run_once``'s hook)."""
@@ -161,8 +200,10 @@ class TorchBackend:
         t0 = time.perf_counter()
         plan = step_plan(len(batches), s.steps_per_epoch, self.rank, self.world)
         # each step's weight total over all ranks: every rank's loss terms are shares of the same sum
-        step_weight = [float(sum(batches[i].weights.sum().item() for i in idx))
-                       for idx in step_plan(len(batches), s.steps_per_epoch)]
+        step_weight = [
+            float(sum(batches[i].weights.sum().item() for i in idx))
+            for idx in step_plan(len(batches), s.steps_per_epoch)
+        ]
         local = {i: batches[i].to(self.device) for step in plan for i in step}
         n_steps = len(plan)
         off_policy = s.epochs * n_steps > 1
@@ -190,8 +231,15 @@ class TorchBackend:
                     if b.has_rollout_logprobs.any():
                         rollout = torch.where(b.has_rollout_logprobs, b.rollout_logprobs, old_lp)
                         iw.add(old_lp, b.rollout_logprobs, b.has_rollout_logprobs & (b.weights > 0))
-                    out = policy_loss(lp, old_lp, b.advantages, b.weights / total_w, self.loss_config,
-                                      rollout_logprobs=rollout, ref_logprobs=ref[i] if ref is not None else None)
+                    out = policy_loss(
+                        lp,
+                        old_lp,
+                        b.advantages,
+                        b.weights / total_w,
+                        self.loss_config,
+                        rollout_logprobs=rollout,
+                        ref_logprobs=ref[i] if ref is not None else None,
+                    )
                     out.loss.backward()
                     n_resp = float((b.weights > 0).sum().item())
                     resp_tokens += n_resp
