@@ -25,7 +25,7 @@ from span_to_transition.doctor_chat import (
 from span_to_transition.doctor_finding import Finding, plural
 from span_to_transition.doctor_training import coverage_text, training_findings
 from span_to_transition.records import Span
-from span_to_transition.rewards import in_band_rewards
+from span_to_transition.rewards import in_band_rewards, parse_reward_from
 from span_to_transition.survey import REWARD_SPELLINGS, Pending, SpanGroup, StoreFacts
 from span_to_transition.tokens import is_gateway
 
@@ -333,6 +333,8 @@ def _reward_findings(f: StoreFacts) -> list[Finding]:
                 "--fill-reward 0",
             )
         )
+    elif f.excluded and (unselected := _unselected_rewards(f)):
+        out.append(unselected)
     elif f.excluded:
         out.append(
             Finding(
@@ -346,6 +348,26 @@ def _reward_findings(f: StoreFacts) -> list[Finding]:
             )
         )
     return out
+
+
+def _unselected_rewards(f: StoreFacts) -> Finding | None:
+    """Rollouts excluded as unrewarded while the rewards table holds rewards, none of a name the converter's
+    ``--reward-from`` list selects (e.g. ``--reward-from grade`` on a store that only the judge scored):
+    the fix is the rule, not more feedback."""
+    rule = parse_reward_from(f.reward_from)
+    if rule.names is None or not f.reward_names or set(f.reward_names) & rule.names:
+        return None
+    names = ", ".join(f"{n}: {c}" for n, c in f.reward_names.items())
+    keep = ",".join(sorted(f.reward_names))
+    return Finding(
+        "rewards that --reward-from does not select",
+        f"{_plural(len(f.excluded), 'rollout')} converted with no reward (e.g. {', '.join(f.excluded[:3])}), while "
+        f"rewards/ holds rewards named {names}; these rows were converted with --reward-from {f.reward_from}, "
+        "which selects none of those names",
+        "no rollout of this store trains until its rewards are selected",
+        f"convert again with the names to train on: tracerl convert --rebuild --reward-from {keep} (or auto: "
+        "every reward but the judge's, the judge's where a rollout has no other)",
+    )
 
 
 def _token_findings(f: StoreFacts, n_calls: int) -> list[Finding]:

@@ -26,6 +26,7 @@ from span_to_transition.doctor_chat import Untrainable
 from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span, as_bool
+from span_to_transition.rewards import AUTO, UNNAMED
 from span_to_transition.store import rollout_statuses, table_files
 from span_to_transition.survey_training import TrainingFacts, gather_training
 from span_to_transition.tokens import is_gateway
@@ -89,6 +90,8 @@ class StoreFacts:
     quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
     max_wait_s: float = ConvertConfig.max_wait_s
     missing_reward: str = "exclude"
+    reward_from: str = "auto"  # the --reward-from the rows were converted with
+    reward_names: dict[str, int] = field(default_factory=dict)  # rewards table: name -> rows
     training: TrainingFacts | None = None  # the next round (None: no spans to speak of)
 
 
@@ -212,6 +215,7 @@ def gather(
         quiet_s=quiet_s,
         max_wait_s=max_wait_s,
         missing_reward=str(settings.get("missing_reward", "exclude")),
+        reward_from=str(settings.get("reward_from", AUTO)),
         agents_setting=settings.get("agents"),  # type: ignore[arg-type]
     )
     con = connect_readonly(layout)
@@ -224,7 +228,10 @@ def gather(
         f.rewards["gen_ai.evaluation.result"] += con.execute(
             "SELECT count(*) FROM logs WHERE event_name = 'gen_ai.evaluation.result'"
         ).fetchall()[0][0]
-        f.rewards["rewards table"] = con.execute("SELECT count(*) FROM rewards").fetchall()[0][0]
+        f.reward_names = dict(
+            con.execute("SELECT coalesce(name, ?), count(*) FROM rewards GROUP BY 1 ORDER BY 1", [UNNAMED]).fetchall()
+        )
+        f.rewards["rewards table"] = sum(f.reward_names.values())
         f.token_sources = dict(
             con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
         )

@@ -347,3 +347,20 @@ def test_calls_without_a_response_id_behind_an_unpropagated_gateway_are_explaine
     )  # Strands' calls record no response id
     f = one(store, "gateway spans are not under the agent's call spans")
     assert "Strands records none" in f.means and "opentelemetry-instrumentation-openai" in f.fix
+
+
+def test_rewards_the_reward_rule_does_not_select_are_named_with_the_rule_to_fix(store: Path) -> None:
+    """A store only the judge scored, converted with ``--reward-from grade``: its rollouts are excluded, and the
+    fix is the rule (naming the rewards there are), not more feedback."""
+    judged = TraceBuilder("5" * 32, received_at_ns=100 * S)
+    judged.chat(judged.span("invoke_agent solver", agent="solver"), [user("hi")], "ho", response_id="r5")
+    put(store, "spans", spans_table(judged.spans), "a")
+    put(store, "rewards", side_reward("j5", 0.5, trace_id="5" * 32), "a")
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0, reward_from="grade"), now_ns=LATER)
+    f = one(store, "rewards that --reward-from does not select")
+    assert "1 rollout converted with no reward (e.g. " + "5" * 32 in f.saw
+    assert "rewards named judge: 1" in f.saw and "--reward-from grade" in f.saw
+    assert "--rebuild --reward-from judge" in f.fix
+    assert not [p for p in problems(store) if p.startswith("rollouts excluded")]
+    convert_store(parse_store(store), ConvertConfig(quiet_s=0, reward_from="judge"), now_ns=LATER, rebuild=True)
+    assert not [p for p in problems(store) if "does not select" in p or p.startswith("rollouts excluded")]
