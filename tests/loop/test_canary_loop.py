@@ -28,7 +28,7 @@ import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
 
 from loop.canary import decide
-from loop.promote import arm_stats, newest_canary
+from loop.promote import arm_sequence, newest_canary
 from store.location import parse_store
 from store.views import connect_readonly
 from trainer.manifest import read_rounds, write_round
@@ -183,7 +183,7 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
                 run_rollouts(20, client, tracer, reference, rewards)
                 m += 20
                 converted(store, col, n + m)
-                decision = decide(*arm_stats(parse_store(store), 0, 2, published))
+                decision = decide(*arm_sequence(parse_store(store), 0, 2, published))
                 assert m <= 200, decision
             print(f"round 1 (sound): {decision.action} after {m} rollouts; {decision.reason}")
             assert decision.action == "promote"
