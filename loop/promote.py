@@ -18,6 +18,11 @@ gateway's ``--canary`` share beside ``policy@v`` (the version the round trained 
    manifest is written first, so a run killed after it is finished by the next run, which pushes the
    recorded decision again.
 
+An arm is the version that served the rollout (``policy_version``), not the transitions' ``canary_arm``:
+the gateway's arm label is relative to the pair it held at that moment (after a promote, the old
+candidate keeps the label ``candidate`` while it serves as the next round's ``policy@v``, until the
+gateway hears the next pair), so the label would misfile such rollouts, and the version needs no join.
+
 Everything it decides is a function of the store, so a trainer or cron job killed between canary and
 decision resumes by running this again.
 """
