@@ -230,12 +230,12 @@ def decide(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule = Canary
         why = f"{n_s} serving and {n_c} candidate rewards; each arm needs {rule.min_per_arm}"
         return CanaryDecision(WAIT, *numbers, why)
     if not hit.size:
-        why = f"evidence {e[0]:.1f} (worse) and {e[1]:.1f} (no worse) after {b.m.size} paired blocks; either needs {need:g}"
+        why = f"evidence {e[0]:.3g} (worse) and {e[1]:.3g} (no worse) after {b.m.size} paired blocks; either needs {need:g}"
         return CanaryDecision(WAIT, *numbers, why)
     if code[k] > 0:
-        why = f"evidence {e[1]:.1f} >= 1/alpha = {need:g} against a loss of margin {rule.margin:g}, at block {k + 1}"
+        why = f"evidence {e[1]:.3g} >= 1/alpha = {need:g} against a loss of margin {rule.margin:g}, at block {k + 1}"
         return CanaryDecision(PROMOTE, *numbers, why)
-    why = f"evidence {e[0]:.1f} >= 1/alpha = {need:g} against 'no worse', at block {k + 1}: the candidate is worse"
+    why = f"evidence {e[0]:.3g} >= 1/alpha = {need:g} against 'no worse', at block {k + 1}: the candidate is worse"
     return CanaryDecision(ROLL_BACK, *numbers, why)
 
 

@@ -121,7 +121,7 @@ def canary_line(k: int, status: str, c: dict[str, Any]) -> str:
     lo, hi = c.get("lower"), c.get("upper")  # the mSPRT's bounds (rows written before the paired-blocks test)
     bounds = f" in [{lo:+.3f}, {hi:+.3f}]" if lo is not None and lo == lo else ""
     if c.get("e_rollback") is not None:  # the paired-blocks test's evidence (loop/canary.py)
-        bounds = f", evidence {c['e_rollback']:.1f} worse / {c['e_promote']:.1f} no worse"
+        bounds = f", evidence {c['e_rollback']:.3g} worse / {c['e_promote']:.3g} no worse"
     test = f", by betting at share {c['share']}" if c.get("test") == "betting" else ""
     return (
         f"round {k}: canary v{c['candidate_version']} vs v{c['serving_version']}: {status}: candidate "

@@ -101,7 +101,7 @@ def test_a_harmed_canary_is_rolled_back_recorded_with_its_numbers_and_the_gatewa
     assert (c["serving_version"], c["candidate_version"]) == (0, 1)
     report = format_table(round_rows(parse_store(store)))
     assert "round 0: canary v1 vs v0: rolled_back: candidate 0.000 (n=40) vs serving 0.250 (n=160)" in report
-    assert f"evidence {c['e_rollback']:.1f} worse" in report
+    assert f"evidence {c['e_rollback']:.3g} worse" in report
 
 
 def test_a_better_canary_is_promoted(tmp_path):
