@@ -44,10 +44,13 @@ stays decided. Between a harm of the margin and no harm at all, either answer is
 Measured (``python bench/canary.py``; share 0.2, 2,000 seeded windows per line, a look after every
 rollout): false rollbacks of an equal candidate 0.015-0.029 and false promotes of a harm of the margin
 0.002-0.034 at success rates 0.02 to 0.9 (every one-sided 95% upper bound <= 0.041 < alpha). Detection of
-a harmed checkpoint: 0.25 -> 0 (the demo's trained success against a candidate at ~0) p50 107, p90 138
-rollouts (the oracle SPRT, told both rates: 99 / 126); 0.25 -> 0.05 p50 152, p90 332, where the oracle
+a harmed checkpoint: 0.25 -> 0 (the demo's trained success against a candidate at ~0) p50 106, p90 137
+rollouts (the oracle SPRT, told both rates: 99 / 126); 0.25 -> 0.05 p50 151, p90 332, where the oracle
 needs p90 231: a p90 of 200 at that smaller harm is below the information bound, no valid test reaches
-it. Rewards strictly between 0 and 1 are handled exactly but conservatively (the linear likelihood bets
+it. A candidate merely equal to serving is promoted slowly, and no valid test can do much better: telling
+"no worse" from "worse by the margin" is a small effect (at success 0.25, share 0.2 and margin 0.05 the
+information bound is about 2,800 rollouts on average; within 1,200 rollouts 0.15 of equal candidates are
+promoted, the rest wait); a wider ``--margin`` or a larger share is the lever. Rewards strictly between 0 and 1 are handled exactly but conservatively (the linear likelihood bets
 as if each were a coin of that bias). Alternatives measured on the same windows before this one was
 chosen (p90 at 0.25 -> 0 / 0.25 -> 0.05): betting on inverse-propensity increments with the share known
 143 / 280; a bet on the blocks' differences alone (aGRAPA) for both sides 162 / 289; this 141 / 315;
@@ -194,21 +197,33 @@ def promote_log_e(b: Blocks, margin: float) -> np.ndarray:
     return log_capital(b.candidate - b.serving_mean + margin, BET_CAP / (1 - margin))
 
 
-def block_codes(
-    candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule
-) -> tuple[Blocks, np.ndarray, np.ndarray, np.ndarray]:
-    """After each block: (blocks, code 1 promote / -1 roll back / 0 wait, log e rollback, log e promote),
-    the evidence as its running maximum (a test that once crossed stays decided)."""
+@dataclass(frozen=True)
+class Evidence:
+    """The window's evidence after each paired block, and what a look would decide on it."""
+
+    blocks: Blocks
+    log_rollback: np.ndarray  # [J] log of the largest rollback evidence so far (a crossing stays)
+    log_promote: np.ndarray  # [J] the same for promote
+    enough: np.ndarray  # [J] some look sees block j's evidence while each arm has min_per_arm rewards
+    code: np.ndarray  # [J] 1 promote / -1 roll back / 0 wait, at the first such look
+    at: np.ndarray  # [J] that look: the rollout after which it comes (block done and each arm at the minimum)
+
+
+def evidence(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule) -> Evidence:
+    """Both evidences over the window's paired blocks; a block's evidence decides at the first look that
+    sees it while each arm has ``min_per_arm`` rewarded rollouts (all of the window's, used in a block or not)."""
     cand = np.asarray(candidate, dtype=bool)
     b = paired_blocks(cand, unit_rewards(rewards, rule))
     lo, hi = rule.reward_range
     e_rb = np.maximum.accumulate(rollback_log_e(b)) if b.m.size else np.zeros(0)
     e_pr = np.maximum.accumulate(promote_log_e(b, rule.margin / (hi - lo))) if b.m.size else np.zeros(0)
     threshold = math.log(1 / rule.alpha)
-    n_c, n_s = np.cumsum(cand)[b.done_at], np.cumsum(~cand)[b.done_at]
-    enough = (n_c >= rule.min_per_arm) & (n_s >= rule.min_per_arm)
+    both = np.flatnonzero((np.cumsum(cand) >= rule.min_per_arm) & (np.cumsum(~cand) >= rule.min_per_arm))
+    t_enough = int(both[0]) if both.size else cand.size
+    shown_until = np.append(b.done_at[1:], cand.size)  # block j's evidence is the latest until block j+1
+    enough = t_enough < shown_until
     code = np.where(enough, np.where(e_pr >= threshold, 1, np.where(e_rb >= threshold, -1, 0)), 0)
-    return b, code, e_rb, e_pr
+    return Evidence(b, e_rb, e_pr, enough, code, np.maximum(b.done_at, t_enough))
 
 
 def decide(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule = CanaryRule()) -> CanaryDecision:
@@ -220,7 +235,8 @@ def decide(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule = Canary
     n_c, n_s = int(cand.sum()), int((~cand).sum())
     mean_c = float(x[cand].mean()) if n_c else 0.0
     mean_s = float(x[~cand].mean()) if n_s else 0.0
-    b, code, e_rb, e_pr = block_codes(cand, x, rule)
+    ev = evidence(cand, x, rule)
+    b, code, e_rb, e_pr = ev.blocks, ev.code, ev.log_rollback, ev.log_promote
     hit = np.flatnonzero(code)
     k = int(hit[0]) if hit.size else b.m.size - 1  # the deciding block, or the last one
     e = (math.exp(e_rb[k]), math.exp(e_pr[k])) if b.m.size else (1.0, 1.0)
@@ -242,9 +258,9 @@ def decide(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule = Canary
 def first_decision(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule) -> tuple[int, str]:
     """Replay one stream in arrival order with a look after every rollout; -> (rollouts seen when the
     first decision came, action), or (len, WAIT). The worst case for peeking (tests, bench)."""
-    b, code, _, _ = block_codes(candidate, rewards, rule)
-    hit = np.flatnonzero(code)
+    ev = evidence(candidate, rewards, rule)
+    hit = np.flatnonzero(ev.code)
     if hit.size == 0:
         return len(np.asarray(rewards)), WAIT
     i = int(hit[0])
-    return int(b.done_at[i]) + 1, PROMOTE if code[i] > 0 else ROLL_BACK
+    return int(ev.at[i]) + 1, PROMOTE if ev.code[i] > 0 else ROLL_BACK

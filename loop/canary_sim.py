@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryRule, block_codes
+from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryRule, evidence
 
 
 def stream(
@@ -32,15 +32,12 @@ def stream(
 def ever_crosses(candidate: np.ndarray, rewards: np.ndarray, rule: CanaryRule) -> tuple[bool, bool]:
     """Whether the rollback and the promote evidence each ever reach 1/alpha at a look with enough rewards
     per arm, each on its own (stricter than the first decision, where one answer ends the window)."""
-    cand = np.asarray(candidate, dtype=bool)
-    b, _, e_rb, e_pr = block_codes(cand, rewards, rule)
-    if not b.m.size:
-        return False, False
-    enough = (np.cumsum(cand)[b.done_at] >= rule.min_per_arm) & (
-        np.cumsum(~cand)[b.done_at] >= rule.min_per_arm
-    )
+    ev = evidence(candidate, rewards, rule)
     threshold = math.log(1 / rule.alpha)
-    return bool(np.any(enough & (e_rb >= threshold))), bool(np.any(enough & (e_pr >= threshold)))
+    return (
+        bool(np.any(ev.enough & (ev.log_rollback >= threshold))),
+        bool(np.any(ev.enough & (ev.log_promote >= threshold))),
+    )
 
 
 def oracle_first_rollback(

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryRule, block_codes, decide, first_decision
+from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryRule, decide, evidence, first_decision
 from loop.canary_sim import binomial_upper, calibration, detection, stream
 
 RULE = CanaryRule()
@@ -33,8 +33,7 @@ def test_rewards_between_0_and_1_keep_the_guarantee():
     for _ in range(m):
         cand = rng.random(1200) < 0.2
         x = rng.beta(0.5, 2.0, 1200)
-        _, _, e_rb, _ = block_codes(cand, x, RULE)
-        hits += bool(np.any(e_rb >= math.log(1 / RULE.alpha)))
+        hits += bool(np.any(evidence(cand, x, RULE).log_rollback >= math.log(1 / RULE.alpha)))
     print(
         f"\nfalse rollbacks, equal arms of Beta(0.5, 2) rewards: {hits}/{m} (upper {binomial_upper(hits, m):.3f})"
     )
@@ -138,6 +137,16 @@ def test_the_order_is_the_arrival_order_a_look_sees_only_complete_blocks():
     cand = np.array([False] * 4 + [True] + [False] * 3)  # the 2nd block lacks a serving rollout yet
     d = decide(cand, np.zeros(8), CanaryRule(min_per_arm=1))
     assert d.blocks == 1
+
+
+def test_the_minimum_counts_every_rewarded_rollout_of_the_window_not_only_those_in_blocks():
+    # serving's rollouts came first: the blocks use them up after 4 candidates, and the candidate reaches
+    # its minimum of 20 only later; the 4 blocks' evidence already says worse, and the look says so
+    cand = np.array([False] * 36 + [True] * 4 + [False] * 4 + [True] * 26)
+    x = np.where(cand, 0.0, 1.0)
+    d = decide(cand, x)
+    assert (d.blocks, d.n_candidate, d.action) == (4, 30, ROLL_BACK)
+    assert first_decision(cand, x, RULE) == (int(np.flatnonzero(cand)[19]) + 1, ROLL_BACK)
 
 
 def test_bad_settings_and_rewards_name_the_fix():
