@@ -49,7 +49,7 @@ rollouts (the oracle SPRT, told both rates: 99 / 126); 0.25 -> 0.05 p50 151, p90
 needs p90 231: a p90 of 200 at that smaller harm is below the information bound, no valid test reaches
 it. A candidate merely equal to serving is promoted slowly, and no valid test can do much better: telling
 "no worse" from "worse by the margin" is a small effect (at success 0.25, share 0.2 and margin 0.05 the
-information bound is about 2,800 rollouts on average; within 1,200 rollouts 0.15 of equal candidates are
+information bound is about 2,650 rollouts on average; within 1,200 rollouts 0.15 of equal candidates are
 promoted, the rest wait); a wider ``--margin`` or a larger share is the lever. Rewards strictly between 0 and 1 are handled exactly but conservatively (the linear likelihood bets
 as if each were a coin of that bias). Alternatives measured on the same windows before this one was
 chosen (p90 at 0.25 -> 0 / 0.25 -> 0.05): betting on inverse-propensity increments with the share known
