@@ -5,10 +5,10 @@ gateway's ``--canary`` share beside ``policy@v`` (the version the round trained 
 
 1. takes the store's training lock once (the manifest's one writer at a time; cron-safe: a held lock
    is "nothing done", not a wait);
-2. reads each arm's rollouts *over the same window*: rollouts of ``policy@v`` or ``policy@k+1`` whose
-   first call started at or after the canary was published, one reward per rollout
-   (``rollout_reward``), as count, mean and sample variance (DuckDB over the transitions view);
-3. decides (``loop.canary.decide``: an always-valid test, so running it every minute is sound) and
+2. reads both arms' rollouts *over the same window*, in the order they began: rollouts of ``policy@v``
+   or ``policy@k+1`` whose first call started at or after the canary was published, one reward per
+   rollout (``rollout_reward``), each with its arm (DuckDB over the transitions view);
+3. decides (``loop.canary.decide``: an exact always-valid test, so running it every minute is sound) and
    writes the round's row: ``promoted`` or ``rolled_back`` with the numbers in its ``canary`` column,
    or still ``canary`` with the latest look's numbers;
 4. then, with a gateway, tells it the pair and its share (``GatewayOrder``): ``policy@v`` serving and
@@ -17,6 +17,11 @@ gateway's ``--canary`` share beside ``policy@v`` (the version the round trained 
    round with no restart: it finds each version on its servers (``serving/gateway/canary.py``). The
    manifest is written first, so a run killed after it is finished by the next run, which pushes the
    recorded decision again.
+
+An arm is the version that served the rollout (``policy_version``), not the transitions' ``canary_arm``:
+the gateway's arm label is relative to the pair it held at that moment (after a promote, the old
+candidate keeps the label ``candidate`` while it serves as the next round's ``policy@v``, until the
+gateway hears the next pair), so the label would misfile such rollouts, and the version needs no join.
 
 Everything it decides is a function of the store, so a trainer or cron job killed between canary and
 decision resumes by running this again.
@@ -33,8 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from loop.canary import PROMOTE, ROLL_BACK, WAIT, ArmStats, CanaryDecision, CanaryRule, decide
-from loop.canary_betting import decide_by_betting
+from loop.canary import PROMOTE, ROLL_BACK, WAIT, CanaryDecision, CanaryRule, decide
 from store.location import StoreLocation
 from store.views import connect_readonly
 from trainer.manifest import read_rounds, start_version, train_lock, write_round
@@ -74,7 +78,9 @@ WITH r AS (
 """The two arms' rewarded rollouts, one row each (``r``), filtered to the window by the query's ``?``."""
 
 
-def _window_rows(loc: StoreLocation, select: str, serving: int, candidate: int, since: datetime) -> list[tuple]:
+def _window_rows(
+    loc: StoreLocation, select: str, serving: int, candidate: int, since: datetime
+) -> list[tuple]:
     """``select`` over the window's rollouts ``r`` (``_WINDOW``), on a read-only view of the store."""
     con = connect_readonly(loc)
     try:
@@ -83,26 +89,11 @@ def _window_rows(loc: StoreLocation, select: str, serving: int, candidate: int, 
         con.close()
 
 
-def arm_stats(loc: StoreLocation, serving: int, candidate: int, since: datetime) -> tuple[ArmStats, ArmStats]:
-    """Each arm's rewarded rollouts that began at or after ``since`` (the canary's publish)."""
-    rows = _window_rows(
-        loc,
-        "SELECT v, count(*), avg(reward), coalesce(var_samp(reward), 0) "
-        "FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? GROUP BY v",
-        serving,
-        candidate,
-        since,
-    )
-    got = {int(v): ArmStats(int(n), float(m), float(s)) for v, n, m, s in rows}
-    empty = ArmStats(0, 0.0, 0.0)
-    return got.get(serving, empty), got.get(candidate, empty)
-
-
 def arm_sequence(
     loc: StoreLocation, serving: int, candidate: int, since: datetime
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The window's rewarded rollouts in the order they began: (is the candidate's, reward), for the
-    betting test (``loop.canary_betting``), which needs the order as well as the counts."""
+    """The window's rewarded rollouts in the order they began: (is the candidate's, reward); the
+    sequential test (``loop.canary``) pairs them in this order."""
     rows = _window_rows(
         loc,
         "SELECT v, reward FROM r WHERE CAST(began AS TIMESTAMPTZ) >= ? ORDER BY began, rollout_id",
@@ -130,7 +121,6 @@ def canary_json(
     serving: int,
     candidate: int,
     gate: dict[str, Any] | None = None,
-    share: float | None = None,
 ) -> str:
     """The ``canary`` column: the decision, its rule, and the eval gate's numbers (``loop.gate``) when the
     round passed one before its canary (kept from the row the trainer wrote)."""
@@ -143,9 +133,7 @@ def canary_json(
             "alpha": rule.alpha,
             "margin": rule.margin,
             "min_per_arm": rule.min_per_arm,
-            "tau": rule.tau,
-            "test": "msprt" if share is None else "betting",
-            **({} if share is None else {"share": share}),
+            "test": "paired-blocks",
             "at": datetime.now(timezone.utc).isoformat(),
         }
     )
@@ -158,10 +146,8 @@ def promote_once(
     served_name: str = "policy",
     tell: Callable[[GatewayOrder], None] | None = None,
     log: Callable[[str], None] = print,
-    share: float | None = None,
 ) -> PromoteOutcome:
-    """One cron-safe look at the newest canary (module docstring). ``tell(order)`` tells the gateway;
-    ``share`` (the gateway's --canary share) decides by betting (``loop.canary_betting``) instead."""
+    """One cron-safe look at the newest canary (module docstring). ``tell(order)`` tells the gateway."""
     rule = rule or CanaryRule()
     with train_lock(loc) as held:
         if held is None:
@@ -177,15 +163,10 @@ def promote_once(
         k = row["round"]
         serving, candidate = start_version(rounds, k), k + 1
         if row["status"] == "canary":
-            if share is None:
-                d = decide(*arm_stats(loc, serving, candidate, row["published_at"]), rule)
-            else:
-                d = decide_by_betting(
-                    *arm_sequence(loc, serving, candidate, row["published_at"]), share, rule
-                )
+            d = decide(*arm_sequence(loc, serving, candidate, row["published_at"]), rule)
             status = DECIDED.get(d.action, "canary")
             gate = json.loads(row["canary"]).get("gate") if row.get("canary") else None
-            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate, gate, share)}
+            row = {**row, "status": status, "canary": canary_json(d, rule, serving, candidate, gate)}
             held.confirm()
             write_round(loc, row)
             log(f"round {k}: {served_name}@{candidate} vs {served_name}@{serving}: {describe(d)}")
@@ -204,10 +185,9 @@ def promote_once(
 def describe(d: CanaryDecision) -> str:
     """One line with the decision's numbers (for logs and ``tracerl report``)."""
     head = {PROMOTE: "promoted", ROLL_BACK: "rolled back", WAIT: "waiting"}[d.action]
-    bounds = "" if d.lower != d.lower else f" in [{d.lower:+.3f}, {d.upper:+.3f}]"
     return (
         f"{head}: candidate {d.mean_candidate:.3f} (n={d.n_candidate}) vs serving {d.mean_serving:.3f} "
-        f"(n={d.n_serving}), difference {d.diff:+.3f}{bounds}; {d.reason}"
+        f"(n={d.n_serving}), difference {d.diff:+.3f}; {d.reason}"
     )
 
 

@@ -150,6 +150,11 @@ TRANSITIONS_SCHEMA = pa.schema(
         # unnamed reward is "reward"): "grade" or "judge" says whose score trained the call; null for no
         # reward or a --fill-reward, and in files written before the column existed (readers fill in null)
         pa.field("reward_names", pa.string()),
+        # the canary arm the gateway routed the call's rollout to (``serving`` | ``candidate``, its span's
+        # ``tracerl.canary.arm``, schemas/attributes.py); null for a call no canary routed, and in files
+        # written before the column existed (readers fill in null). The arm is relative to the gateway's pair
+        # at that moment; the version that served the call is policy_version
+        pa.field("canary_arm", pa.string()),
     ]
 )
 

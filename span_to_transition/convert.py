@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from options import opt
-from schemas.attributes import CONTENT_RECORDED, REQUEST_MESSAGES, TASK_ID
+from schemas.attributes import CANARY_ARM, CONTENT_RECORDED, REQUEST_MESSAGES, TASK_ID
 from schemas.compact_json import compact_json
 from span_to_transition.agents import (
     AGENT_FROM,
@@ -477,10 +477,17 @@ def _usage(call: LLMCall, gateway: Span | None) -> tuple[int | None, int | None]
     return input_tokens, output_tokens
 
 
+def canary_arm(gateway: Span) -> str | None:
+    """The canary arm a gateway span records (``tracerl.canary.arm``), or None for a call no canary routed."""
+    arm = gateway.attributes.get(CANARY_ARM)
+    return arm if isinstance(arm, str) and arm else None
+
+
 def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, is_last: bool, agent: str | None,
                 tokens: Tokens, usage: tuple[int | None, int | None], reward: _Reward, credited: float | None, *,
-                untrainable: str | None, trainable: bool, prompt: str) -> Transition:
-    """One call's row of the transitions table (schemas/tables.py); ``prompt``: ``compact_json(call.messages)``."""
+                untrainable: str | None, trainable: bool, prompt: str, arm: str | None = None) -> Transition:
+    """One call's row of the transitions table (schemas/tables.py); ``prompt``: ``compact_json(call.messages)``;
+    ``arm``: the canary arm its gateway span records."""
     return Transition(
         transition_id=transition_id(rollout_id, call.trace_id, call.span_id),
         rollout_id=rollout_id,
@@ -510,6 +517,7 @@ def _transition(rollout_id: str, task_id: str | None, call: LLMCall, step: int, 
         input_tokens=usage[0],
         output_tokens=usage[1],
         untrainable_reason=untrainable,
+        canary_arm=arm,
     )
 
 
@@ -552,6 +560,6 @@ def convert_rollout(inp: RolloutInput, config: ConvertConfig) -> RolloutOutput:
         out.transitions.append(_transition(
             inp.rollout_id, task_id, call, step, step == len(unique) - 1, agent, tokens, _usage(call, gateway),
             reward, credited, untrainable=untrainable, trainable=untrainable is None and is_trainable(agent, selector),
-            prompt=prompts[step]))
+            prompt=prompts[step], arm=None if gateway is None else canary_arm(gateway)))
     out.status = "converted"
     return out

@@ -137,6 +137,8 @@ class Transition:
     output_tokens: int | None
     untrainable_reason: str | None = None  # malformed chat: never trained, whatever --agents selects
     reward_names: str | None = None  # names summed into rollout_reward (--reward-from), comma-joined
+    # the gateway span's tracerl.canary.arm: serving | candidate (null: no canary routed the call)
+    canary_arm: str | None = None
 
 
 _SCAN = json.JSONDecoder().scan_once  # json.loads' own C scanner, without the whitespace handling around it

@@ -10,8 +10,18 @@ from typing import Any
 from store.location import StoreLocation
 from trainer.manifest import read_rounds
 
-COLUMNS = ("round", "status", "n_rollouts", "n_transitions", "mean_reward", "loss", "kl", "clip_fraction", "seconds",
-           "estimator")
+COLUMNS = (
+    "round",
+    "status",
+    "n_rollouts",
+    "n_transitions",
+    "mean_reward",
+    "loss",
+    "kl",
+    "clip_fraction",
+    "seconds",
+    "estimator",
+)
 
 
 def round_rows(store: StoreLocation) -> list[dict[str, Any]]:
@@ -19,14 +29,19 @@ def round_rows(store: StoreLocation) -> list[dict[str, Any]]:
     rows = []
     for r in read_rounds(store).values():
         m = json.loads(r.get("metrics") or "{}")
-        rows.append({**{c: r.get(c) for c in COLUMNS if c != "seconds"},
-                     "seconds": sum(json.loads(r["timings"] or "{}").values()),
-                     "estimator_reason": r.get("estimator_reason"),
-                     "canary": json.loads(r["canary"]) if r.get("canary") else None,
-                     "staleness": {int(d): n for d, n in (m.get("staleness") or {}).items()},
-                     "too_stale": m.get("n_rollouts_too_stale") or 0,
-                     "is_weight": (m.get("is_weight_min"), m.get("is_weight_mean"), m.get("is_weight_max"))
-                     if m.get("is_tokens") else None})
+        rows.append(
+            {
+                **{c: r.get(c) for c in COLUMNS if c != "seconds"},
+                "seconds": sum(json.loads(r["timings"] or "{}").values()),
+                "estimator_reason": r.get("estimator_reason"),
+                "canary": json.loads(r["canary"]) if r.get("canary") else None,
+                "staleness": {int(d): n for d, n in (m.get("staleness") or {}).items()},
+                "too_stale": m.get("n_rollouts_too_stale") or 0,
+                "is_weight": (m.get("is_weight_min"), m.get("is_weight_mean"), m.get("is_weight_max"))
+                if m.get("is_tokens")
+                else None,
+            }
+        )
     return rows
 
 
@@ -45,8 +60,15 @@ def _staleness_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
         bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
     for x, r, b in zip(xs, rows, bottom, strict=True):
         if r["too_stale"]:
-            ax.annotate(f"{r['too_stale']} too stale", (x, b), textcoords="offset points", xytext=(0, 3),
-                        ha="center", fontsize="x-small", color="tab:red")
+            ax.annotate(
+                f"{r['too_stale']} too stale",
+                (x, b),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                fontsize="x-small",
+                color="tab:red",
+            )
     ax.legend(fontsize="x-small", loc="upper left")
 
 
@@ -56,8 +78,13 @@ def _importance_panel(ax: Any, rows: list[dict[str, Any]]) -> None:
     if not pts:
         return
     xs, lo, mean, hi = zip(*pts, strict=True)
-    ax.errorbar(xs, mean, yerr=[[m - a for m, a in zip(mean, lo, strict=True)],
-                                [b - m for m, b in zip(mean, hi, strict=True)]], fmt="o", capsize=3)
+    ax.errorbar(
+        xs,
+        mean,
+        yerr=[[m - a for m, a in zip(mean, lo, strict=True)], [b - m for m, b in zip(mean, hi, strict=True)]],
+        fmt="o",
+        capsize=3,
+    )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")
 
@@ -86,16 +113,22 @@ def canary_line(k: int, status: str, c: dict[str, Any]) -> str:
     gate's (``loop.gate``) for a candidate it stopped before any live traffic."""
     if "mean_candidate" not in c and "gate" in c:
         g = c["gate"]
-        return (f"round {k}: eval gate v{c['candidate_version']} vs v{c['serving_version']}: {status}: held-out "
-                f"success {g['success_candidate']:.3f} (n={g['n_candidate']}) vs {g['success_serving']:.3f} "
-                f"(n={g['n_serving']}), margin {g['margin']}; {g['reason']}")
-    lo, hi = c.get("lower"), c.get("upper")  # none (nan) from the betting test or a look that waited on n
+        return (
+            f"round {k}: eval gate v{c['candidate_version']} vs v{c['serving_version']}: {status}: held-out "
+            f"success {g['success_candidate']:.3f} (n={g['n_candidate']}) vs {g['success_serving']:.3f} "
+            f"(n={g['n_serving']}), margin {g['margin']}; {g['reason']}"
+        )
+    lo, hi = c.get("lower"), c.get("upper")  # the mSPRT's bounds (rows written before the paired-blocks test)
     bounds = f" in [{lo:+.3f}, {hi:+.3f}]" if lo is not None and lo == lo else ""
+    if c.get("e_rollback") is not None:  # the paired-blocks test's evidence (loop/canary.py)
+        bounds = f", evidence {c['e_rollback']:.3g} worse / {c['e_promote']:.3g} no worse"
     test = f", by betting at share {c['share']}" if c.get("test") == "betting" else ""
-    return (f"round {k}: canary v{c['candidate_version']} vs v{c['serving_version']}: {status}: candidate "
-            f"{c['mean_candidate']:.3f} (n={c['n_candidate']}) vs serving {c['mean_serving']:.3f} "
-            f"(n={c['n_serving']}), difference {c['diff']:+.3f}{bounds} "
-            f"(alpha {c['alpha']}, margin {c['margin']}{test}); {c['reason']}")
+    return (
+        f"round {k}: canary v{c['candidate_version']} vs v{c['serving_version']}: {status}: candidate "
+        f"{c['mean_candidate']:.3f} (n={c['n_candidate']}) vs serving {c['mean_serving']:.3f} "
+        f"(n={c['n_serving']}), difference {c['diff']:+.3f}{bounds} "
+        f"(alpha {c['alpha']}, margin {c['margin']}{test}); {c['reason']}"
+    )
 
 
 def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, int]] | None = None) -> Path:
@@ -124,7 +157,9 @@ def plot(rows: list[dict[str, Any]], out: Path, heldout: list[tuple[int, float, 
             err = [1.96 * (v * (1 - v) / max(n, 1)) ** 0.5 for _, v, n in heldout]
             ax.errorbar(xs, ys, yerr=err, fmt="s", capsize=4, color="tab:green")
             for x, y, (_, _, n) in zip(xs, ys, heldout, strict=True):
-                ax.annotate(f"{y:.3f} (n={n})", (x, y), textcoords="offset points", xytext=(8, 4), fontsize="small")
+                ax.annotate(
+                    f"{y:.3f} (n={n})", (x, y), textcoords="offset points", xytext=(8, 4), fontsize="small"
+                )
             ax.set_ylim(0, max(0.1, min(1.0, max(y + e for y, e in zip(ys, err, strict=True)) * 1.3)))
         elif key == "staleness":
             _staleness_panel(ax, rows)

@@ -3,12 +3,14 @@ model: vLLM's CPU attention refuses its head size), `tracerl gateway --canary`, 
 agent in this process on the real `openai` client instrumented by OpenLLMetry, rewards posted to
 the collector's side channel, the real converter, and `tracerl promote --once` as a process.
 
-Round 0's candidate is a harmed checkpoint (a tiny model of another seed: its answers are never the
-serving model's) and is rolled back; round 1's candidate has the serving weights (no worse) and is
-promoted, across a `kill -9` of `tracerl promote` after it recorded the decision and before the
-gateway heard it. Each candidate reaches its server through the trainer's real canary publisher (a
-full-weight reload into the server not serving). The checkpoints are built, not trained: the rounds
-are written to the manifest as `tracerl train --canary` leaves them.
+The task is the demo's letter task (``examples/demo/reward.py``: reply with the letter the prompt names).
+From one random tiny model, three checkpoints are trained for a few steps toward replies of known reward:
+the serving ``policy@0`` on two of the four letters (it scores about 0.5), round 0's candidate on
+inverted rewards (every letter answered with another: it scores 0) and round 1's on all four (it scores
+about 1). The harmed one is rolled back; the better one is promoted, with the higher measured reward,
+across a `kill -9` of `tracerl promote` after it recorded the decision and before the gateway heard it.
+Each candidate reaches its server through the trainer's real canary publisher (a full-weight reload into
+the server not serving). The rounds are written to the manifest as `tracerl train --canary` leaves them.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
 
 from loop.canary import decide
-from loop.promote import arm_stats, newest_canary
+from loop.promote import arm_sequence, newest_canary
 from store.location import parse_store
 from store.views import connect_readonly
 from trainer.manifest import read_rounds, write_round
@@ -37,8 +40,54 @@ from trainer.rounds import PublishRequest
 
 pytestmark = pytest.mark.slow  # starts servers, a gateway, a collector and promote processes
 
-PROMPTS = ["What is 2+2?", "Name a colour.", "Say hi.", "Count to three."]
+LETTERS = "aeot"  # the demo's task letters (examples/demo/make_tasks.py)
 SHARE = 0.5  # half the rollouts to the candidate: 20 per arm (promote's minimum) in about 40
+
+
+def writer_prompt(letter: str) -> str:
+    """The demo writer's prompt (examples/demo/agent.py)."""
+    return f"Reply with the letter {letter}: " + " ".join([letter] * 8)
+
+
+def letter_score(reply: str, letter: str) -> float:
+    """The demo's reward for one reply (``letter_score`` of examples/demo/reward.py, loaded from its file)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "demo" / "reward.py"
+    spec = importlib.util.spec_from_file_location("demo_reward", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.letter_score(reply, letter, LETTERS)
+
+
+def train_toward(src: Path, dst: Path, replies: dict[str, str], steps: int = 30) -> Path:
+    """``src`` trained for a few Adam steps toward ``replies`` (prompt -> reply): a checkpoint whose
+    greedy answers, and so whose reward, are known (the same full-weight layout as ``src``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest on shared cores
+    try:
+        tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src)
+        batch = []
+        for prompt, reply in replies.items():
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+            ids = ids if isinstance(ids, list) else ids["input_ids"]
+            batch.append((torch.tensor([ids + tok(reply + "<|im_end|>")["input_ids"]]), len(ids)))
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        model.train()
+        for _ in range(steps):
+            opt.zero_grad()
+            for seq, n in batch:
+                torch.nn.functional.cross_entropy(model(seq).logits[0, n - 1 : -1], seq[0, n:]).backward()
+            opt.step()
+        shutil.copytree(src, dst)
+        model.save_pretrained(dst)
+    finally:
+        torch.set_num_threads(threads)
+    return dst
 
 
 def answer(client, prompt: str) -> str:
@@ -58,13 +107,15 @@ def answer(client, prompt: str) -> str:
     return r.choices[0].message.content or ""
 
 
-def run_rollouts(n: int, client, tracer, reference: dict[str, str], rewards_url: str) -> None:
-    """n rollouts of two calls each; reward 1 when both answers are the serving model's own."""
-    for i in range(n):
+def run_rollouts(n: int, client, tracer, rng: np.random.Generator, rewards_url: str) -> None:
+    """n rollouts of the letter task, a random letter each, two calls each (a writer and a second
+    writer, as the demo's writer and rewriter); reward: the demo's, the mean of the replies' scores."""
+    for _ in range(n):
+        letter = LETTERS[int(rng.integers(len(LETTERS)))]
         with tracer.start_as_current_span("rollout") as root:
-            hits = [answer(client, p) == reference[p] for p in (PROMPTS[i % 4], PROMPTS[(i + 1) % 4])]
+            scores = [letter_score(answer(client, writer_prompt(letter)), letter) for _ in range(2)]
             tid = format(root.get_span_context().trace_id, "032x")
-        r = httpx.post(rewards_url, json={"trace_id": tid, "value": float(all(hits))})
+        r = httpx.post(rewards_url, json={"trace_id": tid, "value": sum(scores) / 2})
         assert r.status_code == 200, r.text
 
 
@@ -115,9 +166,13 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
     from collector_exporter.testing import running_collector
     from serving.models.tiny_model import build_tiny_model
 
-    base = build_tiny_model(tmp_path / "base", seed=0)
-    harmed = build_tiny_model(tmp_path / "harmed", seed=1)
-    same = Path(shutil.copytree(base, tmp_path / "same"))
+    init = build_tiny_model(tmp_path / "init", seed=0)
+    right = {c: " ".join([c] * 4) for c in LETTERS}  # the reply that scores 1
+    wrong = {c: right[LETTERS[(i + 1) % 4]] for i, c in enumerate(LETTERS)}  # another letter's: scores 0
+    base = train_toward(init, tmp_path / "base", {writer_prompt(c): right[c] for c in "ae"})
+    harmed = train_toward(init, tmp_path / "harmed", {writer_prompt(c): wrong[c] for c in LETTERS})
+    better = train_toward(init, tmp_path / "better", {writer_prompt(c): right[c] for c in LETTERS})
+    rng = np.random.default_rng(0)
     store = tmp_path / "store"
     pa, pb, pg = free_port(), free_port(), free_port()
     a, b, gw_url = (f"http://127.0.0.1:{p}" for p in (pa, pb, pg))
@@ -135,8 +190,6 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
         OpenAIInstrumentor().instrument(tracer_provider=tp)
         try:
             assert httpx.get(f"{a}/health").status_code == 200
-            direct = OpenAI(base_url=f"{a}/v1", api_key="x")
-            reference = {p: answer(direct, p) for p in PROMPTS}  # the serving model's greedy answers
             gw = start_tracerl(
                 "gateway", "--canary", str(SHARE), "--upstream-for", f"policy@0={a}",
                 f"policy@1={b}", "--otlp", col.grpc_endpoint,
@@ -152,7 +205,7 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
             t0 = time.monotonic()
             n, looks = 0, []
             while True:
-                run_rollouts(10, client, tracer, reference, rewards)
+                run_rollouts(10, client, tracer, rng, rewards)
                 n += 10
                 converted(store, col, n)
                 looks.append(promote(store, gw_url))
@@ -168,9 +221,9 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
             route = httpx.get(f"{gw_url}/v1/canary").json()
             assert route["fraction"] == 0.0 and route["serving"]["upstream"] == a
 
-            # round 1 trains from policy@0 (the rollback) and publishes the serving weights as policy@2;
+            # round 1 trains from policy@0 (the rollback) and publishes a better checkpoint as policy@2;
             # the publisher picks b again (a serves policy@0), promote tells the gateway the new pair
-            publish(PublishRequest("policy@2", 2, same, False, base, serving_version=0))
+            publish(PublishRequest("policy@2", 2, better, False, base, serving_version=0))
             assert httpx.get(f"{b}/weight_info").json()["weight_version"] == "2"
             canary_round(store, 1, 0)
             assert promote(store, gw_url).returncode == 0  # too few rollouts: waits, tells the pair
@@ -180,13 +233,15 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
             published = read_rounds(parse_store(store))[1]["published_at"]
             decision, m = None, 0
             while decision is None or decision.action == "wait":  # as many as promote will need
-                run_rollouts(20, client, tracer, reference, rewards)
+                run_rollouts(20, client, tracer, rng, rewards)
                 m += 20
                 converted(store, col, n + m)
-                decision = decide(*arm_stats(parse_store(store), 0, 2, published))
+                decision = decide(*arm_sequence(parse_store(store), 0, 2, published))
                 assert m <= 200, decision
-            print(f"round 1 (sound): {decision.action} after {m} rollouts; {decision.reason}")
+            print(f"round 1 (better): {decision.action} after {m} rollouts: candidate {decision.mean_candidate:.3f} "
+                  f"vs serving {decision.mean_serving:.3f}; {decision.reason}")  # fmt: skip
             assert decision.action == "promote"
+            assert decision.mean_candidate > decision.mean_serving + 0.2  # measured through the gateway
 
             # kill -9 between the recorded decision and the gateway: a gateway that never answers
             with socket.socket() as hang:
@@ -213,12 +268,18 @@ def test_a_harmed_candidate_is_rolled_back_a_sound_one_promoted_across_a_kill_9(
             con = connect_readonly(parse_store(store))
             try:  # every call joined to its gateway span: exact tokens, and the version that served it
                 labels = con.execute(
-                    "SELECT token_source, policy_version, count(*) FROM transitions GROUP BY 1, 2 ORDER BY 2"
+                    "SELECT token_source, policy_version, canary_arm, count(*) FROM transitions "
+                    "GROUP BY 1, 2, 3 ORDER BY 2"
                 ).fetchall()
             finally:
                 con.close()
-            print(f"transitions by token source and version: {labels}")
-            assert {(src, v) for src, v, _ in labels} == {("gateway", 0), ("gateway", 1), ("gateway", 2)}
+            print(f"transitions by token source, version and canary arm: {labels}")
+            # and the arm the gateway routed each rollout to, from its spans: policy@0 served, 1 and 2 candidates
+            assert {(src, v, arm) for src, v, arm, _ in labels} == {
+                ("gateway", 0, "serving"),
+                ("gateway", 1, "candidate"),
+                ("gateway", 2, "candidate"),
+            }
         finally:
             OpenAIInstrumentor().uninstrument()
             tp.shutdown()

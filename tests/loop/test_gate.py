@@ -147,13 +147,16 @@ def test_the_gate_stops_a_harmed_candidate_and_passes_a_sound_one_against_real_s
 
 
 def test_the_viewer_shows_the_gates_numbers_alone_and_beside_a_canary_decision():
-    from loop.canary import ArmStats, CanaryRule, decide
+    import numpy as np
+
+    from loop.canary import CanaryRule, decide
     from loop.promote import canary_json
     from ui.app import templates
 
     g = gate_decision([1, 1, 1, 0], [0, 0, 0, 0], margin=0.05)
     alone = {**g.record(), "serving_version": 1, "candidate_version": 2}
-    d = decide(ArmStats.of([1, 0, 0, 0] * 40), ArmStats.of([0.0] * 40))
+    cand = np.arange(200) % 5 == 0  # 40 candidate rollouts scoring 0 among 160 serving ones at 0.25
+    d = decide(cand, np.where(cand, 0.0, (np.arange(200) % 5 == 1).astype(float)))
     beside = json.loads(canary_json(d, CanaryRule(), 1, 2, gate_decision([1], [1], 0.05).record()["gate"]))
     cols = [
         "n_rollouts",

@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -53,9 +54,10 @@ def write_transitions(store: Path, rows: list[dict]) -> None:
     )
 
 
-def canary_store(tmp_path: Path, serving: list[float], candidate: list[float]) -> Path:
-    """Round 0 published policy@1 as a canary at T0 beside policy@0; rollouts of both arms after it,
-    and policy@0 rollouts from before it (all reward 1: outside the window, they must not count)."""
+def canary_store(tmp_path: Path, serving: list[float], candidate: list[float], seed: int = 0) -> Path:
+    """Round 0 published policy@1 as a canary at T0 beside policy@0; rollouts of both arms after it, one a
+    second in a seeded random order (the test is sequential: live rollouts arrive mixed), and policy@0
+    rollouts from before it (all reward 1: outside the window, they must not count)."""
     store = tmp_path / "store"
     write_round(
         parse_store(store),
@@ -70,8 +72,12 @@ def canary_store(tmp_path: Path, serving: list[float], candidate: list[float]) -
         },
     )
     write_transitions(store, rollout_rows(0, [1.0] * 50, T0 - timedelta(hours=1)))
-    write_transitions(store, rollout_rows(0, serving, T0 + timedelta(seconds=1)))
-    write_transitions(store, rollout_rows(1, candidate, T0 + timedelta(seconds=1)))
+    arms = [(0, r) for r in serving] + [(1, r) for r in candidate]
+    rows = []
+    for pos, i in enumerate(np.random.default_rng(seed).permutation(len(arms))):
+        rows += rollout_rows(arms[i][0], [arms[i][1]], T0 + timedelta(seconds=1 + pos))
+    if rows:
+        write_transitions(store, rows)
     return store
 
 
@@ -81,7 +87,7 @@ def bernoulli(n: int, p: float) -> list[float]:
 
 
 def test_a_harmed_canary_is_rolled_back_recorded_with_its_numbers_and_the_gateway_told(tmp_path):
-    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.0))
     told: list[GatewayOrder] = []
     out = promote_once(parse_store(store), tell=told.append, log=lambda m: None)
     assert out.status == "rolled_back" and told == [GatewayOrder("policy@0", "policy@1", 0.0)]
@@ -90,10 +96,12 @@ def test_a_harmed_canary_is_rolled_back_recorded_with_its_numbers_and_the_gatewa
     assert row["status"] == "rolled_back"
     # the window: only rollouts after the publish (the 50 earlier ones scored 1.0 would raise serving's mean)
     assert (c["n_serving"], c["n_candidate"]) == (160, 40)
-    assert c["mean_serving"] == pytest.approx(0.25) and c["mean_candidate"] == pytest.approx(0.05)
-    assert c["upper"] < 0 and (c["serving_version"], c["candidate_version"]) == (0, 1)
+    assert c["mean_serving"] == pytest.approx(0.25) and c["mean_candidate"] == 0.0
+    assert c["e_rollback"] >= 20 and c["test"] == "paired-blocks"
+    assert (c["serving_version"], c["candidate_version"]) == (0, 1)
     report = format_table(round_rows(parse_store(store)))
-    assert "round 0: canary v1 vs v0: rolled_back: candidate 0.050 (n=40) vs serving 0.250 (n=160)" in report
+    assert "round 0: canary v1 vs v0: rolled_back: candidate 0.000 (n=40) vs serving 0.250 (n=160)" in report
+    assert f"evidence {c['e_rollback']:.3g} worse" in report
 
 
 def test_a_better_canary_is_promoted(tmp_path):
@@ -118,7 +126,7 @@ def test_too_few_rollouts_waits_and_records_the_look(tmp_path):
 
 
 def test_killed_before_the_gateway_heard_the_next_run_tells_it_the_recorded_decision(tmp_path):
-    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.0))
 
     def gateway_down(order: GatewayOrder) -> None:
         raise RuntimeError("gateway http://127.0.0.1:1 unreachable")
@@ -137,7 +145,7 @@ def test_killed_before_the_gateway_heard_the_next_run_tells_it_the_recorded_deci
 
 def test_an_undecided_canary_rerun_from_scratch_gives_the_same_decision(tmp_path):
     # killed before the manifest was written: the decision is a pure function of the store
-    a = canary_store(tmp_path / "a", bernoulli(160, 0.25), bernoulli(40, 0.05))
+    a = canary_store(tmp_path / "a", bernoulli(160, 0.25), bernoulli(40, 0.0))
     first = promote_once(parse_store(a), rule=CanaryRule(min_per_arm=1000), log=lambda m: None)  # waits
     assert first.status == "canary"
     again = promote_once(parse_store(a), log=lambda m: None)
@@ -170,7 +178,7 @@ def test_cli_promote_once_tells_a_real_gateway_and_says_when_it_cannot(tmp_path,
     from serving.gateway.proxy import Gateway, GatewayConfig
     from tracerl.cli import main
 
-    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.0))
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -206,10 +214,10 @@ def test_the_viewer_shows_the_decision_with_its_numbers(tmp_path):
 
     from ui.app import UiConfig, make_app
 
-    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.0))
     promote_once(parse_store(store), log=lambda m: None)
     html = TestClient(make_app(UiConfig(store=parse_store(store)))).get("/rounds").text
-    assert "rolled_back" in html and "policy@1 0.050 (n=40) vs policy@0 0.250 (n=160)" in html
+    assert "rolled_back" in html and "policy@1 0.000 (n=40) vs policy@0 0.250 (n=160)" in html
 
 
 def test_train_watch_decides_with_its_gateway_and_says_when_the_gateway_cannot_be_told(tmp_path, capsys):
@@ -218,7 +226,7 @@ def test_train_watch_decides_with_its_gateway_and_says_when_the_gateway_cannot_b
     from tracerl.commands.train import canary_decision
     from trainer.config import TrainSettings
 
-    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.05))
+    store = canary_store(tmp_path, bernoulli(160, 0.25), bernoulli(40, 0.0))
     assert canary_decision(TrainSettings(store=str(store), canary=True)) is None  # cron decides instead
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -232,8 +240,6 @@ def test_train_watch_decides_with_its_gateway_and_says_when_the_gateway_cannot_b
 
 def stream_store(tmp_path: Path, p_serving: float, p_candidate: float, n: int, seed: int) -> Path:
     """A canary window of ``n`` rollouts in arrival order, each on the candidate with probability 0.2."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     store = canary_store(tmp_path, [], [])
     rows = []
@@ -245,18 +251,22 @@ def stream_store(tmp_path: Path, p_serving: float, p_candidate: float, n: int, s
     return store
 
 
-def test_betting_share_decides_a_harmed_canary_from_the_rollouts_in_order_and_says_so(tmp_path):
-    store = stream_store(tmp_path, 0.25, 0.05, 600, seed=3)
-    out = promote_once(parse_store(store), log=lambda m: None, share=0.2)
+def test_a_window_is_decided_in_the_order_its_rollouts_began(tmp_path):
+    """The store's window, read in order, gives the decision the pure function gives on the same stream."""
+    from loop.canary import decide
+    from loop.promote import arm_sequence
+
+    store = stream_store(tmp_path, 0.25, 0.0, 600, seed=3)
+    cand, x = arm_sequence(parse_store(store), 0, 1, T0)
+    out = promote_once(parse_store(store), log=lambda m: None)
     assert out.status == "rolled_back" and "the candidate is worse" in out.decision.reason
-    c = json.loads(read_rounds(parse_store(store))[0]["canary"])
-    assert (c["test"], c["share"], c["n_serving"] + c["n_candidate"]) == ("betting", 0.2, 600)
+    assert out.decision == decide(cand, x) and cand.size == 600
     line = format_table(round_rows(parse_store(store)))
-    assert "by betting at share 0.2" in line and "in [" not in line.split("round 0: canary")[1]
+    assert "evidence" in line and "in [" not in line.split("round 0: canary")[1]
 
 
-def test_betting_share_promotes_a_sound_canary_and_waits_on_too_few(tmp_path):
+def test_a_sound_canary_is_promoted_and_too_few_wait(tmp_path):
     few = stream_store(tmp_path / "few", 0.25, 0.25, 60, seed=4)
-    assert promote_once(parse_store(few), log=lambda m: None, share=0.2).status == "canary"
+    assert promote_once(parse_store(few), log=lambda m: None).status == "canary"
     store = stream_store(tmp_path, 0.25, 0.45, 1200, seed=5)
-    assert promote_once(parse_store(store), log=lambda m: None, share=0.2).status == "promoted"
+    assert promote_once(parse_store(store), log=lambda m: None).status == "promoted"
