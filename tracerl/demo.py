@@ -36,7 +36,8 @@ from tracerl.demo_output import TABLE_HEADER, print_no_signal, print_round
 from tracerl.demo_stages import DemoStages
 from tracerl.demo_tasks import DEMO_DIR, DemoTask
 from tracerl.signals import interrupt_on_signals, shielded
-from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
+from tracerl.stack import StackConfig, StackPorts, start_stack
+from tracerl.supervisor import Children, http_ok, pick_port
 
 if TYPE_CHECKING:  # imported where used: training pulls in torch
     pass
@@ -53,20 +54,26 @@ def _prepare_store(store: Path, explicit: bool) -> None:
     """A fresh store; the previous demo's store at the default place (marked by the demo) is replaced."""
     if store.exists() and any(store.iterdir()):
         if explicit or not (store / MARKER).exists():
-            raise UsageError(f"store {store} already holds data (the demo trains from policy@0 in a fresh store); "
-                             f"remove it, or pass --store (or --workdir) with a new directory")
+            raise UsageError(
+                f"store {store} already holds data (the demo trains from policy@0 in a fresh store); "
+                f"remove it, or pass --store (or --workdir) with a new directory"
+            )
         _say(f"replacing the previous demo's store {store}")
         shutil.rmtree(store)
     store.mkdir(parents=True, exist_ok=True)
-    (store / MARKER).write_text("written by `tracerl demo`; a later demo with the same --workdir replaces it\n")
+    (store / MARKER).write_text(
+        "written by `tracerl demo`; a later demo with the same --workdir replaces it\n"
+    )
 
 
 def _model(cfg: DemoConfig, workdir: Path) -> Path:
     if cfg.model:
         model = Path(cfg.model).expanduser().resolve()
         if not (model / "config.json").exists():
-            raise UsageError(f"--model {model} has no config.json; point it at a HF model directory, or leave "
-                             "--model out to build one")
+            raise UsageError(
+                f"--model {model} has no config.json; point it at a HF model directory, or leave "
+                "--model out to build one"
+            )
         return model
     if not cfg.tiny:
         from tracerl.cli import main
@@ -96,8 +103,10 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     from tracerl.demo_tasks import letter_task, sql_task
 
     if not (DEMO_DIR / "agent.py").exists():
-        raise RuntimeError(f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
-                           "checkout (pip install -e .)")
+        raise RuntimeError(
+            f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
+            "checkout (pip install -e .)"
+        )
     cfg = cfg.resolved()
     workdir = Path(cfg.workdir).expanduser().resolve()
     if not cfg.tiny:
@@ -116,8 +125,10 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     grpc_port = pick_port(cfg.grpc_port, "--grpc-port", taken)
     gateway_port = pick_port(cfg.gateway_port, "--gateway-port", taken)
     serve_port = None if cfg.server else pick_port(cfg.serve_port, "--serve-port", taken)
-    _say(f"ports on 127.0.0.1: collector gRPC {grpc_port}, HTTP {http_port}; gateway {gateway_port}"
-         + ("" if cfg.server else f"; tracerl serve {serve_port}"))
+    _say(
+        f"ports on 127.0.0.1: collector gRPC {grpc_port}, HTTP {http_port}; gateway {gateway_port}"
+        + ("" if cfg.server else f"; tracerl serve {serve_port}")
+    )
     _prepare_store(store, explicit=bool(cfg.store))
     workdir.mkdir(parents=True, exist_ok=True)
     _quiet_transformers()
@@ -127,8 +138,17 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     children = Children()
     with interrupt_on_signals():
         try:
-            _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs, task=task,
-                  ports=(serve_port, gateway_port, grpc_port, http_port))
+            _loop(
+                cfg,
+                run,
+                children,
+                model=model,
+                store=store,
+                workdir=workdir,
+                logs=logs,
+                task=task,
+                ports=(serve_port, gateway_port, grpc_port, http_port),
+            )
         finally:
             with shielded():
                 if children.items:
@@ -147,35 +167,75 @@ GATEWAY_MODELS_TTL_S = 0.5  # the demo's gateway trusts the server's model list 
 PUBLISH_SETTLE_S = GATEWAY_MODELS_TTL_S + 0.1
 
 
-def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
-          logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
+def _loop(
+    cfg: DemoConfig,
+    run: DemoRun,
+    children: Children,
+    *,
+    model: Path,
+    store: Path,
+    workdir: Path,
+    logs: Path,
+    task: DemoTask,
+    ports: tuple[int | None, int, int, int],
+) -> None:
     """Start the processes, run the rounds (``loop.rounds.run_rounds``), then evaluate and plot."""
     # the real demo's agents mostly wait on the model: a whole round at once is one batch of the server
-    concurrency = cfg.concurrency or (cfg.rollouts_per_round if task.name == "sql" else 2 * (os.cpu_count() or 1))
-    server_url = _start_processes(cfg, children, model=model, store=store, logs=logs, ports=ports,
-                                  concurrency=concurrency)
+    concurrency = cfg.concurrency or (
+        cfg.rollouts_per_round if task.name == "sql" else 2 * (os.cpu_count() or 1)
+    )
+    server_url = _start_processes(
+        cfg, children, model=model, store=store, logs=logs, ports=ports, concurrency=concurrency
+    )
     for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
         if batch:
             (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
     real = task.name == "sql"
     # training alone has the machine (the engine idles between rounds); beside agents it shares it
-    plan = LoopPlan(rounds=cfg.rounds, lead=cfg.max_staleness,
-                    alone_threads=cfg.train_threads if cfg.train_threads is not None
-                    else (os.cpu_count() or 1) if real else cfg.threads,
-                    shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
-                    settle_s=PUBLISH_SETTLE_S, report_hint=f"tracerl report --store {store}")
-    parts = DemoStages.build(cfg, run, children, task=task, store=store, logs=logs, model=model,
-                              server_url=server_url, ports=ports, concurrency=concurrency, plan=plan)
-    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
-          f"samples), {concurrency} agents at a time; model {model}\n", flush=True)
+    plan = LoopPlan(
+        rounds=cfg.rounds,
+        lead=cfg.max_staleness,
+        alone_threads=cfg.train_threads
+        if cfg.train_threads is not None
+        else (os.cpu_count() or 1)
+        if real
+        else cfg.threads,
+        shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
+        settle_s=PUBLISH_SETTLE_S,
+        report_hint=f"tracerl report --store {store}",
+    )
+    parts = DemoStages.build(
+        cfg,
+        run,
+        children,
+        task=task,
+        store=store,
+        logs=logs,
+        model=model,
+        server_url=server_url,
+        ports=ports,
+        concurrency=concurrency,
+        plan=plan,
+    )
+    print(
+        f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
+        f"samples), {concurrency} agents at a time; model {model}\n",
+        flush=True,
+    )
     evaluate = bool(task.heldout) and cfg.final_eval
     if parts.judge is not None:
-        print("--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
-              "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
-              flush=True)
+        print(
+            "--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
+            "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
+            flush=True,
+        )
     print(TABLE_HEADER, flush=True)
-    result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
-                        on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None))
+    result = run_rounds(
+        plan,
+        parts.stages(evaluate),
+        on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
+        on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None),
+    )
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
     run.judge_total = parts.judge_total()
     if run.judge_total is not None:
@@ -192,53 +252,62 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     try:
         from trainer.report import plot, round_rows
 
-        run.plot = plot(round_rows(parse_store(store)), workdir / "reward-curve.png",
-                        heldout=[(k, h.success, h.n) for k, h in run.heldout])
+        run.plot = plot(
+            round_rows(parse_store(store)),
+            workdir / "reward-curve.png",
+            heldout=[(k, h.success, h.n) for k, h in run.heldout],
+        )
     except Exception as e:  # a missing matplotlib must not hide a finished run
         _say(f"no plot ({type(e).__name__}: {e})")
 
 
-def _start_processes(cfg: DemoConfig, children: Children, *, model: Path, store: Path, logs: Path,
-                     ports: tuple[int | None, int, int, int], concurrency: int) -> str:
+def _start_processes(
+    cfg: DemoConfig,
+    children: Children,
+    *,
+    model: Path,
+    store: Path,
+    logs: Path,
+    ports: tuple[int | None, int, int, int],
+    concurrency: int,
+) -> str:
     """``tracerl collect``, ``tracerl serve`` (unless --server) and ``tracerl gateway``, healthy; the
     server's URL."""
     serve_port, gateway_port, grpc_port, http_port = ports
-    tracerl_bin = str(BIN / "tracerl")
-    t = time.perf_counter()
-    collector = children.start(Child("collect", [
-        tracerl_bin, "collect", "--store", str(store), "--grpc", f"127.0.0.1:{grpc_port}",
-        "--http", f"127.0.0.1:{http_port}", "--segment-age-s", "0.2"], logs / "collect.log"))
-    if cfg.server:
-        server_url = cfg.server.rstrip("/")
+    if cfg.server and not http_ok_quiet(f"{cfg.server.rstrip('/')}/v1/models"):
+        raise UsageError(
+            f"--server {cfg.server} does not answer GET /v1/models; start it first, or leave --server "
+            "out to use the embedded CPU server"
+        )
+    serve_args = ["--max-num-seqs", str(max(8, concurrency))]
+    if cfg.engine == "vllm":
+        # rounds publish merged weights (on CPU an adapter costs ~4x decode speed), served in fp32: in
+        # bf16 a round's update is below the weights' resolution (trainer/merge.py), and the engine's
+        # logprobs, which the trainer's importance correction divides by, are coarse
+        # a judge call holds a task's 8 trajectories (~1.4k tokens) and 64 + 200 per trajectory to answer
+        max_len = "4096" if cfg.reward == "judge" else "1024"
+        serve_args += ["--no-enable-lora", "--max-model-len", max_len, "--dtype", "float32"]
     else:
-        server_url = f"http://127.0.0.1:{serve_port}"
-        argv = [tracerl_bin, "serve", "--engine", cfg.engine, "--model", str(model), "--listen",
-                f"127.0.0.1:{serve_port}", "--max-num-seqs", str(max(8, concurrency))]
-        if cfg.engine == "vllm":
-            # rounds publish merged weights (on CPU an adapter costs ~4x decode speed), served in fp32: in
-            # bf16 a round's update is below the weights' resolution (trainer/merge.py), and the engine's
-            # logprobs, which the trainer's importance correction divides by, are coarse
-            # a judge call holds a task's 8 trajectories (~1.4k tokens) and 64 + 200 per trajectory to answer
-            max_len = "4096" if cfg.reward == "judge" else "1024"
-            argv += ["--no-enable-lora", "--max-model-len", max_len, "--dtype", "float32"]
-        else:
-            argv += ["--threads", str(cfg.threads)]
-        server = children.start(Child("serve", argv, logs / "serve.log"))
-    otlp = f"http://127.0.0.1:{grpc_port}"
-    gateway = children.start(Child("gateway", [
-        tracerl_bin, "gateway", "--upstream", server_url, "--listen", f"127.0.0.1:{gateway_port}", "--otlp", otlp,
-        "--models-ttl-s", str(GATEWAY_MODELS_TTL_S)], logs / "gateway.log"))
-    collector.wait_healthy(lambda: tcp_open(http_port) and tcp_open(grpc_port), 60)
-    if not cfg.server:
-        server.wait_healthy(lambda: http_ok(f"{server_url}/health"), 600)
-    elif not http_ok_quiet(f"{server_url}/v1/models"):
-        raise UsageError(f"--server {server_url} does not answer GET /v1/models; start it first, or leave --server "
-                         "out to use the embedded CPU server")
-    gateway.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{gateway_port}/health"), 60)
-    _say(f"up in {time.perf_counter() - t:.1f}s: collector {otlp} (rewards http://127.0.0.1:{http_port}), "
-         f"{'server' if cfg.server else 'tracerl serve --engine ' + cfg.engine} {server_url}, gateway http://127.0.0.1:{gateway_port}; "
-         f"logs in {logs}")
-    return server_url
+        serve_args += ["--threads", str(cfg.threads)]
+    stack_cfg = StackConfig(
+        store=str(store),
+        logs=logs,
+        model=str(model),
+        server=cfg.server,
+        engine=cfg.engine,
+        collect_args=("--segment-age-s", "0.2"),
+        serve_args=tuple(serve_args),
+        gateway_args=("--models-ttl-s", str(GATEWAY_MODELS_TTL_S)),
+        ports=StackPorts(grpc=grpc_port, http=http_port, serve=serve_port or 0, gateway=gateway_port),
+    )
+    t = time.perf_counter()
+    urls = start_stack(stack_cfg, children).urls
+    _say(
+        f"up in {time.perf_counter() - t:.1f}s: collector {urls.otlp} (rewards {urls.collector}), "
+        f"{'server' if cfg.server else 'tracerl serve --engine ' + cfg.engine} {urls.server}, gateway {urls.gateway}; "
+        f"logs in {logs}"
+    )
+    return urls.server
 
 
 def _quiet_transformers() -> None:
@@ -247,7 +316,8 @@ def _quiet_transformers() -> None:
     with contextlib.suppress(Exception):
         import torch
 
-        if not torch.cuda.is_available():  # what DeepSpeed (imported by transformers) picks anyway, minus its warning
+        # what DeepSpeed (imported by transformers) picks anyway, minus its warning
+        if not torch.cuda.is_available():
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
     with contextlib.suppress(Exception):
         from transformers.utils import logging as hf_logging
@@ -255,7 +325,9 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
     # peft 0.21 asks transformers 5 for a renamed property on every LoRA model load: once per round
-    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
 
 
 def http_ok_quiet(url: str) -> bool:
@@ -263,4 +335,3 @@ def http_ok_quiet(url: str) -> bool:
         return http_ok(url)
     except Exception:
         return False
-

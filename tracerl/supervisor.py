@@ -2,7 +2,7 @@
 
 A started child is stopped (SIGTERM, then SIGKILL after a grace period, its whole process group) when
 its owner stops, however the owner ends; a child that dies early is reported with the tail of its
-log. Used by ``tracerl demo``, the real-vLLM test rig and ``bench/round.py``.
+log. Used by ``tracerl demo`` (through ``tracerl.stack``), the real-vLLM test rig and ``bench/round.py``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,16 @@ def pick_port(port: int, flag: str, taken: set[int]) -> int:
     if not 0 < port < 65536:
         raise UsageError(f"{flag} {port} is not a port number; pass 1..65535, or 0 for any free port")
     if port in taken or not port_free(port):
-        raise UsageError(f"port {port} on 127.0.0.1 is in use; pass {flag} with another port, or {flag} 0 "
-                         "for any free port")
+        raise UsageError(
+            f"port {port} on 127.0.0.1 is in use; pass {flag} with another port, or {flag} 0 "
+            "for any free port"
+        )
     taken.add(port)
     return port
+
+
+class ChildError(RuntimeError):
+    """A child exited early or never became ready; the message names it and ends with its log's tail."""
 
 
 class Child:
@@ -63,9 +69,15 @@ class Child:
         # kernel stops a child whose owner died without stopping it (kill -9; PR_SET_PDEATHSIG is tied to
         # the thread that forks: children are started from the owner's main thread)
         parent = os.getpid()
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True,
-                                     preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent))
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent),
+        )
 
     def log_tail(self, n: int = 15) -> str:
         try:
@@ -76,8 +88,10 @@ class Child:
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
-            raise RuntimeError(f"`tracerl {self.name}` exited with code {self.proc.returncode}; "
-                               f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
+            raise ChildError(
+                f"`tracerl {self.name}` exited with code {self.proc.returncode}; "
+                f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
+            )
 
     def wait_healthy(self, ready: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -87,8 +101,10 @@ class Child:
                 if ready():
                     return
             time.sleep(0.1)
-        raise RuntimeError(f"`tracerl {self.name}` did not become ready within {timeout_s:.0f}s; see {self.log_path}:"
-                           f"\n{self.log_tail()}")
+        raise ChildError(
+            f"`tracerl {self.name}` did not become ready within {timeout_s:.0f}s; see {self.log_path}:"
+            f"\n{self.log_tail()}"
+        )
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM (servers flush: the gateway its spans, the collector its WAL), SIGKILL after ``grace_s``."""
@@ -120,9 +136,9 @@ class Children:
         for c in self.items:
             c.check_alive()
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace_s: float = 15.0) -> None:
         while self.items:
-            self.items.pop().stop()
+            self.items.pop().stop(grace_s)
 
 
 def http_ok(url: str) -> bool:

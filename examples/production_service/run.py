@@ -31,15 +31,16 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import httpx
+
+from tracerl.stack import Stack, StackConfig, running_stack
+from tracerl.supervisor import ChildError, http_ok, pick_port
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "demo"
@@ -67,63 +68,8 @@ sys.path.insert(0, str(HERE))
 from traffic import _load  # noqa: E402  (the demo's tasks and grader, loaded by path)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-class Procs:
-    """The long-running processes, each in its own session (stopped as a group) with a log file."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs, self.items = logs, []
-
-    def start(
-        self, name: str, cmd: list[str], env: dict | None = None, cwd: Path | None = None
-    ) -> subprocess.Popen:
-        say(f"$ {shlex.join(cmd)}   > logs/{name}.log")
-        with open(self.logs / f"{name}.log", "w") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd
-            )
-        self.items.append((name, proc))
-        return proc
-
-    def wait(self, url: str, what: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not http_ok(url):
-            for name, p in self.items:
-                if p.poll() is not None:
-                    raise SystemExit(
-                        f"{name} exited with {p.returncode} while waiting for {what}; "
-                        f"see {self.logs / (name + '.log')}"
-                    )
-            if time.monotonic() > deadline:
-                raise SystemExit(f"gave up waiting for {what} after {timeout_s:.0f}s")
-            time.sleep(1)
-
-    def stop(self) -> None:
-        for _, p in reversed(self.items):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for _, p in reversed(self.items):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
 
 
 def service_env(db: Path, otlp: str, gateway: str, rewards: str, layout: str = "demo") -> dict[str, str]:
@@ -148,8 +94,9 @@ def service_env(db: Path, otlp: str, gateway: str, rewards: str, layout: str = "
     return env
 
 
-def start_service(procs: Procs, env: dict[str, str], port: int) -> str:
-    procs.start(
+def start_service(stack: Stack, env: dict[str, str], port: int) -> str:
+    """The service under ``opentelemetry-instrument uvicorn``, stopped with the stack (before it); its URL."""
+    service = stack.start(
         "service",
         [
             str(BIN / "opentelemetry-instrument"),
@@ -166,7 +113,7 @@ def start_service(procs: Procs, env: dict[str, str], port: int) -> str:
         env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    procs.wait(f"{url}/health", "the service", 120)
+    service.wait_healthy(lambda: http_ok(f"{url}/health"), 120)
     return url
 
 
@@ -228,41 +175,15 @@ class LoadSampler(threading.Thread):
             self.stop.wait(15)
 
 
-def start_stack(
-    procs: Procs, model: Path, store: Path, db: Path, max_num_seqs: int, layout: str
-) -> dict[str, str]:
-    """Collector (converting), vLLM, gateway and the service, healthy; their URLs."""
-    grpc, http, serve, gw, svc = (free_port() for _ in range(5))
-    procs.start(
-        "collect",
-        [
-            TRACERL,
-            "collect",
-            "--store",
-            str(store),
-            "--grpc",
-            f"127.0.0.1:{grpc}",
-            "--http",
-            f"127.0.0.1:{http}",
-            "--convert",
-            "--quiet-s",
-            "5",
-            "--segment-age-s",
-            "0.5",
-        ],
-    )
-    server = f"http://127.0.0.1:{serve}"
-    procs.start(
-        "serve",
-        [
-            TRACERL,
-            "serve",
-            "--engine",
-            "vllm",
-            "--model",
-            str(model),
-            "--listen",
-            f"127.0.0.1:{serve}",
+def stack_config(model: Path, store: Path, logs: Path, max_num_seqs: int) -> StackConfig:
+    """Collector (converting), vLLM (fp32, full-weight publishes) and the gateway, as the team runs them."""
+    return StackConfig(
+        store=str(store),
+        logs=logs,
+        model=str(model),
+        engine="vllm",
+        collect_args=("--convert", "--quiet-s", "5", "--segment-age-s", "0.5"),
+        serve_args=(
             "--no-enable-lora",
             "--max-model-len",
             "1024",
@@ -270,29 +191,19 @@ def start_stack(
             "float32",
             "--max-num-seqs",
             str(max_num_seqs),
-        ],
+        ),
+        serve_timeout_s=900,
+        stop_grace_s=30,
+        announce=say,
     )
-    gateway = f"http://127.0.0.1:{gw}"
-    procs.start(
-        "gateway",
-        [
-            TRACERL,
-            "gateway",
-            "--upstream",
-            server,
-            "--listen",
-            f"127.0.0.1:{gw}",
-            "--otlp",
-            f"http://127.0.0.1:{grpc}",
-        ],
-    )
-    procs.wait(f"http://127.0.0.1:{http}/healthz", "the collector", 60)
-    procs.wait(f"{server}/health", "vLLM", 900)
-    procs.wait(f"{gateway}/health", "the gateway", 60)
-    rewards = f"http://127.0.0.1:{http}/v1/rewards"
-    env = service_env(db, f"http://127.0.0.1:{grpc}", gateway, rewards, layout)
-    service = start_service(procs, env, svc)
-    return {"server": server, "gateway": gateway, "rewards": rewards, "service": service}
+
+
+def start_deployment(stack: Stack, db: Path, layout: str) -> dict[str, str]:
+    """The service in front of the started stack, healthy; the URLs the run uses."""
+    urls = stack.urls
+    env = service_env(db, urls.otlp, urls.gateway, urls.rewards, layout)
+    service = start_service(stack, env, pick_port(0, "", set()))
+    return {"server": urls.server, "gateway": urls.gateway, "rewards": urls.rewards, "service": service}
 
 
 def train_cmd(args: argparse.Namespace, store: Path, model: Path, server: str) -> list[str]:
@@ -499,29 +410,31 @@ def main(argv: list[str] | None = None) -> int:
     if not db.exists():
         sql_tasks.build_db(db)
     held = sql_tasks.with_seeds(sql_tasks.questions(db)["heldout"], args.heldout_samples)
-    sampler, procs = LoadSampler(), Procs(logs)
+    sampler = LoadSampler()
     sampler.start()
     summary: dict = {"settings": vars(args), "curve": [], "cron": []}
     try:
-        urls = start_stack(procs, model, store, db, max_num_seqs=max(16, args.users), layout=args.layout)
+        with running_stack(stack_config(model, store, logs, max_num_seqs=max(16, args.users))) as stack:
+            urls = start_deployment(stack, db, args.layout)
 
-        def measure(minute: float, version: int) -> None:
-            h = heldout(urls["service"], held, sql_reward, concurrency=16)
-            summary["curve"].append({"minute": round(minute, 1), "policy_version": version, **h})
-            say(
-                f"held-out policy@{version} at minute {minute:.1f}: success {h['success']:.3f}, mean grade "
-                f"{h['mean_grade']:.3f} ({h['n']} seeded requests, {h['seconds']}s)"
-            )
+            def measure(minute: float, version: int) -> None:
+                h = heldout(urls["service"], held, sql_reward, concurrency=16)
+                summary["curve"].append({"minute": round(minute, 1), "policy_version": version, **h})
+                say(
+                    f"held-out policy@{version} at minute {minute:.1f}: success {h['success']:.3f}, mean grade "
+                    f"{h['mean_grade']:.3f} ({h['n']} seeded requests, {h['seconds']}s)"
+                )
 
-        measure(0.0, 0)
-        traffic = procs.start("traffic", traffic_cmd(args, urls["service"], db, logs))
-        paths = {"work": work, "store": store, "logs": logs, "model": model}
-        cron(args, paths, urls, traffic, measure, summary)
+            measure(0.0, 0)
+            traffic = stack.start("traffic", traffic_cmd(args, urls["service"], db, logs)).proc
+            paths = {"work": work, "store": store, "logs": logs, "model": model}
+            cron(args, paths, urls, traffic, measure, summary)
     except KeyboardInterrupt:
         say("interrupted; stopping")
+    except ChildError as e:  # a process exited or never answered: the message ends with its log's tail
+        raise SystemExit(str(e)) from None
     finally:
         sampler.stop.set()
-        procs.stop()
         summary["rounds"] = rounds(store)
         n = max(1, len(sampler.samples))
         summary["load_avg"] = {

@@ -33,15 +33,15 @@ import os
 import random
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from tracerl.demo_tasks import reward_shares  # one definition of success / mean / runs with the demo
+from tracerl.stack import StackConfig, running_stack
+from tracerl.supervisor import ChildError
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE.parent / "demo"
@@ -56,35 +56,21 @@ def load(path: Path):
     return module
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def wait_until(ok, what: str, timeout_s: float, procs: list[subprocess.Popen]) -> None:
+def wait_until(ok, what: str, timeout_s: float, check_alive) -> None:
+    """Poll ``ok`` until it holds; exit naming the process that ended meanwhile (``check_alive`` raises)."""
     deadline = time.monotonic() + timeout_s
     while not ok():
-        for p in procs:
-            if p.poll() is not None:
-                raise SystemExit(
-                    f"{shlex.join(p.args[:2])} exited with {p.returncode} while waiting for {what}"
-                )
+        try:
+            check_alive()
+        except ChildError as e:
+            raise SystemExit(f"{e}\n(while waiting for {what})") from None
         if time.monotonic() > deadline:
             raise SystemExit(f"gave up waiting for {what} after {timeout_s:.0f}s")
         time.sleep(1)
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def trainer_said(log: Path, k: int, seen: int) -> str | None:
@@ -183,255 +169,196 @@ def main(argv: list[str] | None = None) -> int:
     batch = args.questions * args.samples
     concurrency = args.concurrency or batch
 
-    grpc, http, serve, gw = free_port(), free_port(), free_port(), free_port()
-    server = f"http://127.0.0.1:{serve}"
-    procs: list[subprocess.Popen] = []
-
-    def start(name: str, cmd: list[str]) -> subprocess.Popen:
-        say(f"$ {shlex.join(cmd)}   > logs/{name}.log")
-        with open(logs / f"{name}.log", "w") as log:  # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(proc)
-        return proc
-
+    stack_cfg = StackConfig(
+        store=str(store),
+        logs=logs,
+        model=model,
+        collect_args=("--convert", "--quiet-s", "5", "--workers", "1", "--agents", "writer|rewriter"),
+        serve_args=("--threads", "1", "--max-num-seqs", str(max(8, concurrency))),
+        gateway_args=("--models-ttl-s", "0.5"),
+        serve_timeout_s=300,
+        stop_grace_s=60,  # train, gateway (flushes its spans), serve, then collect: one at a time
+        announce=say,
+    )
     sampler = LoadSampler()
     sampler.start()
     t_start = time.monotonic()
     summary: dict = {"settings": vars(args), "rounds": [], "heldout": {}}
     try:
-        start(
-            "collect",
-            [
-                TRACERL,
-                "collect",
-                "--store",
-                str(store),
-                "--grpc",
-                f"127.0.0.1:{grpc}",
-                "--http",
-                f"127.0.0.1:{http}",
-                "--convert",
-                "--quiet-s",
-                "5",
-                "--workers",
-                "1",
-                "--agents",
-                "writer|rewriter",
-            ],
-        )
-        start(
-            "serve",
-            [
-                TRACERL,
-                "serve",
-                "--engine",
-                "embedded",
-                "--model",
-                model,
-                "--listen",
-                f"127.0.0.1:{serve}",
-                "--threads",
-                "1",
-                "--max-num-seqs",
-                str(max(8, concurrency)),
-            ],
-        )
-        start(
-            "gateway",
-            [
-                TRACERL,
-                "gateway",
-                "--upstream",
-                server,
-                "--listen",
-                f"127.0.0.1:{gw}",
-                "--otlp",
-                f"http://127.0.0.1:{grpc}",
-                "--models-ttl-s",
-                "0.5",
-            ],
-        )
-        wait_until(
-            lambda: http_ok(f"{server}/health") and http_ok(f"http://127.0.0.1:{gw}/health"),
-            "serve and gateway",
-            300,
-            procs,
-        )
-        train_log = logs / "train.log"
-        start(
-            "train",
-            [
-                TRACERL,
+        with running_stack(stack_cfg) as stack:
+            urls = stack.urls
+            train_log = logs / "train.log"
+            stack.start(
                 "train",
-                "--watch",
-                "--store",
-                str(store),
-                "--model",
-                model,
-                "--server",
-                server,
-                "--min-rollouts",
-                str(batch),
-                "--tasks",
-                "^train-",
-                "--lr",
-                args.lr,
-                "--estimator",
-                args.estimator,
-                *LORA,
-                "--bf16",
-                "--threads",
-                "1",
-                "--epochs",
-                "1",
-                "--steps-per-epoch",
-                "1",
-                "--max-prompt-tokens",
-                "512",
-                "--max-response-tokens",
-                "64",
-                "--pack-tokens",
-                "640",
-                "--max-rounds",
-                str(args.rounds),
-                "--poll-s",
-                "3",
-                "--no-progress",
-            ],
-        )
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
-        env.update(
-            {
-                "SQL_AGENT_SHAPE": "paper",
-                "SQL_AGENT_TEMPERATURE": "0.7",
-                "SQL_AGENT_MAX_TOKENS": "32",
-                "OPENAI_API_KEY": "unused",
-                "OTEL_SERVICE_NAME": "sql-agent",
-                "OTEL_EXPORTER_OTLP_INSECURE": "true",
-                "OTEL_METRICS_EXPORTER": "none",
-                "OTEL_LOGS_EXPORTER": "none",
-            }
-        )
-        agent = [
-            str(agent_bin / "opentelemetry-instrument"),
-            str(agent_bin / "python"),
-            str(HERE / "agent.py"),
-        ]
-
-        def rollout(name: str, tasks: list[dict], n: int) -> list[dict]:
-            """``tracerl rollout`` of ``tasks`` x ``n``; its records (one per rollout, with the reward)."""
-            f = work / f"{name}.jsonl"
-            f.write_text("".join(json.dumps(t) + "\n" for t in tasks))
-            cmd = [
-                TRACERL,
-                "rollout",
-                "--store",
-                str(store),
-                "--tasks",
-                str(f),
-                "-n",
-                str(n),
-                "--concurrency",
-                str(concurrency),
-                "--timeout-s",
-                "600",
-                "--retries",
-                "0",
-                "--otlp",
-                f"http://127.0.0.1:{grpc}",
-                "--collector",
-                f"http://127.0.0.1:{http}",
-                "--gateway",
-                f"http://127.0.0.1:{gw}/v1",
-                "--reward",
-                f"{DEMO / 'sql_reward.py'}:score",
-                "--",
-                *agent,
-            ]
-            say(f"$ {shlex.join(cmd)}")
-            before = set((store / "rollouts").glob("*.jsonl")) if (store / "rollouts").exists() else set()
-            t0 = time.monotonic()
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(
-                    f"tracerl rollout failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
-                )
-            new = sorted(set((store / "rollouts").glob("*.jsonl")) - before)
-            records = [json.loads(line) for f in new for line in f.open()]
-            rewards = [r.get("reward") or 0.0 for r in records]
-            say(
-                f"{name}: {len(records)} rollouts in {time.monotonic() - t0:.0f}s, {sum(r['status'] == 'ok' for r in records)} ok, "
-                f"mean reward {sum(rewards) / max(1, len(rewards)):.3f}"
+                [
+                    TRACERL,
+                    "train",
+                    "--watch",
+                    "--store",
+                    str(store),
+                    "--model",
+                    model,
+                    "--server",
+                    urls.server,
+                    "--min-rollouts",
+                    str(batch),
+                    "--tasks",
+                    "^train-",
+                    "--lr",
+                    args.lr,
+                    "--estimator",
+                    args.estimator,
+                    *LORA,
+                    "--bf16",
+                    "--threads",
+                    "1",
+                    "--epochs",
+                    "1",
+                    "--steps-per-epoch",
+                    "1",
+                    "--max-prompt-tokens",
+                    "512",
+                    "--max-response-tokens",
+                    "64",
+                    "--pack-tokens",
+                    "640",
+                    "--max-rounds",
+                    str(args.rounds),
+                    "--poll-s",
+                    "3",
+                    "--no-progress",
+                ],
             )
-            return records
 
-        def evaluate(label: str) -> None:
-            if not heldout:
-                return
-            t0 = time.monotonic()
-            records = rollout(f"heldout-{label}", heldout, 1)
-            rewards = [r.get("reward") or 0.0 for r in records]
-            success, mean_reward, runs = reward_shares(rewards)
-            summary["heldout"][label] = {
-                "n": len(rewards),
-                "success": success,
-                "mean_reward": mean_reward,
-                "runs": runs,
-                "seconds": round(time.monotonic() - t0, 1),
+            env = {
+                k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))
             }
-            say(f"held-out {label}: {summary['heldout'][label]}")
-
-        evaluate("policy@0")
-        batches = 0
-        for k in range(args.rounds):
-            t0 = time.monotonic()
-            while True:  # a batch whose groups all scored alike gives no signal: sample policy@k again
-                start_q = batches * args.questions
-                tasks = [train[(start_q + i) % len(train)] for i in range(args.questions)]
-                batches += 1
-                seen = len(train_log.read_text())  # the trainer's lines about this batch come after this
-                records = rollout(f"round{k}-batch{batches}", tasks, args.samples)
-                t_roll = time.monotonic() - t0
-                ok = sum(r["status"] == "ok" and r.get("reward") is not None for r in records)
-                if ok < batch:  # the trainer waits for --min-rollouts rewarded rollouts of policy@k
-                    raise SystemExit(
-                        f"round {k}: only {ok} of {batch} agent runs finished with a reward; see "
-                        f"{store / 'rollouts'} (stderr_tail) and {logs}"
-                    )
-                wait_until(
-                    lambda k=k, seen=seen: trainer_said(train_log, k, seen) is not None,
-                    f"round {k} to be trained",
-                    1200,
-                    procs,
-                )
-                if trainer_said(train_log, k, seen) == "published":
-                    break
-                say(f"round {k}: every group scored alike; sampling policy@{k} again")
-            time.sleep(1.5)  # > the gateway's --models-ttl-s: the next batch calls policy@{k+1}
-            success, mean_reward, runs = reward_shares([r.get("reward") or 0.0 for r in records])
-            summary["rounds"].append(
+            env.update(
                 {
-                    "round": k,
-                    "rollouts": len(records),
-                    "mean_reward": mean_reward,
-                    "success": success,
-                    "runs": runs,
-                    "rollout_s": round(t_roll, 1),
-                    "round_s": round(time.monotonic() - t0, 1),
-                    "load_1min": float(Path("/proc/loadavg").read_text().split()[0]),
+                    "SQL_AGENT_SHAPE": "paper",
+                    "SQL_AGENT_TEMPERATURE": "0.7",
+                    "SQL_AGENT_MAX_TOKENS": "32",
+                    "OPENAI_API_KEY": "unused",
+                    "OTEL_SERVICE_NAME": "sql-agent",
+                    "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                    "OTEL_METRICS_EXPORTER": "none",
+                    "OTEL_LOGS_EXPORTER": "none",
                 }
             )
-            say(f"round {k}: {summary['rounds'][-1]}")
-        evaluate(f"policy@{args.rounds}")
+            agent = [
+                str(agent_bin / "opentelemetry-instrument"),
+                str(agent_bin / "python"),
+                str(HERE / "agent.py"),
+            ]
+
+            def rollout(name: str, tasks: list[dict], n: int) -> list[dict]:
+                """``tracerl rollout`` of ``tasks`` x ``n``; its records (one per rollout, with the reward)."""
+                f = work / f"{name}.jsonl"
+                f.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+                cmd = [
+                    TRACERL,
+                    "rollout",
+                    "--store",
+                    str(store),
+                    "--tasks",
+                    str(f),
+                    "-n",
+                    str(n),
+                    "--concurrency",
+                    str(concurrency),
+                    "--timeout-s",
+                    "600",
+                    "--retries",
+                    "0",
+                    "--otlp",
+                    urls.otlp,
+                    "--collector",
+                    urls.collector,
+                    "--gateway",
+                    f"{urls.gateway}/v1",
+                    "--reward",
+                    f"{DEMO / 'sql_reward.py'}:score",
+                    "--",
+                    *agent,
+                ]
+                say(f"$ {shlex.join(cmd)}")
+                before = set((store / "rollouts").glob("*.jsonl")) if (store / "rollouts").exists() else set()
+                t0 = time.monotonic()
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if out.returncode != 0:
+                    raise SystemExit(
+                        f"tracerl rollout failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+                    )
+                new = sorted(set((store / "rollouts").glob("*.jsonl")) - before)
+                records = [json.loads(line) for f in new for line in f.open()]
+                rewards = [r.get("reward") or 0.0 for r in records]
+                say(
+                    f"{name}: {len(records)} rollouts in {time.monotonic() - t0:.0f}s, {sum(r['status'] == 'ok' for r in records)} ok, "
+                    f"mean reward {sum(rewards) / max(1, len(rewards)):.3f}"
+                )
+                return records
+
+            def evaluate(label: str) -> None:
+                if not heldout:
+                    return
+                t0 = time.monotonic()
+                records = rollout(f"heldout-{label}", heldout, 1)
+                rewards = [r.get("reward") or 0.0 for r in records]
+                success, mean_reward, runs = reward_shares(rewards)
+                summary["heldout"][label] = {
+                    "n": len(rewards),
+                    "success": success,
+                    "mean_reward": mean_reward,
+                    "runs": runs,
+                    "seconds": round(time.monotonic() - t0, 1),
+                }
+                say(f"held-out {label}: {summary['heldout'][label]}")
+
+            evaluate("policy@0")
+            batches = 0
+            for k in range(args.rounds):
+                t0 = time.monotonic()
+                while True:  # a batch whose groups all scored alike gives no signal: sample policy@k again
+                    start_q = batches * args.questions
+                    tasks = [train[(start_q + i) % len(train)] for i in range(args.questions)]
+                    batches += 1
+                    seen = len(train_log.read_text())  # the trainer's lines about this batch come after this
+                    records = rollout(f"round{k}-batch{batches}", tasks, args.samples)
+                    t_roll = time.monotonic() - t0
+                    ok = sum(r["status"] == "ok" and r.get("reward") is not None for r in records)
+                    if ok < batch:  # the trainer waits for --min-rollouts rewarded rollouts of policy@k
+                        raise SystemExit(
+                            f"round {k}: only {ok} of {batch} agent runs finished with a reward; see "
+                            f"{store / 'rollouts'} (stderr_tail) and {logs}"
+                        )
+                    wait_until(
+                        lambda k=k, seen=seen: trainer_said(train_log, k, seen) is not None,
+                        f"round {k} to be trained",
+                        1200,
+                        stack.check_alive,
+                    )
+                    if trainer_said(train_log, k, seen) == "published":
+                        break
+                    say(f"round {k}: every group scored alike; sampling policy@{k} again")
+                time.sleep(1.5)  # > the gateway's --models-ttl-s: the next batch calls policy@{k+1}
+                success, mean_reward, runs = reward_shares([r.get("reward") or 0.0 for r in records])
+                summary["rounds"].append(
+                    {
+                        "round": k,
+                        "rollouts": len(records),
+                        "mean_reward": mean_reward,
+                        "success": success,
+                        "runs": runs,
+                        "rollout_s": round(t_roll, 1),
+                        "round_s": round(time.monotonic() - t0, 1),
+                        "load_1min": float(Path("/proc/loadavg").read_text().split()[0]),
+                    }
+                )
+                say(f"round {k}: {summary['rounds'][-1]}")
+            evaluate(f"policy@{args.rounds}")
+    except ChildError as e:  # a process exited or never answered: the message ends with its log's tail
+        raise SystemExit(str(e)) from None
     finally:
-        for proc in reversed(procs):  # train, gateway (flushes its spans), serve, then collect: one at a time
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
         sampler.stop.set()
         summary["wall_s"] = round(time.monotonic() - t_start, 1)
         loads = sampler.samples or [0.0]

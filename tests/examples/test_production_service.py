@@ -29,7 +29,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
+from tracerl_testing import BIN, free_port, tracerl
+
+from tracerl.stack import StackConfig, running_stack
+from tracerl.supervisor import http_ok
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,81 +128,29 @@ def service_env(db: Path, grpc: str, gateway: str, rewards: str, layout: str) ->
 
 @contextmanager
 def deployment(tmp: Path, vllm_url: str, db: Path, layout: str) -> Iterator[Deployment]:
-    """``tracerl collect --convert``, ``tracerl gateway`` and the service, on a fresh store."""
+    """``tracerl collect --convert``, ``tracerl gateway`` (tracerl.stack, as run.py starts them, in front of the
+    module's vLLM) and the service, on a fresh store; collector and gateway must stop cleanly."""
     store = tmp / f"store-{layout}"
-    grpc, http, gw, svc = free_port(), free_port(), free_port(), free_port()
-    collector = start_tracerl(
-        "collect",
-        "--store",
-        str(store),
-        "--grpc",
-        f"127.0.0.1:{grpc}",
-        "--http",
-        f"127.0.0.1:{http}",
-        "--convert",
-        "--quiet-s",
-        "1",
-        "--convert-every-s",
-        "0.5",
-        "--segment-age-s",
-        "0.2",
-        health=f"http://127.0.0.1:{http}/healthz",
+    cfg = StackConfig(
+        store=str(store),
+        logs=tmp / f"logs-{layout}",
+        server=vllm_url,
+        collect_args=("--convert", "--quiet-s", "1", "--convert-every-s", "0.5", "--segment-age-s", "0.2"),
+        gateway_args=("--models-ttl-s", "0.2"),
     )
-    gateway = start_tracerl(
-        "gateway",
-        "--upstream",
-        vllm_url,
-        "--listen",
-        f"127.0.0.1:{gw}",
-        "--otlp",
-        f"http://127.0.0.1:{grpc}",
-        "--models-ttl-s",
-        "0.2",
-        health=f"http://127.0.0.1:{gw}/health",
-    )
-    env = service_env(
-        db,
-        f"http://127.0.0.1:{grpc}",
-        f"http://127.0.0.1:{gw}",
-        f"http://127.0.0.1:{http}/v1/rewards",
-        layout,
-    )
-    log = open(tmp / f"service-{layout}.log", "w")  # noqa: SIM115  (closed below)
-    proc = subprocess.Popen(
-        [
-            str(BIN / "opentelemetry-instrument"),
-            str(BIN / "uvicorn"),
-            "service:app",
-            "--app-dir",
-            str(EXAMPLE),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(svc),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{svc}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp / f"service-{layout}.log").read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (tmp / f"service-{layout}.log").read_text()
-            time.sleep(0.2)
-        yield Deployment(store, url, proc)
-    finally:
-        proc.terminate()
-        proc.wait(15)
-        log.close()
-        stop_tracerl(gateway)
-        stop_tracerl(collector)
+    with running_stack(cfg) as stack:
+        env = service_env(db, stack.urls.otlp, stack.urls.gateway, stack.urls.rewards, layout)
+        url = f"http://127.0.0.1:{free_port()}"
+        service = stack.start(
+            "service",
+            [str(BIN / "opentelemetry-instrument"), str(BIN / "uvicorn"), "service:app", "--app-dir", str(EXAMPLE),
+             "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1]],
+            env=env,
+        )  # fmt: skip
+        service.wait_healthy(lambda: http_ok(f"{url}/health"), 60)
+        yield Deployment(store, url, service.proc)
+    assert stack.started["gateway"].proc.returncode == 0, stack.started["gateway"].log_tail()
+    assert stack.started["collect"].proc.returncode == 0, stack.started["collect"].log_tail()
 
 
 def doctor(store: Path, *args: str) -> tuple[int, list[dict]]:

@@ -138,3 +138,25 @@ def test_cron_fires_on_its_period_and_a_long_run_skips_the_firings_it_overlapped
     assert run.until_next_fire(100.0, 100.0, 60) == 60  # the first firing, a period after the start
     assert run.until_next_fire(100.0, 130.0, 60) == 30  # a short run: the next minute as planned
     assert run.until_next_fire(100.0, 100.0 + 5 * 60 + 20, 60) == 40  # a 5-minute round: the next minute mark
+
+
+def test_the_stack_is_started_as_a_team_runs_it_and_each_command_accepts_its_flags(monkeypatch, tmp_path):
+    from tracerl.commands import collect, gateway, serve
+    from tracerl.stack import StackPorts, stack_argvs
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run = _load("run")
+    cfg = run.stack_config(Path("/m"), Path("/s"), tmp_path, max_num_seqs=16)
+    argvs = stack_argvs(cfg, StackPorts(grpc=1001, http=1002, serve=1003, gateway=1004))
+    parsed = {}
+    for name, command in (("collect", collect), ("serve", serve), ("gateway", gateway)):
+        parser = argparse.ArgumentParser()
+        command.configure(parser)
+        parsed[name] = parser.parse_args(argvs[name][2:])  # what `tracerl <name>` makes of it
+    c, s, g = parsed["collect"], parsed["serve"], parsed["gateway"]
+    assert (c.store, c.convert, c.quiet_s, c.segment_age_s) == ("/s", True, 5, 0.5)
+    # vLLM on CPU as the demo: fp32, full-weight publishes (no LoRA), a batch of at least the users
+    assert (s.engine, s.model, s.dtype, s.enable_lora, s.max_model_len, s.max_num_seqs) == (
+        "vllm", "/m", "float32", False, 1024, 16)  # fmt: skip
+    assert (g.upstream, g.otlp) == ("http://127.0.0.1:1003", "http://127.0.0.1:1001")
+    assert cfg.serve_timeout_s == 900 and cfg.stop_grace_s == 30

@@ -1,9 +1,10 @@
 """The demo agent + task: its reward function, its tasks, and a real end-to-end rollout.
 
 End to end: `tracerl serve` (tiny model) ← `tracerl gateway` ← the unmodified demo agent under
-`opentelemetry-instrument`, launched by `tracerl rollout`, exporting to a real collector. The
-store must hold, per rollout, the spans of both named agents (each with its `chat` span and the
-gateway's token span below it) and the rollout's reward.
+`opentelemetry-instrument`, launched by `tracerl rollout`, exporting to `tracerl collect` (the three
+started by tracerl/stack.py, as the demo starts them). The store must hold, per rollout, the spans of
+both named agents (each with its `chat` span and the gateway's token span below it) and the rollout's
+reward.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
+from tracerl_testing import BIN, tracerl
 
-from collector_exporter.testing import running_collector
 from store.location import parse_store
 from store.views import connect_readonly
+from tracerl.stack import StackConfig, running_stack
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo"
 
@@ -43,7 +44,8 @@ def test_reward_is_one_only_when_both_agents_start_with_the_letter_and_use_no_ot
     task = {"id": "letter-a", "letter": "a", "letters": "aeot"}
     assert reward.score(task, out("a", " A!")) == 1.0
     assert reward.score(task, out("allall", "aaaa")) == 1.0
-    assert reward.score(task, out("at", "xyz")) == pytest.approx((1 + 0.5) / 2 / 2)  # first ok, share 1/2; then 0
+    # first ok, share 1/2; then 0
+    assert reward.score(task, out("at", "xyz")) == pytest.approx((1 + 0.5) / 2 / 2)
     assert reward.score(task, out("the cat", "ba")) == pytest.approx(((0 + 1 / 4) / 2 + (0 + 1) / 2) / 2)
     assert reward.score(task, out("xyz", "")) == 0.0
     assert reward.score(task, "not json") == 0.0 and reward.score(task, "") == 0.0
@@ -58,15 +60,21 @@ def test_no_reply_that_ignores_the_task_beats_one_over_the_number_of_letters():
 
 @pytest.mark.slow
 def test_tasks_are_one_per_letter_with_distinct_ids():
-    assert make_tasks.make_tasks("ae") == [{"id": "letter-a", "letter": "a", "letters": "ae"},
-                                           {"id": "letter-e", "letter": "e", "letters": "ae"}]
+    assert make_tasks.make_tasks("ae") == [
+        {"id": "letter-a", "letter": "a", "letters": "ae"},
+        {"id": "letter-e", "letter": "e", "letters": "ae"},
+    ]
     ids = [t["id"] for t in make_tasks.make_tasks("aeot", repeat=3)]
     assert len(ids) == 12 == len(set(ids))
     for bad in ("", "aa", "a1"):
         with pytest.raises(ValueError):
             make_tasks.make_tasks(bad)
-    proc = subprocess.run([sys.executable, str(DEMO / "make_tasks.py"), "--letters", "ot"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, str(DEMO / "make_tasks.py"), "--letters", "ot"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [json.loads(line)["letter"] for line in proc.stdout.splitlines()] == ["o", "t"]
 
 
@@ -74,30 +82,61 @@ def test_tasks_are_one_per_letter_with_distinct_ids():
 def test_demo_agent_rollouts_store_both_agents_spans_and_rewards(tmp_path, tiny_model_dir):
     store = tmp_path / "store"
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(subprocess.run([sys.executable, str(DEMO / "make_tasks.py"), "--letters", "ae"],
-                                    capture_output=True, text=True, check=True).stdout)
-    serve_port, gw_port = free_port(), free_port()
+    tasks.write_text(
+        subprocess.run(
+            [sys.executable, str(DEMO / "make_tasks.py"), "--letters", "ae"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-    env.update({"OTEL_SERVICE_NAME": "demo-agent", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-                "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "*"})
-    with running_collector(store) as c:
-        server = start_tracerl("serve", "--engine", "embedded", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
-                       health=f"http://127.0.0.1:{serve_port}/health")
-        try:
-            gw = start_tracerl("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
-                       "--otlp", c.grpc_endpoint, health=f"http://127.0.0.1:{gw_port}/health")
-            try:
-                proc = tracerl("rollout", "--tasks", str(tasks), "-n", "2", "--concurrency", "2",
-                               "--store", str(store), "--collector", c.http_endpoint, "--otlp", c.grpc_endpoint,
-                               "--gateway", f"http://127.0.0.1:{gw_port}/v1",
-                               "--reward", f"{DEMO / 'reward.py'}:score", "--timeout-s", "60",
-                               "--", str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(DEMO / "agent.py"),
-                               env=env, timeout=120)
-            finally:
-                stop_tracerl(gw)  # flushes the gateway's span batch
-        finally:
-            stop_tracerl(server)
-        c.flush()
+    env.update(
+        {
+            "OTEL_SERVICE_NAME": "demo-agent",
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "*",
+        }
+    )
+    cfg = StackConfig(
+        store=str(store),
+        logs=tmp_path / "logs",
+        model=str(tiny_model_dir),
+        collect_args=("--segment-age-s", "0.2"),
+    )
+    with running_stack(cfg) as stack:  # stopped gateway first (it flushes its span batch), collector last
+        urls = stack.urls
+        proc = tracerl(
+            "rollout",
+            "--tasks",
+            str(tasks),
+            "-n",
+            "2",
+            "--concurrency",
+            "2",
+            "--store",
+            str(store),
+            "--collector",
+            urls.collector,
+            "--otlp",
+            urls.otlp,
+            "--gateway",
+            f"{urls.gateway}/v1",
+            "--reward",
+            f"{DEMO / 'reward.py'}:score",
+            "--timeout-s",
+            "60",
+            "--",
+            str(BIN / "opentelemetry-instrument"),
+            str(BIN / "python"),
+            str(DEMO / "agent.py"),
+            env=env,
+            timeout=120,
+        )
+    assert all(c.proc.returncode == 0 for c in stack.started.values()), [
+        c.log_tail() for c in stack.started.values()
+    ]
     assert "4 rollouts: 4 ok, 0 failed, 0 timeout" in proc.stdout, proc.stdout + proc.stderr
     (records_file,) = (store / "rollouts").glob("driver-*.jsonl")
     recs = {r["rollout_id"]: r for r in map(json.loads, records_file.read_text().splitlines())}

@@ -16,11 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl
+from tracerl_testing import BIN
 
-from collector_exporter.testing import running_collector
 from store.location import parse_store
 from store.views import connect_readonly
+from tracerl.stack import StackConfig, running_stack
 
 from .helpers import chat_prompt_ids, recompute_logprobs
 
@@ -29,31 +29,41 @@ pytestmark = pytest.mark.slow
 
 
 def test_instrumented_openai_agent_through_gateway_joins_exact_tokens_to_agent_spans(
-        tmp_path, tiny_model_dir, tokenizer, reference_model):
+    tmp_path, tiny_model_dir, tokenizer, reference_model
+):
     store = tmp_path / "store"
-    serve_port, gw_port = free_port(), free_port()
-    with running_collector(store) as collector:
-        server = start_tracerl("serve", "--engine", "embedded", "--model", str(tiny_model_dir), "--listen", f"127.0.0.1:{serve_port}",
-                       health=f"http://127.0.0.1:{serve_port}/health")
-        try:
-            gw = start_tracerl("gateway", "--upstream", f"http://127.0.0.1:{serve_port}", "--listen", f"127.0.0.1:{gw_port}",
-                       "--otlp", collector.grpc_endpoint, health=f"http://127.0.0.1:{gw_port}/health")
-            try:
-                env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
-                env.update({"OTEL_SERVICE_NAME": "weather-agent", "OTEL_TRACES_EXPORTER": "otlp",
-                            "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
-                            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.grpc_endpoint,
-                            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-                            "OPENAI_BASE_URL": f"http://127.0.0.1:{gw_port}/v1", "OPENAI_API_KEY": "x"})
-                agent = subprocess.run([str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(AGENT)],
-                                       env=env, capture_output=True, text=True, timeout=90)
-                assert agent.returncode == 0, agent.stderr
-                seen = json.loads(agent.stdout.strip().splitlines()[-1])
-            finally:
-                stop_tracerl(gw)  # flushes the gateway's BatchSpanProcessor
-        finally:
-            stop_tracerl(server)
-        collector.flush()
+    cfg = StackConfig(
+        store=str(store),
+        logs=tmp_path / "logs",
+        model=str(tiny_model_dir),
+        collect_args=("--segment-age-s", "0.2"),
+    )
+    with running_stack(cfg) as stack:  # stopped gateway first: it flushes its BatchSpanProcessor
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
+        env.update(
+            {
+                "OTEL_SERVICE_NAME": "weather-agent",
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": stack.urls.otlp,
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OPENAI_BASE_URL": f"{stack.urls.gateway}/v1",
+                "OPENAI_API_KEY": "x",
+            }
+        )
+        agent = subprocess.run(
+            [str(BIN / "opentelemetry-instrument"), str(BIN / "python"), str(AGENT)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert agent.returncode == 0, agent.stderr
+        seen = json.loads(agent.stdout.strip().splitlines()[-1])
+    assert all(c.proc.returncode == 0 for c in stack.started.values()), [
+        c.log_tail() for c in stack.started.values()
+    ]
 
     con = connect_readonly(parse_store(store))
     rows = con.execute("""
@@ -72,5 +82,6 @@ def test_instrumented_openai_agent_through_gateway_joins_exact_tokens_to_agent_s
         assert json.loads(g["tracerl.prompt_token_ids"]) == prompt_ids
         assert tokenizer.decode(ids, skip_special_tokens=True) == client_saw["text"]
         assert json.loads(g["tracerl.response_logprobs"]) == pytest.approx(
-            recompute_logprobs(reference_model, prompt_ids, ids), abs=1e-4)
+            recompute_logprobs(reference_model, prompt_ids, ids), abs=1e-4
+        )
         assert json.loads(g["gen_ai.response.finish_reasons"]) == [client_saw["finish"]]
