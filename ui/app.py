@@ -69,7 +69,7 @@ def _number(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.{digits}f}" if abs(v) >= 10 ** -digits or v == 0 else f"{v:.2e}"
+        return f"{v:.{digits}f}" if abs(v) >= 10**-digits or v == 0 else f"{v:.2e}"
     return str(v)
 
 
@@ -83,12 +83,27 @@ def _time(v: Any) -> str:
 
 def templates() -> jinja2.Environment:
     """Templates with autoescape on for every file: span strings are arbitrary, HTML included."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(num=_number, time=_time, q=lambda s: urllib.parse.quote(str(s), safe=""),
-                       qs=lambda d: urllib.parse.urlencode(d))
-    env.globals.update(LOGPROB_SCALE=LOGPROB_SCALE, ADVANTAGE_SCALE=ADVANTAGE_SCALE, NO_VALUE=NO_VALUE,
-                       SORTS=SORTS, TOKEN_SOURCES=TOKEN_SOURCES, PAGE_SIZES=PAGE_SIZES)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        num=_number,
+        time=_time,
+        q=lambda s: urllib.parse.quote(str(s), safe=""),
+        qs=lambda d: urllib.parse.urlencode(d),
+    )
+    env.globals.update(
+        LOGPROB_SCALE=LOGPROB_SCALE,
+        ADVANTAGE_SCALE=ADVANTAGE_SCALE,
+        NO_VALUE=NO_VALUE,
+        SORTS=SORTS,
+        TOKEN_SOURCES=TOKEN_SOURCES,
+        PAGE_SIZES=PAGE_SIZES,
+    )
     return env
 
 
@@ -117,105 +132,140 @@ class TokenGate:
                 response: Response = RedirectResponse(url, 303)
                 response.set_cookie(COOKIE, _session(self.token), httponly=True, samesite="strict")
             else:
-                response = self.render(401, "That token does not match the one `tracerl ui` was started with.")
+                response = self.render(
+                    401, "That token does not match the one `tracerl ui` was started with."
+                )
             await response(scope, receive, send)
             return
         cookies = SimpleCookie(request.headers.get("cookie", ""))
         cookie = cookies[COOKIE].value if COOKIE in cookies else ""
-        ok = hmac.compare_digest(cookie.encode(), _session(self.token).encode()) or \
-            bearer_error(request.headers.get("authorization"), self.token) is None
+        ok = (
+            hmac.compare_digest(cookie.encode(), _session(self.token).encode())
+            or bearer_error(request.headers.get("authorization"), self.token) is None
+        )
         if not ok:
-            await self.render(401, "This viewer needs its token: open the address `tracerl ui` printed "
-                                   "(it ends in ?token=…) once, or send Authorization: Bearer KEY.")(scope, receive, send)
+            await self.render(
+                401,
+                "This viewer needs its token: open the address `tracerl ui` printed "
+                "(it ends in ?token=…) once, or send Authorization: Bearer KEY.",
+            )(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
 
-def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
-    """The ASGI app (token gate included) over ``cfg.store``."""
-    reader = reader or StoreReader(cfg.store)
-    env = templates()
+ASSET_TYPES = {
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".png": "image/png",
+}
+
+
+def static_assets() -> dict[str, bytes]:
+    """The files under static/, read once, and the colour scales' stylesheet, generated from ``ui.colors``."""
     static = {p.name: p.read_bytes() for p in (HERE / "static").iterdir() if p.is_file()}
     static["scale.css"] = scale_css().encode()
-    types = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".png": "image/png"}
+    return static
 
-    def page(name: str, code: int = 200, **context: Any) -> HTMLResponse:
-        html = env.get_template(name).render(store=reader.store, poll_ms=int(cfg.poll_s * 1000),
-                                             **context)
+
+class Views:
+    """The viewer's endpoints over one reader: each reads the store's current files through ``ui.pages`` and
+    renders its template; a bad request or a missing id renders the error page."""
+
+    def __init__(self, cfg: UiConfig, reader: StoreReader) -> None:
+        self.cfg, self.reader, self.env, self.static = cfg, reader, templates(), static_assets()
+
+    def page(self, name: str, code: int = 200, **context: Any) -> HTMLResponse:
+        html = self.env.get_template(name).render(
+            store=self.reader.store, poll_ms=int(self.cfg.poll_s * 1000), **context
+        )
         return HTMLResponse(html, code, headers=SECURITY_HEADERS)
 
-    def error(status: int, message: str) -> HTMLResponse:
-        return page("error.html", status, status=status, message=message, live=False, nav="")
+    def error(self, status: int, message: str) -> HTMLResponse:
+        return self.page("error.html", status, status=status, message=message, live=False, nav="")
 
-    def fresh(fn: Any, *args: Any) -> Any:
+    async def fresh(self, fn: Any, *args: Any) -> Any:
         """A page's data from the store's current files: its ``generation`` is then the one a live page
         polls against, so the page swaps itself only when data arrives after it was drawn."""
-        reader.refresh(cfg.wait_s)
-        return fn(reader, *args)
 
-    async def rounds(request: Request) -> Response:
-        data = await run_blocking(fresh, pages.rounds_data)
-        return page("rounds.html", live=True, nav="rounds", generation=reader.generation, **data)
+        def read() -> Any:
+            self.reader.refresh(self.cfg.wait_s)
+            return fn(self.reader, *args)
 
-    async def rollouts(request: Request) -> Response:
+        return await run_blocking(read)
+
+    def live_page(self, name: str, nav: str, data: dict) -> HTMLResponse:
+        return self.page(name, live=True, nav=nav, generation=self.reader.generation, **data)
+
+    async def rounds(self, request: Request) -> Response:
+        return self.live_page("rounds.html", "rounds", await self.fresh(pages.rounds_data))
+
+    async def rollouts(self, request: Request) -> Response:
         try:
             q = parse_query(dict(request.query_params))
         except FilterError as e:
-            return error(400, f"Bad filter: {e}")
-        data = await run_blocking(fresh, pages.rollouts_data, q)
-        return page("rollouts.html", live=True, nav="rollouts", generation=reader.generation, **data)
+            return self.error(400, f"Bad filter: {e}")
+        return self.live_page("rollouts.html", "rollouts", await self.fresh(pages.rollouts_data, q))
 
-    async def rollout(request: Request) -> Response:
+    async def rollout(self, request: Request) -> Response:
         rid = request.path_params["rollout_id"]
-        data = await run_blocking(fresh, pages.rollout_data, rid, cfg.tokenizer)
+        data = await self.fresh(pages.rollout_data, rid, self.cfg.tokenizer)
         if data is None:
-            return error(404, f"No rollout {rid!r} in this store (it may not be converted yet).")
-        return page("rollout.html", live=False, nav="rollouts", **data)
+            return self.error(404, f"No rollout {rid!r} in this store (it may not be converted yet).")
+        return self.page("rollout.html", live=False, nav="rollouts", **data)
 
-    async def task(request: Request) -> Response:
-        data = await run_blocking(fresh, pages.group_data, request.path_params["task_id"])
+    async def task(self, request: Request) -> Response:
+        data = await self.fresh(pages.group_data, request.path_params["task_id"])
         if not data["versions"]:
-            return error(404, f"No rollouts of task {request.path_params['task_id']!r} in this store.")
-        return page("group.html", live=True, nav="rollouts", generation=reader.generation, **data)
+            return self.error(404, f"No rollouts of task {request.path_params['task_id']!r} in this store.")
+        return self.live_page("group.html", "rollouts", data)
 
-    async def doctor(request: Request) -> Response:
-        data = await run_blocking(fresh, pages.doctor_data)
-        return page("doctor.html", live=False, nav="doctor", **data)
+    async def doctor(self, request: Request) -> Response:
+        return self.page("doctor.html", live=False, nav="doctor", **await self.fresh(pages.doctor_data))
 
-    async def live(request: Request) -> Response:
-        generation = await run_blocking(reader.refresh, 0.0)
+    async def live(self, request: Request) -> Response:
+        generation = await run_blocking(self.reader.refresh, 0.0)
         return JSONResponse({"generation": generation}, headers={"cache-control": "no-store"})
 
-    async def asset(request: Request) -> Response:
+    async def asset(self, request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in static:
-            return error(404, "No such file.")
-        return Response(static[name], media_type=types.get(Path(name).suffix, "application/octet-stream"),
-                        headers={"x-content-type-options": "nosniff", "cache-control": "max-age=300"})
+        if name not in self.static:
+            return self.error(404, "No such file.")
+        media_type = ASSET_TYPES.get(Path(name).suffix, "application/octet-stream")
+        headers = {"x-content-type-options": "nosniff", "cache-control": "max-age=300"}
+        return Response(self.static[name], media_type=media_type, headers=headers)
 
-    async def home(request: Request) -> Response:
-        return RedirectResponse("/rounds", 302)
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        return self.error(code, "No such page." if code == 404 else "This viewer only reads: use GET.")
 
-    async def health(request: Request) -> Response:
-        return Response("ok\n", media_type="text/plain")
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", home),
+            Route("/rounds", self.rounds),
+            Route("/rollouts", self.rollouts),
+            Route("/rollouts/{rollout_id:path}", self.rollout),
+            Route("/tasks/{task_id:path}", self.task),
+            Route("/doctor", self.doctor),
+            Route("/api/live", self.live),
+            Route("/static/{name}", self.asset),
+            Route("/healthz", health),
+        ]
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return error(getattr(exc, "status_code", 404), "No such page." if getattr(exc, "status_code", 404) == 404
-                     else "This viewer only reads: use GET.")
 
-    app = Starlette(routes=[
-        Route("/", home),
-        Route("/rounds", rounds),
-        Route("/rollouts", rollouts),
-        Route("/rollouts/{rollout_id:path}", rollout),
-        Route("/tasks/{task_id:path}", task),
-        Route("/doctor", doctor),
-        Route("/api/live", live),
-        Route("/static/{name}", asset),
-        Route("/healthz", health),
-    ], exception_handlers={404: not_found, 405: not_found})
-    app.state.reader = reader
-    return TokenGate(app, cfg.token, error)
+async def home(request: Request) -> Response:
+    return RedirectResponse("/rounds", 302)
+
+
+async def health(request: Request) -> Response:
+    return Response("ok\n", media_type="text/plain")
+
+
+def make_app(cfg: UiConfig, reader: StoreReader | None = None) -> Any:
+    """The ASGI app (token gate included) over ``cfg.store``."""
+    views = Views(cfg, reader or StoreReader(cfg.store))
+    app = Starlette(routes=views.routes(), exception_handlers={404: views.not_found, 405: views.not_found})
+    app.state.reader = views.reader
+    return TokenGate(app, cfg.token, views.error)
 
 
 def serve(cfg: UiConfig, host: str = "127.0.0.1", port: int = 8700) -> RunningServer:
