@@ -93,7 +93,7 @@ _CORPUS = [
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
     '{"type": "function", "function": {"name": "get_weather", "description": "Get the weather", '
     '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}',
-    "<tool_response>\n{\"temperature\": 21, \"unit\": \"celsius\"}\n</tool_response>",
+    '<tool_response>\n{"temperature": 21, "unit": "celsius"}\n</tool_response>',
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
     "Reinforcement learning trains a policy from rewards. The agent acts, the environment answers.",
     "Hello, world! How are you? I am fine, thank you. Let me think step by step.",
@@ -122,6 +122,55 @@ def train_tokenizer(vocab_size: int = 384):
     return tok
 
 
+def tiny_tokenizer(vocab_size: int, max_positions: int):
+    """The trained BPE as a ``PreTrainedTokenizerFast`` speaking ChatML, and the ids of its special and added
+    tokens (the model's config and generation config name them)."""
+    from transformers import PreTrainedTokenizerFast
+
+    raw = train_tokenizer(vocab_size)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        bos_token=None,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=max_positions,
+        clean_up_tokenization_spaces=False,
+    )
+    return tokenizer, {t: raw.token_to_id(t) for t in SPECIAL_TOKENS + ADDED_TOKENS}
+
+
+def random_causal_lm(arch: str, seed: int, ids: dict[str, int], **sizes: int):
+    """A randomly initialised ``arch`` causal LM of ``sizes`` (config fields), seeded, that stops on <|im_end|>.
+
+    The default init (std 0.02) with tied embeddings makes a random model repeat its last input token
+    forever. Untied, with unit-scale embeddings and a 0.2-scale head, greedy decoding wanders through the
+    vocabulary and sampling has ~4.7 nats of entropy: distributions are neither uniform nor collapsed, so
+    tests can see a LoRA or a new checkpoint change them.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = {**sizes, "tie_word_embeddings": False, "bos_token_id": ids[ENDOFTEXT],
+              "eos_token_id": ids[IM_END], "pad_token_id": ids[ENDOFTEXT]}  # fmt: skip
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        emb = model.get_input_embeddings().weight
+        emb.copy_(torch.randn(emb.shape, generator=gen))
+        head = model.get_output_embeddings().weight
+        head.copy_(torch.randn(head.shape, generator=gen) * 0.2)
+    model.generation_config.eos_token_id = [ids[IM_END], ids[ENDOFTEXT]]
+    model.generation_config.pad_token_id = ids[ENDOFTEXT]
+    model.generation_config.do_sample = False
+    return model
+
+
 def build_tiny_model(
     out_dir: Path,
     *,
@@ -140,66 +189,25 @@ def build_tiny_model(
     The directory is written to a temp sibling and renamed into place, so a reader never sees a
     half-written model. ``arch`` is ``qwen2`` (default) or ``llama``.
     """
-    import torch
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedTokenizerFast,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
     if arch not in ("qwen2", "llama"):
         raise ValueError(f"unknown arch {arch!r}; use 'qwen2' or 'llama'")
-    out_dir = Path(out_dir)
-    raw = train_tokenizer(vocab_size)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        unk_token=None,
-        bos_token=None,
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=max_positions,
-        clean_up_tokenization_spaces=False,
+    tokenizer, ids = tiny_tokenizer(vocab_size, max_positions)
+    model = random_causal_lm(
+        arch,
+        seed,
+        ids,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
     )
-    ids = {t: raw.token_to_id(t) for t in SPECIAL_TOKENS + ADDED_TOKENS}
-    common = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": hidden,
-        "intermediate_size": intermediate,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "max_position_embeddings": max_positions,
-        "tie_word_embeddings": False,
-        "bos_token_id": ids[ENDOFTEXT],
-        "eos_token_id": ids[IM_END],
-        "pad_token_id": ids[ENDOFTEXT],
-    }
-    torch.manual_seed(seed)
-    if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    # The default init (std 0.02) with tied embeddings makes a random model repeat its last input
-    # token forever. Untied, with unit-scale embeddings and a 0.2-scale head, greedy decoding
-    # wanders through the vocabulary and sampling has ~4.7 nats of entropy: distributions are
-    # neither uniform nor collapsed, so tests can see a LoRA or a new checkpoint change them.
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        emb = model.get_input_embeddings().weight
-        emb.copy_(torch.randn(emb.shape, generator=gen))
-        head = model.get_output_embeddings().weight
-        head.copy_(torch.randn(head.shape, generator=gen) * 0.2)
-    model.generation_config.eos_token_id = [ids[IM_END], ids[ENDOFTEXT]]
-    model.generation_config.pad_token_id = ids[ENDOFTEXT]
-    model.generation_config.do_sample = False
-
-    return write_model_dir(out_dir, tokenizer, model, "tracerl_tiny_model.json", {
+    return write_model_dir(Path(out_dir), tokenizer, model, "tracerl_tiny_model.json", {
         "built_by": "serving.models.tiny_model.build_tiny_model", "seed": seed, "arch": arch,
         "hidden": hidden, "layers": layers, "vocab_size": len(tokenizer),
-    })
+    })  # fmt: skip
 
 
 def write_model_dir(out_dir: Path, tokenizer, model, record_file: str, record: dict) -> Path:
