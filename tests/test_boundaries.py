@@ -43,6 +43,7 @@ UI_MUST_NOT = (  # the modules whose job is writing the store (or that run a wri
     "span_to_transition.store",
     "span_to_transition.workers",
     "trainer.rounds",
+    "trainer.publish_step",
     "trainer.manifest",
     "trainer.checkpoint_store",
     "trainer.publish",

@@ -1,4 +1,4 @@
-"""Announce a new checkpoint to the serving engine, behind one small callable (``rounds.Publisher``).
+"""Announce a new checkpoint to the serving engine, behind one small callable (``publish_step.Publisher``).
 
 The trainer only knows ``Publisher = Callable[[PublishRequest], None]``: it raises when the
 engine did not take the new policy, and the round then stays ``trained`` until a later run
@@ -36,7 +36,8 @@ from serving.gateway.canary import serves
 from serving.vllm.publish import VLLMPublisher, publish_policy
 from trainer.choices import PUBLISH_MODES as MODES
 from trainer.merge import merge_adapter
-from trainer.rounds import GateVerdict, Publisher, PublishRequest, TrainError
+from trainer.publish_step import GateVerdict, Publisher, PublishRequest
+from trainer.rounds import TrainError
 
 
 def server_urls(value: str) -> list[str]:

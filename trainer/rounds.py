@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from schemas.attributes import version_name
 from store.lease import Held, LeaseLost
@@ -76,37 +76,12 @@ from trainer.manifest import (
     train_lock,
     write_round,
 )
-from trainer.merge import served_weights
 from trainer.packing import Batch, make_batches
+from trainer.publish_step import GateVerdict, Publisher, PublishRequest, publish_round  # noqa: F401 (re-exported)
 
 
 class TrainError(Exception):
     """A round cannot run as configured; the message names the cause and the fix."""
-
-
-@dataclass(frozen=True)
-class PublishRequest:
-    """What a publisher needs to make ``name`` servable: vLLM ``load_lora_adapter`` or a weight reload."""
-
-    name: str  # policy@<version>
-    version: int
-    checkpoint_path: Path
-    adapter: bool
-    base_model: Path
-    previous: Path | None = None  # the full weights serving now (restored if a reload fails)
-    serving_version: int | None = None  # the version this round trained from (a canary's serving arm)
-
-
-class GateVerdict(Protocol):
-    """What a gated canary publisher returns (``loop.gate.GateResult``): a failed gate rolls the round back."""
-
-    passed: bool
-
-    def record(self) -> dict[str, Any]: ...
-    def describe(self) -> str: ...
-
-
-Publisher = Callable[[PublishRequest], "GateVerdict | None"]  # None: published, no gate
 
 
 @dataclass
@@ -222,8 +197,8 @@ class _Round:
 
     def publish(self, row: dict[str, Any]) -> dict[str, Any]:
         s = self.settings
-        return _publish(self.loc, self.ckpts, self.held, row, self.base_model, self.publisher, self.log,
-                        s.served_name, s.keep_checkpoints, s.canary)
+        return publish_round(self.loc, self.ckpts, self.held, row, self.base_model, self.publisher, self.log,
+                             s.served_name, s.keep_checkpoints, s.canary)
 
     def write(self, row: dict[str, Any]) -> None:
         self.held.confirm()  # a trainer that lost its lease writes nothing more
@@ -446,38 +421,6 @@ def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, us
         return True
     started = datetime.fromisoformat(sel["created_at"])
     return (now_utc() - started).total_seconds() >= settings.every
-
-
-def _publish(loc: StoreLocation, ckpts: CheckpointStore, held: Held, row: dict[str, Any], base_model: Path,
-             publisher: Publisher, log: Callable[[str], None], served_name: str = "policy",
-             keep_checkpoints: int = 0, canary: bool = False) -> dict[str, Any]:
-    k = row["round"]
-    v = row["parent_version"] if row.get("parent_version") is not None else k
-    prev = read_rounds(loc).get(v - 1) if v > 0 else None
-    previous = served_weights(ckpts.ensure_local(v) if prev and prev["checkpoint_path"] else None,
-                              bool(prev and prev["adapter"]), base_model)
-    req = PublishRequest(name=version_name(served_name, k + 1), version=k + 1, checkpoint_path=ckpts.ensure_local(k + 1),
-                         adapter=bool(row["adapter"]), base_model=base_model, previous=previous,
-                         serving_version=v)
-    t = time.perf_counter()
-    verdict = publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
-    timings = json.loads(row["timings"] or "{}")
-    timings["publish"] = time.perf_counter() - t
-    # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py); one that fails the
-    # eval gate (loop/gate.py) never reaches live traffic: rolled back, the next round trains from v
-    status = "canary" if canary else "published"
-    if verdict is not None:
-        log(f"round {k}: {req.name}: {verdict.describe()}")
-        status = status if verdict.passed else "rolled_back"
-        row = {**row, "canary": json.dumps(verdict.record())}
-    row = {**row, "status": status, "published_at": now_utc(), "timings": json.dumps(timings)}
-    held.confirm()
-    write_round(loc, row)
-    log(f"round {k}: {'rolled back' if status == 'rolled_back' else 'published'} {req.name} from {req.checkpoint_path}")
-    if keep_checkpoints:
-        for gone in ckpts.prune(keep_checkpoints, protect=frozenset({v})):
-            log(f"round {k}: removed old checkpoint {ckpts.name(gone)} (--keep-checkpoints {keep_checkpoints})")
-    return row
 
 
 def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
