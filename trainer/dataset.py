@@ -93,12 +93,16 @@ class DatasetStats:
     n_samples: int = 0
     n_response_tokens: int = 0
     mean_reward: float = float("nan")
-    n_stale_no_logprobs: int = 0  # stale calls without the engine's logprobs, dropped (or trained as on-policy)
+    n_stale_no_logprobs: int = (
+        0  # stale calls without the engine's logprobs, dropped (or trained as on-policy)
+    )
     n_rollouts_too_stale: int = 0  # unused rollouts older than the staleness window: never trained on
     staleness: dict[int, int] = field(default_factory=dict)  # samples by (trained version - call version)
     estimator: str = ""  # the estimator used (``--estimator auto`` resolved) and why
     estimator_reason: str = ""
-    n_rollouts_feedback_waiting: int = 0  # --feedback-window still open: not trained yet, a later round takes them
+    n_rollouts_feedback_waiting: int = (
+        0  # --feedback-window still open: not trained yet, a later round takes them
+    )
     n_rollouts_unrewarded_at_close: int = 0  # no feedback when the window closed: left out
     n_rollouts_over_cap: int = 0  # --max-rollouts: not the newest N, left for a later round (not consumed)
 
@@ -181,8 +185,13 @@ def pad_token_id_from_files(model_dir: Path) -> int | None:
 
 
 def load_transitions(
-    con: Any, versions: tuple[int, int], *, agents: str | None = None, tasks: str | None = None,
-    trainable_only: bool = True, unversioned: int = 0,
+    con: Any,
+    versions: tuple[int, int],
+    *,
+    agents: str | None = None,
+    tasks: str | None = None,
+    trainable_only: bool = True,
+    unversioned: int = 0,
 ) -> pa.Table:
     """Selected calls of policy versions ``versions[0]..versions[1]`` with rollout completeness and reward.
 
@@ -190,8 +199,14 @@ def load_transitions(
     Calls recorded without a version (the base model served as plain ``policy`` before anything
     was published has no ``@k``) count as version ``unversioned`` (0, the base; -1 skips them).
     """
-    params = {"lo": versions[0], "hi": versions[1], "agents": agents, "tasks": tasks, "all_calls": not trainable_only,
-              "unversioned": unversioned}
+    params = {
+        "lo": versions[0],
+        "hi": versions[1],
+        "agents": agents,
+        "tasks": tasks,
+        "all_calls": not trainable_only,
+        "unversioned": unversioned,
+    }
     return con.sql(TRANSITIONS_SQL, params=params).to_arrow_table()
 
 
@@ -201,8 +216,9 @@ def _json(text: str | None, default: Any) -> Any:
     return json.loads(text)
 
 
-def retokenize(tokenizer: Any, prompt_messages: list[dict], response_message: dict,
-               tools: list[dict] | None) -> tuple[list[int], list[int]]:
+def retokenize(
+    tokenizer: Any, prompt_messages: list[dict], response_message: dict, tools: list[dict] | None
+) -> tuple[list[int], list[int]]:
     """Prompt and response ids from the chat template, for rows recorded without token ids.
 
     The response is the text the template adds after the generation prompt when the assistant
@@ -210,12 +226,14 @@ def retokenize(tokenizer: Any, prompt_messages: list[dict], response_message: di
     templates add after it is not something the model generated).
     """
     kw = {"tools": tools} if tools else {}
-    prompt_text = tokenizer.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=False, **kw)
+    prompt_text = tokenizer.apply_chat_template(
+        prompt_messages, add_generation_prompt=True, tokenize=False, **kw
+    )
     full_text = tokenizer.apply_chat_template(
         [*prompt_messages, response_message], add_generation_prompt=False, tokenize=False, **kw
     )
     if full_text.startswith(prompt_text):
-        response_text = full_text[len(prompt_text):].rstrip("\n")
+        response_text = full_text[len(prompt_text) :].rstrip("\n")
     else:  # a template that rewrites earlier turns: fall back to the content plus end of turn
         response_text = (response_message.get("content") or "") + (tokenizer.eos_token or "")
     prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
@@ -233,7 +251,11 @@ def _timestamps_as_ns(rows: pa.Table) -> pa.Table:
 
 
 def build_samples(
-    rows: pa.Table, tokenizer: Any, config: DatasetConfig, *, exclude_rollouts: Iterable[str] = (),
+    rows: pa.Table,
+    tokenizer: Any,
+    config: DatasetConfig,
+    *,
+    exclude_rollouts: Iterable[str] = (),
     trained_version: int | None = None,
 ) -> tuple[list[Sample], DatasetStats]:
     """Turn selected transition rows into weighted samples; see the module docstring for the rules.
@@ -244,6 +266,32 @@ def build_samples(
     excluded = set(exclude_rollouts)
     stats = DatasetStats()
     records = [r for r in _timestamps_as_ns(rows).to_pylist() if r["rollout_id"] not in excluded]
+    usable = _rewarded_rollouts(records, config, stats)
+    choice = choose_estimator(usable, config.estimator)
+    stats.estimator, stats.estimator_reason = choice.estimator, choice.reason
+    adv = rollout_advantages(usable, choice.estimator)
+    stats.n_groups = adv.n_groups
+    stats.n_groups_zero_variance = adv.n_groups_dropped_zero_variance
+    stats.n_rollouts_zero_variance = adv.n_rollouts_dropped
+    samples: list[Sample] = []
+    for r in records:
+        if r["rollout_id"] in adv.advantages:
+            sample = _call_sample(
+                r, adv.advantages[r["rollout_id"]], tokenizer, config, stats, trained_version
+            )
+            if sample is not None:
+                samples.append(sample)
+    assign_weights(samples, config.aggregation)
+    stats.n_samples = len(samples)
+    stats.n_response_tokens = sum(len(s.response_ids) for s in samples)
+    return samples, stats
+
+
+def _rewarded_rollouts(
+    records: list[dict], config: DatasetConfig, stats: DatasetStats
+) -> list[RolloutReward]:
+    """One entry per rollout that may train (complete if required, rewarded), in first-seen order; the
+    others are counted in ``stats``, with the rollouts seen and the mean reward of the usable ones."""
     rollouts: dict[str, dict] = {}
     for r in records:
         rollouts.setdefault(r["rollout_id"], r)
@@ -255,58 +303,68 @@ def build_samples(
         elif r["rollout_reward_used"] is None:
             stats.n_rollouts_no_reward += 1
         else:
-            usable.append(RolloutReward(rid, r["task_id"] or rid, float(r["rollout_reward_used"]), r.get("agent_name") or ""))
+            usable.append(
+                RolloutReward(
+                    rid, r["task_id"] or rid, float(r["rollout_reward_used"]), r.get("agent_name") or ""
+                )
+            )
     if usable:
         stats.mean_reward = sum(u.reward for u in usable) / len(usable)
-    choice = choose_estimator(usable, config.estimator)
-    stats.estimator, stats.estimator_reason = choice.estimator, choice.reason
-    adv = rollout_advantages(usable, choice.estimator)
-    stats.n_groups = adv.n_groups
-    stats.n_groups_zero_variance = adv.n_groups_dropped_zero_variance
-    stats.n_rollouts_zero_variance = adv.n_rollouts_dropped
+    return usable
 
-    samples: list[Sample] = []
-    for r in records:
-        if r["rollout_id"] not in adv.advantages:
-            continue
-        stats.n_transitions += 1
-        prompt_ids, response_ids = r["prompt_token_ids"] or [], r["response_token_ids"] or []
-        logprobs = r["response_logprobs"]
-        retok = r["token_source"] == "retokenized" or not prompt_ids or not response_ids
-        if retok:
-            prompt_ids, response_ids = retokenize(
-                tokenizer, _json(r["prompt_messages"], []), _json(r["response_message"], {}),
-                _json(r["tools"], None),
-            )
-            logprobs = None
-            stats.n_retokenized += 1
-        if logprobs is not None and len(logprobs) != len(response_ids):
-            logprobs = None
-        stale = 0 if trained_version is None else max(0, trained_version - int(r.get("call_version") or 0))
-        if stale and logprobs is None:
-            stats.n_stale_no_logprobs += 1
-            if config.stale_without_logprobs == "drop":
-                continue
-        if len(prompt_ids) > config.max_prompt_tokens:
-            prompt_ids = prompt_ids[-config.max_prompt_tokens:]
-            stats.n_truncated_prompt += 1
-        if len(response_ids) > config.max_response_tokens:
-            response_ids = response_ids[: config.max_response_tokens]
-            logprobs = logprobs[: config.max_response_tokens] if logprobs is not None else None
-            stats.n_truncated_response += 1
-        if not response_ids or not prompt_ids:
-            stats.n_empty_response += 1
-            continue
-        samples.append(Sample(
-            transition_id=r["transition_id"], rollout_id=r["rollout_id"], prompt_ids=list(prompt_ids),
-            response_ids=list(response_ids), rollout_logprobs=list(logprobs) if logprobs is not None else None,
-            advantage=adv.advantages[r["rollout_id"]], retokenized=retok, staleness=stale,
-        ))
-        stats.staleness[stale] = stats.staleness.get(stale, 0) + 1
-    assign_weights(samples, config.aggregation)
-    stats.n_samples = len(samples)
-    stats.n_response_tokens = sum(len(s.response_ids) for s in samples)
-    return samples, stats
+
+def _call_sample(
+    r: dict,
+    advantage: float,
+    tokenizer: Any,
+    config: DatasetConfig,
+    stats: DatasetStats,
+    trained_version: int | None,
+) -> Sample | None:
+    """One call of a training rollout as a sample: its exact ids (retokenized when the gateway did not record
+    them), truncated to the limits; None for a call that cannot train (empty, or stale without logprobs under
+    ``drop``). Counts what happened in ``stats``."""
+    stats.n_transitions += 1
+    prompt_ids, response_ids = r["prompt_token_ids"] or [], r["response_token_ids"] or []
+    logprobs = r["response_logprobs"]
+    retok = r["token_source"] == "retokenized" or not prompt_ids or not response_ids
+    if retok:
+        prompt_ids, response_ids = retokenize(
+            tokenizer,
+            _json(r["prompt_messages"], []),
+            _json(r["response_message"], {}),
+            _json(r["tools"], None),
+        )
+        logprobs = None
+        stats.n_retokenized += 1
+    if logprobs is not None and len(logprobs) != len(response_ids):
+        logprobs = None
+    stale = 0 if trained_version is None else max(0, trained_version - int(r.get("call_version") or 0))
+    if stale and logprobs is None:
+        stats.n_stale_no_logprobs += 1
+        if config.stale_without_logprobs == "drop":
+            return None
+    if len(prompt_ids) > config.max_prompt_tokens:
+        prompt_ids = prompt_ids[-config.max_prompt_tokens :]
+        stats.n_truncated_prompt += 1
+    if len(response_ids) > config.max_response_tokens:
+        response_ids = response_ids[: config.max_response_tokens]
+        logprobs = logprobs[: config.max_response_tokens] if logprobs is not None else None
+        stats.n_truncated_response += 1
+    if not response_ids or not prompt_ids:
+        stats.n_empty_response += 1
+        return None
+    stats.staleness[stale] = stats.staleness.get(stale, 0) + 1
+    return Sample(
+        transition_id=r["transition_id"],
+        rollout_id=r["rollout_id"],
+        prompt_ids=list(prompt_ids),
+        response_ids=list(response_ids),
+        rollout_logprobs=list(logprobs) if logprobs is not None else None,
+        advantage=advantage,
+        retokenized=retok,
+        staleness=stale,
+    )
 
 
 def assign_weights(samples: Sequence[Sample], aggregation: str) -> None:
