@@ -197,6 +197,20 @@ def cpu_strategy(strategy_class: type) -> type:
     return CPUDeepspeedStrategy
 
 
+@dataclass
+class _RoundInputs:
+    """What every micro-batch of a round reads (``OpenRLHFBackend._round_inputs``)."""
+
+    steps: list[list[int]]  # the batches of each optimizer step, over all ranks
+    obs: dict[int, Any]  # batch index -> OpenRLHFBatch on the device
+    old: dict[int, torch.Tensor]  # pi_old of this rank's batches (empty: on-policy, the live logprobs are)
+    ref: dict[int, torch.Tensor]  # the reference model's logprobs (empty without KL)
+    step_weight: list[float]
+    step_tokens: list[float]
+    world: int
+    share: float  # one step's share of the round's mean losses
+
+
 class OpenRLHFBackend:
     """DeepSpeed-wrapped OpenRLHF ``Actor`` in one torchrun rank; see the module docstring."""
 
@@ -298,72 +312,35 @@ class OpenRLHFBackend:
         with self.engine.module.disable_adapter():  # LoRA: the base model is the adapter switched off
             return self._logprobs(self.actor, ob)
 
-    def train(self, batches: Sequence[Batch], on_step: StepCallback | None = None,
-              threads_now: Callable[[], int] | None = None) -> TrainMetrics:
+    def train(
+        self,
+        batches: Sequence[Batch],
+        on_step: StepCallback | None = None,
+        threads_now: Callable[[], int] | None = None,
+    ) -> TrainMetrics:
         """Every rank gets all of the round's ``batches`` and trains its share of each step (module
         docstring); metrics are those of the torch backend, summed over ranks the same way.
         ``threads_now`` is the torch backend's in-process hook: ranks keep ``--threads``."""
-        from openrlhf.models.utils import compute_approx_kl
-
         s = self.settings
         t0 = time.perf_counter()
         rank, world = rank_world()
-        steps = step_plan(len(batches), s.steps_per_epoch)
         mine = step_plan(len(batches), s.steps_per_epoch, rank, world)
-        step_weight = [float(sum(batches[i].weights.sum().item() for i in idx)) for idx in steps]
-        step_tokens = [float(sum((batches[i].weights > 0).sum().item() for i in idx)) for idx in steps]
-        pad_id = self.tokenizer.pad_token_id or 0
-        obs = {i: openrlhf_batch(batches[i], pad_id).to(self.device) for idx in steps for i in idx}
-        local = [i for idx in mine for i in idx]
-        off_policy = s.epochs * len(steps) > 1
-        with torch.no_grad():
-            old = {i: self._logprobs(self.actor, obs[i]) for i in local} if off_policy else {}
-        ref = {i: self._ref_logprobs(obs[i]) for i in local} if s.kl_coef > 0 else {}
-        m = TrainMetrics()
-        iw = ImportanceStats()
-        resp_tokens = 0.0
-        share = 1.0 / (s.epochs * len(steps))
+        r = self._round_inputs(batches, mine, world)
+        m, iw, resp_tokens = TrainMetrics(), ImportanceStats(), 0.0
         for _epoch in range(s.epochs):
             for j, idx in enumerate(mine):
-                if step_weight[j] <= 0:
+                if r.step_weight[j] <= 0:
                     continue
-                n_calls = -(-len(steps[j]) // world)  # rank 0's count, the largest: every rank makes it
-                calls = idx + [steps[j][0]] * (n_calls - len(idx))  # zero-weighted padding after ours
+                n_calls = -(-len(r.steps[j]) // world)  # rank 0's count, the largest: every rank makes it
+                calls = idx + [r.steps[j][0]] * (n_calls - len(idx))  # zero-weighted padding after ours
                 for c, i in enumerate(calls):
                     self.engine.set_gradient_accumulation_boundary(c == n_calls - 1)
-                    ob = obs[i]
-                    logp = self._logprobs(self.actor, ob)
                     if c >= len(idx):
-                        self.strategy.backward(logp.sum() * 0.0, self.actor, None)
+                        self.strategy.backward(
+                            self._logprobs(self.actor, r.obs[i]).sum() * 0.0, self.actor, None
+                        )
                         continue
-                    act = ob.action_mask.float()
-                    old_lp = old.get(i, logp.detach())
-                    rollout = torch.where(ob.has_rollout_log_probs, ob.rollout_log_probs, old_lp)
-                    iw.add(old_lp, ob.rollout_log_probs, ob.has_rollout_log_probs & ob.action_mask.bool())
-                    loss, clip, ppo_kl, _, filtered = self.loss_fn(
-                        logp,
-                        old_lp,
-                        ob.folded_advantages(step_weight[j], step_tokens[j]),
-                        action_mask=act,
-                        rollout_log_probs=rollout,
-                        dp_size=world,
-                        batch_num_tokens=step_tokens[j],
-                    )
-                    kl = torch.zeros(())
-                    if i in ref:
-                        kl_t = compute_approx_kl(logp, ref[i], kl_estimator=s.kl_estimator)
-                        kl = (kl_t * ob.weights / step_weight[j]).sum()
-                    total = loss + s.kl_coef * world * kl  # both times world: ZeRO averages over ranks
-                    self.strategy.backward(total, self.actor, None)
-                    n_resp = float(act.sum().item())
-                    resp_tokens += n_resp
-                    m.policy_loss += loss.item() / world * share
-                    m.kl += kl.item() * share
-                    m.loss += total.item() / world * share
-                    m.clip_fraction += float(clip) * n_resp
-                    m.ppo_kl += float(ppo_kl) * n_resp
-                    m.is_filtered_fraction += float(filtered if filtered is not None else 0.0) * n_resp
-                    m.micro_batches += 1
+                    resp_tokens += self._micro_batch(r, j, i, m, iw)
                     m.tokens += batches[i].n_tokens
                 self.strategy.optimizer_step(None, self.actor, None)
                 m.grad_norm = self.strategy.get_grad_norm(self.actor)
@@ -373,6 +350,63 @@ class OpenRLHFBackend:
         m.seconds = time.perf_counter() - t0
         iw.into(m)
         return finish_metrics(m, resp_tokens, self.device, world)
+
+    def _round_inputs(self, batches: Sequence[Batch], mine: list[list[int]], world: int) -> _RoundInputs:
+        """The batches as OpenRLHF experiences, each step's weight and token count over all ranks, and for this
+        rank's batches pi_old (only when a later step trains off-policy) and the reference's logprobs."""
+        s = self.settings
+        steps = step_plan(len(batches), s.steps_per_epoch)
+        pad_id = self.tokenizer.pad_token_id or 0
+        obs = {i: openrlhf_batch(batches[i], pad_id).to(self.device) for idx in steps for i in idx}
+        local = [i for idx in mine for i in idx]
+        with torch.no_grad():
+            old = {i: self._logprobs(self.actor, obs[i]) for i in local} if s.epochs * len(steps) > 1 else {}
+        return _RoundInputs(
+            steps=steps,
+            obs=obs,
+            old=old,
+            ref={i: self._ref_logprobs(obs[i]) for i in local} if s.kl_coef > 0 else {},
+            step_weight=[float(sum(batches[i].weights.sum().item() for i in idx)) for idx in steps],
+            step_tokens=[float(sum((batches[i].weights > 0).sum().item() for i in idx)) for idx in steps],
+            world=world,
+            share=1.0 / (s.epochs * len(steps)),
+        )
+
+    def _micro_batch(self, r: _RoundInputs, j: int, i: int, m: TrainMetrics, iw: ImportanceStats) -> float:
+        """Forward and backward of batch ``i`` in step ``j`` (OpenRLHF's PolicyLoss, plus the KL to the
+        reference), its share added to ``m`` and ``iw``; returns its response tokens."""
+        from openrlhf.models.utils import compute_approx_kl
+
+        s, ob, world = self.settings, r.obs[i], r.world
+        logp = self._logprobs(self.actor, ob)
+        act = ob.action_mask.float()
+        old_lp = r.old.get(i, logp.detach())
+        rollout = torch.where(ob.has_rollout_log_probs, ob.rollout_log_probs, old_lp)
+        iw.add(old_lp, ob.rollout_log_probs, ob.has_rollout_log_probs & ob.action_mask.bool())
+        loss, clip, ppo_kl, _, filtered = self.loss_fn(
+            logp,
+            old_lp,
+            ob.folded_advantages(r.step_weight[j], r.step_tokens[j]),
+            action_mask=act,
+            rollout_log_probs=rollout,
+            dp_size=world,
+            batch_num_tokens=r.step_tokens[j],
+        )
+        kl = torch.zeros(())
+        if i in r.ref:
+            kl_t = compute_approx_kl(logp, r.ref[i], kl_estimator=s.kl_estimator)
+            kl = (kl_t * ob.weights / r.step_weight[j]).sum()
+        total = loss + s.kl_coef * world * kl  # both times world: ZeRO averages over ranks
+        self.strategy.backward(total, self.actor, None)
+        n_resp = float(act.sum().item())
+        m.policy_loss += loss.item() / world * r.share
+        m.kl += kl.item() * r.share
+        m.loss += total.item() / world * r.share
+        m.clip_fraction += float(clip) * n_resp
+        m.ppo_kl += float(ppo_kl) * n_resp
+        m.is_filtered_fraction += float(filtered if filtered is not None else 0.0) * n_resp
+        m.micro_batches += 1
+        return n_resp
 
     def save(self, out_dir: Path) -> None:
         """Collective (every rank calls it, like DeepSpeed's ``save_model``); rank 0 writes: HF weights
