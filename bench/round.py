@@ -63,83 +63,38 @@ def start_stack(
     publish: str = "auto",
     lora_rank: int = 8,
 ):
-    """collect, serve and gateway as `tracerl` processes on free ports (the demo's process handling)."""
-    from tracerl.supervisor import BIN, Child, Children, http_ok, pick_port, tcp_open
+    """collect, serve and gateway as `tracerl` processes on free ports (tracerl/stack.py, as the demo starts
+    them); the caller stops the returned children."""
+    from tracerl.stack import StackConfig
+    from tracerl.stack import start_stack as start
+    from tracerl.supervisor import Children
 
-    taken: set[int] = set()
-    grpc, http, serve, gw = (pick_port(0, "", taken) for _ in range(4))
-    tracerl, logs, children = str(BIN / "tracerl"), work / "logs", Children()
-    serve_argv = [
-        tracerl,
-        "serve",
-        "--engine",
-        engine,
-        "--model",
-        str(model),
-        "--listen",
-        f"127.0.0.1:{serve}",
-        "--max-num-seqs",
-        str(max_num_seqs),
-    ]
+    serve_args = ["--max-num-seqs", str(max_num_seqs)]
     if engine == "vllm":  # as the demo runs it: merged full-weight publishes, unless LoRA is asked for
-        serve_argv += ["--max-model-len", "1024"]
-        serve_argv += (
+        serve_args += ["--max-model-len", "1024"]
+        serve_args += (
             ["--max-lora-rank", str(max(16, lora_rank))] if publish == "lora" else ["--no-enable-lora"]
         )
     else:
-        serve_argv += ["--threads", str(threads)]
+        serve_args += ["--threads", str(threads)]
+    cfg = StackConfig(
+        store=str(work / "store"),
+        logs=work / "logs",
+        model=str(model),
+        engine=engine,
+        collect_args=("--segment-age-s", "0.2"),
+        serve_args=tuple(serve_args),
+        gateway_args=("--models-ttl-s", "0.5"),
+        serve_timeout_s=600 if engine == "vllm" else 300,
+    )
+    children = Children()
     try:
-        collector = children.start(
-            Child(
-                "collect",
-                [
-                    tracerl,
-                    "collect",
-                    "--store",
-                    str(work / "store"),
-                    "--grpc",
-                    f"127.0.0.1:{grpc}",
-                    "--http",
-                    f"127.0.0.1:{http}",
-                    "--segment-age-s",
-                    "0.2",
-                ],
-                logs / "collect.log",
-            )
-        )
-        server = children.start(Child("serve", serve_argv, logs / "serve.log"))
-        gateway = children.start(
-            Child(
-                "gateway",
-                [
-                    tracerl,
-                    "gateway",
-                    "--upstream",
-                    f"http://127.0.0.1:{serve}",
-                    "--listen",
-                    f"127.0.0.1:{gw}",
-                    "--otlp",
-                    f"http://127.0.0.1:{grpc}",
-                    "--models-ttl-s",
-                    "0.5",
-                ],
-                logs / "gateway.log",
-            )
-        )
-        collector.wait_healthy(lambda: tcp_open(grpc) and tcp_open(http), 60)
-        server.wait_healthy(
-            lambda: http_ok(f"http://127.0.0.1:{serve}/health"), 600 if engine == "vllm" else 300
-        )
-        gateway.wait_healthy(lambda: http_ok(f"http://127.0.0.1:{gw}/health"), 60)
+        stack = start(cfg, children)
     except BaseException:
         children.stop_all()
         raise
-    urls = {
-        "otlp": f"http://127.0.0.1:{grpc}",
-        "collector": f"http://127.0.0.1:{http}",
-        "server": f"http://127.0.0.1:{serve}",
-        "gateway": f"http://127.0.0.1:{gw}/v1",
-    }
+    u = stack.urls
+    urls = {"otlp": u.otlp, "collector": u.collector, "server": u.server, "gateway": f"{u.gateway}/v1"}
     return children, urls
 
 
