@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from options import UsageError, add_options, from_args, opt
 from tracerl.signals import stop_requested, wait_for_stop
@@ -93,12 +94,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_options(parser, GatewayCommandConfig)
 
 
-def run(args: argparse.Namespace) -> int:
-    cfg = from_args(GatewayCommandConfig, args)
+def _routes(cfg: GatewayCommandConfig) -> tuple[list[str], dict[str, str], str, int]:
+    """The flags that say where requests go, checked together: the upstreams, the canary's version routes and
+    the listen address. A bad combination is a ``UsageError`` naming the flags and the fix."""
     from serving.asgi import parse_listen
     from serving.gateway.canary import canary_route, parse_upstream_for
-    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider, normalise_upstream
-    from serving.gateway.workers import calm_gc, fork_workers
+    from serving.gateway.proxy import normalise_upstream
 
     upstreams = [u for u in cfg.upstream.split(",") if u.strip()]
     try:
@@ -124,30 +125,41 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--workers {cfg.workers}: give at least 1 (one process per core is the most that helps)"
         )
-    worker = fork_workers(cfg.workers, host, port)  # before any thread starts (the exporter's, the server's)
-    port = worker.port
-    provider = make_tracer_provider(cfg.otlp)
-    gw = Gateway(
-        (host, port),
-        GatewayConfig(
-            upstreams=upstreams,
-            token=cfg.token or None,
-            upstream_api_key=cfg.upstream_api_key or None,
-            timeout_s=cfg.timeout_s,
-            connect_timeout_s=cfg.connect_timeout_s,
-            max_body_bytes=int(cfg.max_body_mb * 1024 * 1024),
-            max_connections=cfg.max_connections,
-            tls_cert=cfg.tls_cert or None,
-            tls_key=cfg.tls_key or None,
-            latest_alias=cfg.latest_alias,
-            models_ttl_s=cfg.models_ttl_s,
-            record_content=cfg.record_content,
-            reuse_port=cfg.workers > 1,
-            canary=cfg.canary,
-            upstream_for=upstream_for,
-        ),
-        provider,
+    return upstreams, upstream_for, host, port
+
+
+def _gateway_config(cfg: GatewayCommandConfig, upstreams: list[str], upstream_for: dict[str, str]) -> Any:
+    """The command's flags as the proxy's ``GatewayConfig``."""
+    from serving.gateway.proxy import GatewayConfig
+
+    return GatewayConfig(
+        upstreams=upstreams,
+        token=cfg.token or None,
+        upstream_api_key=cfg.upstream_api_key or None,
+        timeout_s=cfg.timeout_s,
+        connect_timeout_s=cfg.connect_timeout_s,
+        max_body_bytes=int(cfg.max_body_mb * 1024 * 1024),
+        max_connections=cfg.max_connections,
+        tls_cert=cfg.tls_cert or None,
+        tls_key=cfg.tls_key or None,
+        latest_alias=cfg.latest_alias,
+        models_ttl_s=cfg.models_ttl_s,
+        record_content=cfg.record_content,
+        reuse_port=cfg.workers > 1,
+        canary=cfg.canary,
+        upstream_for=upstream_for,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = from_args(GatewayCommandConfig, args)
+    from serving.gateway.proxy import Gateway, make_tracer_provider
+    from serving.gateway.workers import calm_gc, fork_workers
+
+    upstreams, upstream_for, host, port = _routes(cfg)
+    worker = fork_workers(cfg.workers, host, port)  # before any thread starts (the exporter's, the server's)
+    provider = make_tracer_provider(cfg.otlp)
+    gw = Gateway((host, worker.port), _gateway_config(cfg, upstreams, upstream_for), provider)
     try:
         gw.start_background()
         worker.serving()
