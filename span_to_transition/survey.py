@@ -223,23 +223,7 @@ def gather(
         f.spans = con.execute("SELECT count(*) FROM spans").fetchall()[0][0]
         if f.spans == 0:
             return f
-        f.rewards = dict.fromkeys(REWARD_SPELLINGS, 0)
-        _groups(con, f)
-        f.rewards["gen_ai.evaluation.result"] += con.execute(
-            "SELECT count(*) FROM logs WHERE event_name = 'gen_ai.evaluation.result'"
-        ).fetchall()[0][0]
-        f.reward_names = dict(
-            con.execute("SELECT coalesce(name, ?), count(*) FROM rewards GROUP BY 1 ORDER BY 1", [UNNAMED]).fetchall()
-        )
-        f.rewards["rewards table"] = sum(f.reward_names.values())
-        f.token_sources = dict(
-            con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
-        )
-        f.transitions = sum(f.token_sources.values())
-        f.untrainable = _untrainable(con)
-        f.transitions_without_agent = con.execute(
-            "SELECT count(*) FROM transitions WHERE agent_name IS NULL").fetchall()[0][0]
-        f.content_join = _content_join(con)
+        _counts(con, f)
         f.training = gather_training(
             con,
             layout,
@@ -260,6 +244,31 @@ def gather(
         bool(settings.get("follow_links", True)),
     )
     return f
+
+
+def _counts(con: duckdb.DuckDBPyConnection, f: StoreFacts) -> None:
+    """What the store holds, counted into ``f``: rewards by spelling and by name, span groups, transitions by
+    token source, the untrainable and agentless ones, and how the content join went."""
+    f.rewards = dict.fromkeys(REWARD_SPELLINGS, 0)
+    _groups(con, f)
+    f.rewards["gen_ai.evaluation.result"] += con.execute(
+        "SELECT count(*) FROM logs WHERE event_name = 'gen_ai.evaluation.result'"
+    ).fetchall()[0][0]
+    f.reward_names = dict(
+        con.execute(
+            "SELECT coalesce(name, ?), count(*) FROM rewards GROUP BY 1 ORDER BY 1", [UNNAMED]
+        ).fetchall()
+    )
+    f.rewards["rewards table"] = sum(f.reward_names.values())
+    f.token_sources = dict(
+        con.execute("SELECT token_source, count(*) FROM transitions GROUP BY 1").fetchall()
+    )
+    f.transitions = sum(f.token_sources.values())
+    f.untrainable = _untrainable(con)
+    f.transitions_without_agent = con.execute(
+        "SELECT count(*) FROM transitions WHERE agent_name IS NULL"
+    ).fetchall()[0][0]
+    f.content_join = _content_join(con)
 
 
 _UNTRAINABLE_SQL = """
