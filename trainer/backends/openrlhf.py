@@ -197,6 +197,52 @@ def cpu_strategy(strategy_class: type) -> type:
     return CPUDeepspeedStrategy
 
 
+def deepspeed_strategy(settings: TrainSettings, cpu: bool, dtype: str) -> Any:
+    """OpenRLHF's ``DeepspeedStrategy`` for this rank (ZeRO-2, one sample per micro-batch, one step per rank's
+    batch), its process group set up; on CPU the gloo variant (``cpu_strategy``)."""
+    from openrlhf.utils.deepspeed import DeepspeedStrategy
+
+    # the attributes DeepspeedStrategy 0.11.2 reads from its args (openrlhf/utils/deepspeed/deepspeed.py)
+    args = types.SimpleNamespace(
+        local_rank=-1,
+        optim="adam",
+        ds=types.SimpleNamespace(
+            param_dtype=dtype, zero_stage=2, adam_offload=False, tensor_parallel_size=1, ring_attn_size=1
+        ),
+        train=types.SimpleNamespace(dynamic_batch_enable=False),
+    )
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # DeepSpeed checks batch == micro * accum * world
+    strategy_class = cpu_strategy(DeepspeedStrategy) if cpu else DeepspeedStrategy
+    strategy = strategy_class(
+        seed=settings.seed,
+        max_norm=settings.max_grad_norm,
+        zero_stage=2,
+        args=args,
+        micro_train_batch_size=1,
+        train_batch_size=world,
+    )
+    strategy.setup_distributed()
+    return strategy
+
+
+def optimizer_config(settings: TrainSettings) -> dict[str, Any]:
+    """The optimizer and schedule ``strategy.prepare`` builds: Adam at a constant ``--lr``, clipped at ``--max-grad-norm``."""
+    return {
+        "optim": "adam",
+        "adam": {
+            "lr": settings.lr,
+            "betas": (0.9, 0.999),
+            "eps": 1e-8,
+            "weight_decay": settings.weight_decay,
+        },
+        "lr_scheduler": "constant",
+        "lr_warmup_ratio": 0.0,
+        "min_lr_ratio": 1.0,
+        "max_norm": settings.max_grad_norm,
+        "scheduler_steps": 1,
+    }
+
+
 @dataclass
 class _RoundInputs:
     """What every micro-batch of a round reads (``OpenRLHFBackend._round_inputs``)."""
@@ -245,31 +291,11 @@ class OpenRLHFBackend:
                 "and MASTER_PORT from there"
             )
         models = import_openrlhf()
-        from openrlhf.utils.deepspeed import DeepspeedStrategy
         from transformers import AutoTokenizer
 
         cpu = pick_device(settings.device).type == "cpu"
         dtype = "bf16" if settings.bf16 and not cpu else "fp32"
-        # the attributes DeepspeedStrategy 0.11.2 reads from its args (openrlhf/utils/deepspeed/deepspeed.py)
-        args = types.SimpleNamespace(
-            local_rank=-1,
-            optim="adam",
-            ds=types.SimpleNamespace(
-                param_dtype=dtype, zero_stage=2, adam_offload=False, tensor_parallel_size=1, ring_attn_size=1
-            ),
-            train=types.SimpleNamespace(dynamic_batch_enable=False),
-        )
-        world = int(os.environ.get("WORLD_SIZE", "1"))  # DeepSpeed checks batch == micro * accum * world
-        strategy_class = cpu_strategy(DeepspeedStrategy) if cpu else DeepspeedStrategy
-        strategy = strategy_class(
-            seed=settings.seed,
-            max_norm=settings.max_grad_norm,
-            zero_stage=2,
-            args=args,
-            micro_train_batch_size=1,
-            train_batch_size=world,
-        )
-        strategy.setup_distributed()
+        strategy = deepspeed_strategy(settings, cpu, dtype)
         device = torch.device("cpu") if cpu else torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         model, ref_model = load_policy(
             settings,
@@ -280,21 +306,7 @@ class OpenRLHFBackend:
         )
         actor = _actor(models, model)
         ref = _actor(models, ref_model).to(device) if ref_model is not None else None
-        cfg = {
-            "optim": "adam",
-            "adam": {
-                "lr": settings.lr,
-                "betas": (0.9, 0.999),
-                "eps": 1e-8,
-                "weight_decay": settings.weight_decay,
-            },
-            "lr_scheduler": "constant",
-            "lr_warmup_ratio": 0.0,
-            "min_lr_ratio": 1.0,
-            "max_norm": settings.max_grad_norm,
-            "scheduler_steps": 1,
-        }
-        actor, _, _ = strategy.prepare((actor, cfg))
+        actor, _, _ = strategy.prepare((actor, optimizer_config(settings)))
         backend = cls(actor, strategy, AutoTokenizer.from_pretrained(base_model), settings, device, ref)
         if parent is not None and (parent / OPTIMIZER_FILE).exists():
             from trainer.backends.zero_optimizer import load_optimizer_state
