@@ -98,6 +98,24 @@ def compile_blocks(model: Any) -> int:
     return n
 
 
+def _set_threads(n: int) -> None:
+    if n > 0 and n != torch.get_num_threads():
+        torch.set_num_threads(n)
+
+
+def _add_micro_batch(m: TrainMetrics, out: Any, n_resp: float, steps: int, tokens: int) -> None:
+    """One micro-batch's loss terms into the round's metrics: losses averaged over the round's ``steps``,
+    the per-token ratios weighted by its response tokens (``finish_metrics`` divides them)."""
+    m.loss += out.loss.item() / steps
+    m.policy_loss += out.policy_loss.item() / steps
+    m.kl += out.kl.item() / steps
+    m.clip_fraction += out.clip_fraction.item() * n_resp
+    m.ppo_kl += out.ppo_kl.item() * n_resp
+    m.is_filtered_fraction += out.is_filtered_fraction.item() * n_resp
+    m.micro_batches += 1
+    m.tokens += tokens
+
+
 def loss_config(s: TrainSettings) -> LossConfig:
     return LossConfig(
         clip_eps_low=s.clip_eps_low,
@@ -221,46 +239,14 @@ class TorchBackend:
                 for i in step:
                     b = local[i]
                     if threads_now is not None and self.device.type == "cpu":
-                        n = threads_now()
-                        if n > 0 and n != torch.get_num_threads():
-                            torch.set_num_threads(n)
-                    with self._autocast():
-                        lp = sequence_logprobs(self.model, b, b.weights > 0)
-                    old_lp = old[i] if old is not None else lp.detach()
-                    rollout = None
-                    if b.has_rollout_logprobs.any():
-                        rollout = torch.where(b.has_rollout_logprobs, b.rollout_logprobs, old_lp)
-                        iw.add(old_lp, b.rollout_logprobs, b.has_rollout_logprobs & (b.weights > 0))
-                    out = policy_loss(
-                        lp,
-                        old_lp,
-                        b.advantages,
-                        b.weights / total_w,
-                        self.loss_config,
-                        rollout_logprobs=rollout,
-                        ref_logprobs=ref[i] if ref is not None else None,
-                    )
-                    out.loss.backward()
+                        _set_threads(threads_now())
+                    old_lp = old[i] if old is not None else None
+                    out = self._micro_batch(b, old_lp, ref[i] if ref is not None else None, total_w, iw)
                     n_resp = float((b.weights > 0).sum().item())
                     resp_tokens += n_resp
-                    m.loss += out.loss.item() / (s.epochs * n_steps)
-                    m.policy_loss += out.policy_loss.item() / (s.epochs * n_steps)
-                    m.kl += out.kl.item() / (s.epochs * n_steps)
-                    m.clip_fraction += out.clip_fraction.item() * n_resp
-                    m.ppo_kl += out.ppo_kl.item() * n_resp
-                    m.is_filtered_fraction += out.is_filtered_fraction.item() * n_resp
-                    m.micro_batches += 1
-                    m.tokens += b.n_tokens
+                    _add_micro_batch(m, out, n_resp, s.epochs * n_steps, b.n_tokens)
                     progress.update(1)
-                if self.world > 1:
-                    all_reduce_grads(params)
-                if s.max_grad_norm > 0:
-                    norm = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
-                else:
-                    norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None))
-                m.grad_norm = float(norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                m.grad_norm = self._optimizer_step(params)
                 m.optimizer_steps += 1
                 if on_step is not None:
                     on_step(m.optimizer_steps, m)
@@ -268,6 +254,48 @@ class TorchBackend:
         m.seconds = time.perf_counter() - t0
         iw.into(m)
         return finish_metrics(m, resp_tokens, self.device, self.world)
+
+    def _micro_batch(
+        self,
+        b: Batch,
+        old_lp: torch.Tensor | None,
+        ref_lp: torch.Tensor | None,
+        total_w: float,
+        iw: ImportanceStats,
+    ) -> Any:
+        """Forward, loss and backward of one micro-batch (its gradients accumulate); the loss terms.
+        ``old_lp`` None: on-policy, pi_old is this forward's own logprobs, detached."""
+        with self._autocast():
+            lp = sequence_logprobs(self.model, b, b.weights > 0)
+        old_lp = old_lp if old_lp is not None else lp.detach()
+        rollout = None
+        if b.has_rollout_logprobs.any():
+            rollout = torch.where(b.has_rollout_logprobs, b.rollout_logprobs, old_lp)
+            iw.add(old_lp, b.rollout_logprobs, b.has_rollout_logprobs & (b.weights > 0))
+        out = policy_loss(
+            lp,
+            old_lp,
+            b.advantages,
+            b.weights / total_w,
+            self.loss_config,
+            rollout_logprobs=rollout,
+            ref_logprobs=ref_lp,
+        )
+        out.loss.backward()
+        return out
+
+    def _optimizer_step(self, params: list[torch.Tensor]) -> float:
+        """The ranks' gradients summed, clipped to ``max_grad_norm`` (0: not clipped), one optimizer
+        step; the gradient norm before clipping."""
+        if self.world > 1:
+            all_reduce_grads(params)
+        if self.settings.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        else:
+            norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
 
     def save(self, out_dir: Path) -> None:
         """Called on every rank (like DeepSpeed's ``save_model``); the replicas are equal, rank 0 writes.
