@@ -10,11 +10,15 @@ BatchSpanProcessor (exporting to memory here, so no collector is needed).
 2. Concurrency sweep (``sweep``): N streaming clients (default 1, 64, 256, 1024) each send calls back
    to back for ``--seconds``, first direct, then through the gateway. The upstream streams like an
    engine: ``--tokens`` chunks, ``--token-ms`` apart (vLLM's chunk shape, token ids, logprobs). The
-   upstream and the gateway each run in their own process (as in production: the gateway does not share
-   a GIL with the engine or the agents); the clients are one asyncio process speaking raw HTTP/1.1, so
-   the client side costs little. Per N: completed calls/s, p50/p99 latency of a whole stream, errors,
-   and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99 added <= 5 ms and
-   throughput >= 0.9x direct at 256; no errors at 1024.
+   upstream and the gateway each run in their own process (``gateway_rig.py``; as in production, the
+   gateway does not share a GIL with the engine or the agents); the clients are one asyncio process
+   speaking raw HTTP/1.1, so the client side costs little. Per N: completed calls/s, p50/p99 latency of
+   a whole stream, errors, and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99
+   added <= 5 ms and throughput >= 0.9x direct at 256; no errors at 1024.
+   Under each table, where the added p50 is: the upstream's own time per call in each phase (``up``,
+   from its ``/bench/stats``) and the rest (``hop``, the client's p50 minus the upstream's). The
+   stand-in paces its tokens on the same cores, so CPU the gateway takes from it shows as ``+up``;
+   ``+hop`` is what the path through the gateway adds itself.
 
 Reading it on a shared machine: a gateway process is one event-loop thread, so when the cores are
 oversubscribed the scheduler gives it about cores/load of one core (``gw %``), whatever it needs; a
@@ -41,10 +45,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,29 +56,21 @@ from typing import Any
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
-# The gateway process of an --gateway-root run imports serving from that tree; everything else from this one.
-sys.path.insert(0, os.environ.get("BENCH_GATEWAY_ROOT") or str(HERE.parent))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shared import percentile  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from _shared import percentile
+from gateway_rig import (  # the upstream and gateway processes (tests use them from here)
+    cpu_seconds,
+    recording_provider,
+    start_server,
+    stop_server,
+    streaming_upstream,
+)
 
-CONNECTIONS = 4096  # connection cap of both servers in the sweep, above its largest client count
+__all__ = ["cpu_seconds", "recording_provider", "start_server", "stop_server", "streaming_upstream"]
 
 
 # -- 1. sequential latency ------------------------------------------------------------------------------
-
-
-def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16)
-    )
-    return provider, exporter
 
 
 def run(calls: int, model_dir: str | None) -> dict[str, float]:
@@ -141,171 +135,6 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
 # -- 2. the concurrency sweep ---------------------------------------------------------------------------
 
 
-def streaming_upstream(tokens: int, token_ms: float) -> Any:
-    """An engine stand-in that streams: ``tokens`` chat chunks ``token_ms`` apart, in vLLM 0.10.2+'s shape
-    (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked;
-    ``/weight_info`` and ``/is_paused`` as vLLM in dev mode, so the gateway reads versions as for a full reload),
-    on the same HTTP stack as the gateway (``httpshell``)."""
-    from _shared import VLLM_DEV_GETS
-
-    from httpshell import ServerOptions
-    from serving.asgi import ShellServer, dumps
-
-    interval = token_ms / 1e3
-    ids = itertools.count(1)
-
-    class StreamingUpstream(ShellServer):
-        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-            if scope["type"] != "http":
-                return
-            if scope["method"] == "GET":
-                path = scope["path"].rstrip("/")
-                found = path == "/v1/models" or path in VLLM_DEV_GETS
-                body = dumps(
-                    {"object": "list", "data": [{"id": "policy", "object": "model"}]}
-                    if path == "/v1/models"
-                    else VLLM_DEV_GETS[path]
-                    if found
-                    else {"error": {"message": "not found", "type": "NotFoundError", "code": 404}}
-                )
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200 if found else 404,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-            raw, more = b"", True
-            while more:
-                m = await receive()
-                raw += m.get("body", b"")
-                more = m.get("more_body", False)
-            req = json.loads(raw)
-            base = {
-                "id": f"chatcmpl-bench-{next(ids)}",
-                "object": "chat.completion.chunk",
-                "created": 0,
-                "model": req.get("model"),
-            }
-            want_ids, lp = bool(req.get("return_token_ids")), bool(req.get("logprobs"))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")],
-                }
-            )
-
-            async def event(obj: dict) -> None:
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"data: " + dumps(obj) + b"\n\n",
-                        "more_body": True,
-                    }
-                )
-
-            await event(
-                {
-                    **base,
-                    **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
-                    "choices": [
-                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                    ],
-                }
-            )
-            for i in range(tokens):
-                await asyncio.sleep(interval)
-                last = i == tokens - 1
-                ch = {
-                    "index": 0,
-                    "delta": {"content": f"t{i} "},
-                    "finish_reason": "length" if last else None,
-                    "logprobs": {
-                        "content": [{"token": f"t{i} ", "logprob": -0.5, "bytes": [], "top_logprobs": []}]
-                    }
-                    if lp
-                    else None,
-                }
-                if want_ids:
-                    ch["token_ids"] = [100 + i]
-                await event({**base, "choices": [ch]})
-            if (req.get("stream_options") or {}).get("include_usage"):
-                await event(
-                    {
-                        **base,
-                        "choices": [],
-                        "usage": {
-                            "prompt_tokens": 5,
-                            "completion_tokens": tokens,
-                            "total_tokens": 5 + tokens,
-                        },
-                    }
-                )
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-
-    return StreamingUpstream(ServerOptions(max_connections=CONNECTIONS, name="bench-upstream"))
-
-
-def serve_process(args: argparse.Namespace) -> int:
-    """``--serve upstream|gateway``: one server in this process (``--workers`` gateway processes, as
-    ``tracerl gateway --workers`` runs them); prints its URL, runs until SIGTERM, and (gateway) each
-    process prints how many spans it recorded."""
-    worker = None
-    if args.serve == "upstream":
-        server = streaming_upstream(args.tokens, args.token_ms).start_background()
-        provider = exporter = None
-    else:
-        try:
-            from serving.gateway.proxy import Gateway, GatewayConfig
-        except ModuleNotFoundError:  # a checkout from before serving/ was split by job
-            from serving.gateway import Gateway, GatewayConfig
-
-        if os.environ.get("BENCH_GATEWAY_ROOT"):  # an older checkout's gateway: one process
-            provider, exporter = recording_provider()
-            try:
-                config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
-            except TypeError:  # older still: no connection cap
-                config = GatewayConfig(upstreams=[args.upstream])
-            server = Gateway(("127.0.0.1", 0), config, provider).start_background()
-        else:  # this tree's, run as `tracerl gateway --workers N` runs it
-            from serving.gateway.workers import calm_gc, fork_workers
-
-            worker = fork_workers(args.workers, "127.0.0.1", 0)
-            provider, exporter = recording_provider()  # after the fork: each process exports its own
-            canary = getattr(args, "canary", 0.0)
-            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
-            config = GatewayConfig(
-                upstreams=[args.upstream],
-                max_connections=CONNECTIONS,
-                reuse_port=args.workers > 1,
-                canary=canary or None,
-                upstream_for=arms,
-            )
-            server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
-            calm_gc()
-    got = []
-    signal.signal(signal.SIGTERM, lambda *_: got.append(1))
-    if worker is not None:
-        worker.serving()
-    if worker is None or worker.parent:
-        print(server.url, flush=True)
-    while not got:
-        time.sleep(0.05)
-    try:
-        server.stop()
-        if provider is not None:
-            provider.force_flush()
-            print(len(exporter.get_finished_spans()), flush=True)
-            provider.shutdown()
-    finally:
-        if worker is not None:
-            worker.finish()
-    return 0
-
-
 class Phase:
     """One sweep step: N clients on one path. (A plain class: tests load this file without a module entry,
     which dataclasses need.)"""
@@ -317,6 +146,8 @@ class Phase:
         self.cpu: list[float] = []  # CPU seconds of each server process in the phase
         self.calls = 0  # completed calls, warm-up included (what the CPU seconds paid for)
         self.wall = 0.0  # seconds the phase took, warm-up and draining included
+        self.client_cpu = 0.0  # CPU seconds of the clients (this process) in the phase
+        self.upstream: dict[str, float] = {}  # the upstream's own p50_ms / p99_ms per call (/bench/stats)
 
     @property
     def per_s(self) -> float:
@@ -393,59 +224,17 @@ async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Ph
     return phase
 
 
-def start_server(
-    role: str, args: argparse.Namespace, upstream: str = "", root: str = "", canary: float = 0.0
-) -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--serve",
-        role,
-        "--tokens",
-        str(args.tokens),
-        "--token-ms",
-        str(args.token_ms),
-        "--upstream",
-        upstream,
-        "--canary",
-        str(canary),
-        "--workers",
-        str(1 if root or canary or role == "upstream" else args.workers),
-    ]
-    env = dict(os.environ)
-    if root:
-        env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
-        env["PYTHONPATH"] = env["BENCH_GATEWAY_ROOT"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    return proc, proc.stdout.readline().strip()
-
-
-def stop_server(proc: subprocess.Popen) -> list[int]:
-    """Stop a server process; the span counts its processes printed (none for the upstream)."""
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    return [int(line) for line in out.split() if line.isdigit()]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process and its children (--workers), from /proc/PID/stat fields 14
-    and 15 (clock ticks) and /proc/PID/task/PID/children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        children = []
-    return own + sum(cpu_seconds(c) for c in children)
-
-
-def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen]) -> Phase:
-    """One phase, with the CPU seconds each server process spent during it (warm-up included)."""
+def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen], up_url: str) -> Phase:
+    """One phase, with the CPU seconds each server process and the clients spent during it (warm-up
+    included), and the upstream's own time per call in its measured window (``/bench/stats``)."""
     warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
-    before, t0 = [cpu_seconds(p.pid) for p in procs], time.perf_counter()
+    before, t0, c0 = [cpu_seconds(p.pid) for p in procs], time.perf_counter(), time.process_time()
+    since = time.monotonic() + warm
     phase = asyncio.run(run_phase(url, n, args.seconds, warm))
     phase.cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    phase.client_cpu = time.process_time() - c0
     phase.wall = time.perf_counter() - t0
+    phase.upstream = httpx.get(f"{up_url}/bench/stats?since={since}", timeout=30).json()
     return phase
 
 
@@ -534,9 +323,9 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     rows = []
     try:
         for n in levels:
-            row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up])}
+            row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up], up_url)}
             for name, (proc, url) in gateways.items():
-                row[name] = measured(url, n, args, [up, proc])
+                row[name] = measured(url, n, args, [up, proc], up_url)
             if canary:
                 row["ab"] = canary_ab(gateways["gateway"][1], gateways["canary"][1], n, args)
             row["load"] = os.getloadavg()[0]
@@ -547,6 +336,29 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     for r in rows:
         r["spans"] = spans
     return rows
+
+
+def print_split(rows: list[dict], name: str) -> None:
+    """Where the added latency is: the upstream's own time per call (``/bench/stats``) in each phase, and
+    the rest (``hop``: the client's p50 minus the upstream's, what the path in between adds)."""
+    print(
+        "  where the added p50 is: up = the upstream's own time per call (request to [DONE]); hop = client p50 "
+        "- up p50; cl cpu: the clients' CPU ms per call"
+    )
+    print(
+        f"  {'clients':>7} | {'up direct':>9} {'up via':>8} {'+up':>7} | {'hop direct':>10} {'hop via':>8} "
+        f"{'+hop':>7} | {'up p99 d/v':>15} | {'cl cpu d/v':>11} | load1"
+    )
+    for r in rows:
+        d, g = r["direct"], r[name]
+        ud, ug = d.upstream.get("p50_ms", float("nan")), g.upstream.get("p50_ms", float("nan"))
+        hd, hg = d.p(0.5) - ud, g.p(0.5) - ug
+        print(
+            f"  {r['clients']:>7} | {ud:>9.2f} {ug:>8.2f} {ug - ud:>7.2f} | {hd:>10.2f} {hg:>8.2f} {hg - hd:>7.2f} | "
+            f"{d.upstream.get('p99_ms', float('nan')):>7.1f}/{g.upstream.get('p99_ms', float('nan')):<7.1f} | "
+            f"{d.client_cpu / max(1, d.calls) * 1e3:>5.2f}/{g.client_cpu / max(1, g.calls) * 1e3:<5.2f} | "
+            f"{r['load']:.1f}"
+        )
 
 
 def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
@@ -587,6 +399,7 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
             )
             for e in sorted(set(d.errors + g.errors))[:3]:
                 print(f"        error: {e}")
+        print_split(rows, name)
     if "canary" in names:
         print("\ncanary routing vs plain proxying, same run (+p50: canary gateway p50 - plain gateway p50)")
         for r in rows:
@@ -654,11 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FRACTION",
         help="sweep: also a gateway routing this canary share, to measure the routing (0: skip)",
     )
-    ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
-    ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.serve:
-        return serve_process(args)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     if args.calls:
         r = run(args.calls, args.model)
