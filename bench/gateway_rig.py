@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import itertools
 import json
 import os
@@ -194,14 +195,18 @@ def serve_process(args: argparse.Namespace) -> int:
         except ModuleNotFoundError:  # a checkout from before serving/ was split by job
             from serving.gateway import Gateway, GatewayConfig
 
-        if os.environ.get("BENCH_GATEWAY_ROOT"):  # an older checkout's gateway: one process
+        if (
+            os.environ.get("BENCH_GATEWAY_ROOT")
+            and importlib.util.find_spec("serving.gateway.workers") is None
+        ):
+            # a checkout from before --workers: one process, its own way
             provider, exporter = recording_provider()
             try:
                 config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
             except TypeError:  # older still: no connection cap
                 config = GatewayConfig(upstreams=[args.upstream])
             server = Gateway(("127.0.0.1", 0), config, provider).start_background()
-        else:  # this tree's, run as `tracerl gateway --workers N` runs it
+        else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
             from serving.gateway.workers import calm_gc, fork_workers
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)

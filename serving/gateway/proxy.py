@@ -162,6 +162,15 @@ _NOT_SERVED = (
 )
 
 
+def sticky_key(client: Headers) -> str | None:
+    """What keeps a rollout on one upstream: its rollout id (header, else baggage), else its trace id."""
+    return (
+        client.get(ROLLOUT_HEADER)
+        or rollout_from_baggage(client.get("baggage"))
+        or trace_id_from_traceparent(client.get("traceparent"))
+    )
+
+
 class Gateway(ShellServer):
     """The proxy, an ASGI app. ``tracer_provider`` is injected so tests can read spans in memory."""
 
@@ -207,6 +216,9 @@ class Gateway(ShellServer):
         self.warned_no_ids: set[str] = set()
 
     def upstream_order(self, key: str | None) -> list[int]:
+        """The upstreams to try, in order: the key's own first (rendezvous hashing), then the others."""
+        if len(self.upstreams) == 1:  # the common deployment: no hash to compute on every call
+            return [0]
         first = pick_upstream(key, self.upstreams, next(self._rr))
         n = len(self.upstreams)
         return [(first + k) % n for k in range(n)]
@@ -383,15 +395,16 @@ class Gateway(ShellServer):
             call.wants = wants
             headers = self._upstream_headers(client_headers, replace_auth)
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-            key = (
-                client_headers.get(ROLLOUT_HEADER)
-                or rollout_from_baggage(client_headers.get("baggage"))
-                or trace_id_from_traceparent(client_headers.get("traceparent"))
-            )
             last: Exception | None = None
             call.arm = self.canary_arm(model, client_headers)
             # an arm's calls never fail over to the other arm: that would serve (and label) another version
-            order = [self.upstreams.index(call.arm.upstream)] if call.arm else self.upstream_order(key)
+            order = (
+                [self.upstreams.index(call.arm.upstream)]
+                if call.arm
+                else [0]
+                if len(self.upstreams) == 1
+                else self.upstream_order(sticky_key(client_headers))
+            )
             for i in order:
                 call.upstream = self.upstreams[i]
                 try:
