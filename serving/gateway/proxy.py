@@ -67,7 +67,7 @@ from serving.asgi import (
     json_response,
     parse_json,
 )
-from serving.gateway.call import Answered, Call, UpstreamFailure, transport_failure
+from serving.gateway.call import Answered, Call, Stream, UpstreamFailure, transport_failure
 from serving.gateway.canary import (
     Arm,
     CanaryRoute,
@@ -374,7 +374,9 @@ class Gateway(ShellServer):
 
     # -- the proxied call ------------------------------------------------------------------
 
-    async def _proxy(self, request: Request, path: str, op: str, replace_auth: bool) -> Response:
+    async def _proxy(
+        self, request: Request, path: str, op: str, replace_auth: bool
+    ) -> Response | Stream | Answered:
         start = time.time_ns()
         body = parse_json(await request.body())
         model = body.get("model")
@@ -395,7 +397,6 @@ class Gateway(ShellServer):
             call.wants = wants
             headers = self._upstream_headers(client_headers, replace_auth)
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-            last: Exception | None = None
             call.arm = self.canary_arm(model, client_headers)
             # an arm's calls never fail over to the other arm: that would serve (and label) another version
             order = (
@@ -405,30 +406,7 @@ class Gateway(ShellServer):
                 if len(self.upstreams) == 1
                 else self.upstream_order(sticky_key(client_headers))
             )
-            for i in order:
-                call.upstream = self.upstreams[i]
-                try:
-                    resp = await self._send(call, path, body, up_body, headers)
-                except CONNECT_ERRORS as e:  # nothing ran there: try the next one
-                    last = e
-                    continue
-                except TRANSPORT_ERRORS as e:
-                    raise transport_failure(call.upstream, e, "failed") from e
-                if resp.status == 200 and wants.stream:
-                    return call.stream(resp)  # the stream now owns the span and the upstream response
-                try:
-                    response = await call.whole(resp)
-                finally:
-                    resp.release()
-                call.streaming = True  # the answer ends the span once the client has it
-                return Answered(call, response)
-            raise UpstreamFailure(
-                502,
-                "upstream_unreachable",
-                error_name(last),
-                f"no upstream reachable ({type(last).__name__}: {last}); check that the "
-                f"model server is running at {', '.join(self.upstreams)}",
-            )
+            return await self._forward(call, order, path, up_body, headers)
         except UpstreamFailure as f:
             call.fail(f)
             return f.response or json_response(f.status, error_body(f.message, f.err_type, f.status))
@@ -441,6 +419,37 @@ class Gateway(ShellServer):
         finally:
             if not call.streaming:
                 call.end()
+
+    async def _forward(
+        self, call: Call, order: list[int], path: str, up_body: dict, headers: dict[str, str]
+    ) -> Response | Stream | Answered:
+        """Send the call to the first upstream in ``order`` that takes the connection; its answer,
+        streamed (``Stream``) or whole (``Answered``), owns the span from here."""
+        last: Exception | None = None
+        for i in order:
+            call.upstream = self.upstreams[i]
+            try:
+                resp = await self._send(call, path, call.body, up_body, headers)
+            except CONNECT_ERRORS as e:  # nothing ran there: try the next one
+                last = e
+                continue
+            except TRANSPORT_ERRORS as e:
+                raise transport_failure(call.upstream, e, "failed") from e
+            if resp.status == 200 and call.wants is not None and call.wants.stream:
+                return call.stream(resp)  # the stream now owns the span and the upstream response
+            try:
+                response = await call.whole(resp)
+            finally:
+                resp.release()
+            call.streaming = True  # the answer ends the span once the client has it
+            return Answered(call, response)
+        raise UpstreamFailure(
+            502,
+            "upstream_unreachable",
+            error_name(last),
+            f"no upstream reachable ({type(last).__name__}: {last}); check that the "
+            f"model server is running at {', '.join(self.upstreams)}",
+        )
 
     async def _send(
         self, call: Call, path: str, client_body: dict, up_body: dict, headers: dict[str, str]
