@@ -168,6 +168,8 @@ class Stream:
         self.version_read: asyncio.Task[None] | None = (
             None  # started at the last token, before usage and [DONE]
         )
+        deadlines = call.gw.read_deadlines  # the read timeout, kept for every stream by one timer
+        self.deadlines = deadlines if deadlines.take_over(resp) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = self.call
@@ -175,6 +177,8 @@ class Stream:
         try:
             completed = await stream_out(receive, send, self._events())
         finally:
+            if self.deadlines is not None:
+                self.deadlines.done(self.resp)
             if self.read_all:
                 self.resp.release()  # the connection goes back to the pool
             else:
@@ -200,9 +204,16 @@ class Stream:
         same write as the end of the response, once the upstream's answer was read to its end.
         """
         rest = b""
-        read = self.resp.content.readany
+        resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
         try:
-            while data := await read():
+            while True:
+                if deadlines is not None:
+                    deadlines.wait(resp)
+                data = await read()
+                if deadlines is not None:
+                    deadlines.done(resp)
+                if not data:
+                    break
                 payloads, rest = sse_payloads(rest + data)
                 out: list[bytes] = []
                 for raw in payloads:
@@ -225,10 +236,13 @@ class Stream:
     async def _drain(self) -> None:
         """Read the upstream's answer to its end after ``[DONE]``, so its connection goes back to the pool
         (one that fails now is closed instead: the client has its whole answer already)."""
-        read = self.resp.content.readany
+        resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
         try:
-            while await read():
-                pass
+            while True:
+                if deadlines is not None:
+                    deadlines.wait(resp)
+                if not await read():
+                    break
         except TRANSPORT_ERRORS:
             return
         self.read_all = True

@@ -77,7 +77,13 @@ from serving.gateway.canary import (
     session_from_baggage,
 )
 from serving.gateway.canary_admin import canary_endpoint
-from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
+from serving.gateway.upstream import (
+    CONNECT_ERRORS,
+    TRANSPORT_ERRORS,
+    ReadDeadlines,
+    UpstreamClient,
+    error_name,
+)
 from serving.gateway.versions import Watch
 from serving.protocol import (
     OPERATIONS,
@@ -208,6 +214,7 @@ class Gateway(ShellServer):
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("tracerl.gateway")
         self.client = UpstreamClient(config.timeout_s, config.connect_timeout_s, config.max_connections)
+        self.read_deadlines = ReadDeadlines(config.timeout_s)
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
         self._state_lock: asyncio.Lock | None = None
