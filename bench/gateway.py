@@ -18,7 +18,10 @@ BatchSpanProcessor (exporting to memory here, so no collector is needed).
    Under each table, where the added p50 is: the upstream's own time per call in each phase (``up``,
    from its ``/bench/stats``) and the rest (``hop``, the client's p50 minus the upstream's). The
    stand-in paces its tokens on the same cores, so CPU the gateway takes from it shows as ``+up``;
-   ``+hop`` is what the path through the gateway adds itself.
+   ``+hop`` is what the path through the gateway adds itself. Then the same comparison interleaved: each
+   client alternates its calls between the upstream and the gateway, so both paths see the same moment's
+   load (on a shared machine the phases, one after the other, do not; this figure leaves out what the
+   gateway's CPU costs the machine, which the phases show).
 
 Reading it on a shared machine: a gateway process is one event-loop thread, so when the cores are
 oversubscribed the scheduler gives it about cores/load of one core (``gw %``), whatever it needs; a
@@ -30,7 +33,7 @@ the neighbours.
 3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
    ``--canary`` (both arms on the same upstream, so only the routing differs); each client is one
    rollout (a fixed ``traceparent``), as an agent's calls are. Measured twice at each client count: as
-   a phase after the plain gateway's (as the sweep measures every path), and interleaved (``canary_ab``:
+   a phase after the plain gateway's (as the sweep measures every path), and interleaved (``interleaved``:
    each client alternates its calls between the plain and the canary gateway, so both see the same
    moment's load; on a shared machine this is the figure to read). Target: the routing adds <= 0.5 ms
    p50 over plain proxying at 64 clients.
@@ -288,8 +291,9 @@ async def alternate(urls: list[str], phases: list[Phase], start: float, end: flo
             c[1].close()
 
 
-def canary_ab(plain: str, canary: str, clients: int, args: argparse.Namespace) -> tuple[Phase, Phase]:
-    """``clients`` streams, each alternating between the plain and the canary gateway (same moments)."""
+def interleaved(plain: str, canary: str, clients: int, args: argparse.Namespace) -> tuple[Phase, Phase]:
+    """``clients`` streams, each alternating its calls between two URLs (the same moments' load on both):
+    the plain and the canary gateway, or the upstream itself and the gateway."""
     phases = [Phase(clients, args.seconds), Phase(clients, args.seconds)]
     warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
 
@@ -327,7 +331,8 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
             for name, (proc, url) in gateways.items():
                 row[name] = measured(url, n, args, [up, proc], up_url)
             if canary:
-                row["ab"] = canary_ab(gateways["gateway"][1], gateways["canary"][1], n, args)
+                row["ab"] = interleaved(gateways["gateway"][1], gateways["canary"][1], n, args)
+            row["ab_direct"] = interleaved(up_url, gateways["gateway"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:
@@ -336,6 +341,22 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     for r in rows:
         r["spans"] = spans
     return rows
+
+
+def print_interleaved(rows: list[dict]) -> None:
+    """The gateway's added latency with both paths at the same moments (``row["ab_direct"]``)."""
+    print(
+        "\ndirect vs this gateway, interleaved (each client alternates its calls between the upstream and the "
+        "gateway, so both see the same moment's load; the phases above run one after the other)"
+    )
+    for r in rows:
+        d, g = r["ab_direct"]
+        print(
+            f"{r['clients']:>7} clients: direct p50 {d.p(0.5):.2f} p99 {d.p(0.99):.2f} ms ({len(d.latencies)} calls, "
+            f"{len(d.errors)} err), gateway p50 {g.p(0.5):.2f} p99 {g.p(0.99):.2f} ms ({len(g.latencies)} calls, "
+            f"{len(g.errors)} err): +p50 {g.p(0.5) - d.p(0.5):+.2f} ms, +p99 {g.p(0.99) - d.p(0.99):+.2f} ms "
+            f"| load1 {r['load']:.1f}"
+        )
 
 
 def print_split(rows: list[dict], name: str) -> None:
@@ -400,6 +421,8 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
             for e in sorted(set(d.errors + g.errors))[:3]:
                 print(f"        error: {e}")
         print_split(rows, name)
+    if rows and "ab_direct" in rows[0]:
+        print_interleaved(rows)
     if "canary" in names:
         print("\ncanary routing vs plain proxying, same run (+p50: canary gateway p50 - plain gateway p50)")
         for r in rows:

@@ -134,7 +134,10 @@ def test_the_sweep_runs_every_level_without_errors(bench, monkeypatch):
     for r in rows:
         assert r["direct"].errors == [] and r["gateway"].errors == []
         assert r["direct"].calls > 0 and r["gateway"].calls > 0
-    assert int(rows[0]["spans"]["gateway"]) == sum(r["gateway"].calls for r in rows)
+    for r in rows:  # and interleaved with direct calls: the same calls as each path's phase, at once
+        direct, via = r["ab_direct"]
+        assert direct.errors == [] and via.errors == [] and direct.latencies and via.latencies
+    assert int(rows[0]["spans"]["gateway"]) == sum(r["gateway"].calls + r["ab_direct"][1].calls for r in rows)
 
 
 def listening_sockets(port: int) -> int:
