@@ -32,11 +32,13 @@ the neighbours.
 
 3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
    ``--canary`` (both arms on the same upstream, so only the routing differs); each client is one
-   rollout (a fixed ``traceparent``), as an agent's calls are. Measured twice at each client count: as
-   a phase after the plain gateway's (as the sweep measures every path), and interleaved (``interleaved``:
-   each client alternates its calls between the plain and the canary gateway, so both see the same
-   moment's load; on a shared machine this is the figure to read). Target: the routing adds <= 0.5 ms
-   p50 over plain proxying at 64 clients.
+   rollout (a fixed ``traceparent``), as an agent's calls are. Measured three ways at each client count:
+   as a phase after the plain gateway's (as the sweep measures every path); interleaved across the two
+   gateway processes (``interleaved``: each client alternates its calls between the plain and the canary
+   gateway, so both see the same moment's load); and in one process (each client alternates between a
+   model the canary gateway routes and one it does not route, which it proxies plainly: the routing is the
+   only difference, and the scheduler's noise between two processes is gone; on a shared machine this is
+   the figure to read). Target: the routing adds <= 0.5 ms p50 over plain proxying at 64 clients.
 
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
