@@ -10,11 +10,18 @@ BatchSpanProcessor (exporting to memory here, so no collector is needed).
 2. Concurrency sweep (``sweep``): N streaming clients (default 1, 64, 256, 1024) each send calls back
    to back for ``--seconds``, first direct, then through the gateway. The upstream streams like an
    engine: ``--tokens`` chunks, ``--token-ms`` apart (vLLM's chunk shape, token ids, logprobs). The
-   upstream and the gateway each run in their own process (as in production: the gateway does not share
-   a GIL with the engine or the agents); the clients are one asyncio process speaking raw HTTP/1.1, so
-   the client side costs little. Per N: completed calls/s, p50/p99 latency of a whole stream, errors,
-   and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99 added <= 5 ms and
-   throughput >= 0.9x direct at 256; no errors at 1024.
+   upstream and the gateway each run in their own process (``gateway_rig.py``; as in production, the
+   gateway does not share a GIL with the engine or the agents); the clients are one asyncio process
+   speaking raw HTTP/1.1, so the client side costs little. Per N: completed calls/s, p50/p99 latency of
+   a whole stream, errors, and the gateway's additions. Targets: p50 added <= 1 ms at 1 client; p99
+   added <= 5 ms and throughput >= 0.9x direct at 256; no errors at 1024.
+   Under each table, where the added p50 is: the upstream's own time per call in each phase (``up``,
+   from its ``/bench/stats``) and the rest (``hop``, the client's p50 minus the upstream's). The
+   stand-in paces its tokens on the same cores, so CPU the gateway takes from it shows as ``+up``;
+   ``+hop`` is what the path through the gateway adds itself. Then the same comparison interleaved: each
+   client alternates its calls between the upstream and the gateway, so both paths see the same moment's
+   load (on a shared machine the phases, one after the other, do not; this figure leaves out what the
+   gateway's CPU costs the machine, which the phases show).
 
 Reading it on a shared machine: a gateway process is one event-loop thread, so when the cores are
 oversubscribed the scheduler gives it about cores/load of one core (``gw %``), whatever it needs; a
@@ -25,11 +32,13 @@ the neighbours.
 
 3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
    ``--canary`` (both arms on the same upstream, so only the routing differs); each client is one
-   rollout (a fixed ``traceparent``), as an agent's calls are. Measured twice at each client count: as
-   a phase after the plain gateway's (as the sweep measures every path), and interleaved (``canary_ab``:
-   each client alternates its calls between the plain and the canary gateway, so both see the same
-   moment's load; on a shared machine this is the figure to read). Target: the routing adds <= 0.5 ms
-   p50 over plain proxying at 64 clients.
+   rollout (a fixed ``traceparent``), as an agent's calls are. Measured three ways at each client count:
+   as a phase after the plain gateway's (as the sweep measures every path); interleaved across the two
+   gateway processes (``interleaved``: each client alternates its calls between the plain and the canary
+   gateway, so both see the same moment's load); and in one process (each client alternates between a
+   model the canary gateway routes and one it does not route, which it proxies plainly: the routing is the
+   only difference, and the scheduler's noise between two processes is gone; on a shared machine this is
+   the figure to read). Target: the routing adds <= 0.5 ms p50 over plain proxying at 64 clients.
 
     python bench/gateway.py --calls 2000                  # sequential latency only
     python bench/gateway.py --sweep 1 64 256 1024         # sweep only
@@ -41,10 +50,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,29 +61,22 @@ from typing import Any
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
-# The gateway process of an --gateway-root run imports serving from that tree; everything else from this one.
-sys.path.insert(0, os.environ.get("BENCH_GATEWAY_ROOT") or str(HERE.parent))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shared import percentile  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from _shared import percentile
+from gateway_report import print_sweep
+from gateway_rig import (  # the upstream and gateway processes (tests use them from here)
+    cpu_seconds,
+    recording_provider,
+    start_server,
+    stop_server,
+    streaming_upstream,
+)
 
-CONNECTIONS = 4096  # connection cap of both servers in the sweep, above its largest client count
+__all__ = ["cpu_seconds", "recording_provider", "start_server", "stop_server", "streaming_upstream"]
 
 
 # -- 1. sequential latency ------------------------------------------------------------------------------
-
-
-def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16)
-    )
-    return provider, exporter
 
 
 def run(calls: int, model_dir: str | None) -> dict[str, float]:
@@ -141,171 +141,6 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
 # -- 2. the concurrency sweep ---------------------------------------------------------------------------
 
 
-def streaming_upstream(tokens: int, token_ms: float) -> Any:
-    """An engine stand-in that streams: ``tokens`` chat chunks ``token_ms`` apart, in vLLM 0.10.2+'s shape
-    (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked;
-    ``/weight_info`` and ``/is_paused`` as vLLM in dev mode, so the gateway reads versions as for a full reload),
-    on the same HTTP stack as the gateway (``httpshell``)."""
-    from _shared import VLLM_DEV_GETS
-
-    from httpshell import ServerOptions
-    from serving.asgi import ShellServer, dumps
-
-    interval = token_ms / 1e3
-    ids = itertools.count(1)
-
-    class StreamingUpstream(ShellServer):
-        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-            if scope["type"] != "http":
-                return
-            if scope["method"] == "GET":
-                path = scope["path"].rstrip("/")
-                found = path == "/v1/models" or path in VLLM_DEV_GETS
-                body = dumps(
-                    {"object": "list", "data": [{"id": "policy", "object": "model"}]}
-                    if path == "/v1/models"
-                    else VLLM_DEV_GETS[path]
-                    if found
-                    else {"error": {"message": "not found", "type": "NotFoundError", "code": 404}}
-                )
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 200 if found else 404,
-                        "headers": [(b"content-type", b"application/json")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-            raw, more = b"", True
-            while more:
-                m = await receive()
-                raw += m.get("body", b"")
-                more = m.get("more_body", False)
-            req = json.loads(raw)
-            base = {
-                "id": f"chatcmpl-bench-{next(ids)}",
-                "object": "chat.completion.chunk",
-                "created": 0,
-                "model": req.get("model"),
-            }
-            want_ids, lp = bool(req.get("return_token_ids")), bool(req.get("logprobs"))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")],
-                }
-            )
-
-            async def event(obj: dict) -> None:
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"data: " + dumps(obj) + b"\n\n",
-                        "more_body": True,
-                    }
-                )
-
-            await event(
-                {
-                    **base,
-                    **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
-                    "choices": [
-                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                    ],
-                }
-            )
-            for i in range(tokens):
-                await asyncio.sleep(interval)
-                last = i == tokens - 1
-                ch = {
-                    "index": 0,
-                    "delta": {"content": f"t{i} "},
-                    "finish_reason": "length" if last else None,
-                    "logprobs": {
-                        "content": [{"token": f"t{i} ", "logprob": -0.5, "bytes": [], "top_logprobs": []}]
-                    }
-                    if lp
-                    else None,
-                }
-                if want_ids:
-                    ch["token_ids"] = [100 + i]
-                await event({**base, "choices": [ch]})
-            if (req.get("stream_options") or {}).get("include_usage"):
-                await event(
-                    {
-                        **base,
-                        "choices": [],
-                        "usage": {
-                            "prompt_tokens": 5,
-                            "completion_tokens": tokens,
-                            "total_tokens": 5 + tokens,
-                        },
-                    }
-                )
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
-
-    return StreamingUpstream(ServerOptions(max_connections=CONNECTIONS, name="bench-upstream"))
-
-
-def serve_process(args: argparse.Namespace) -> int:
-    """``--serve upstream|gateway``: one server in this process (``--workers`` gateway processes, as
-    ``tracerl gateway --workers`` runs them); prints its URL, runs until SIGTERM, and (gateway) each
-    process prints how many spans it recorded."""
-    worker = None
-    if args.serve == "upstream":
-        server = streaming_upstream(args.tokens, args.token_ms).start_background()
-        provider = exporter = None
-    else:
-        try:
-            from serving.gateway.proxy import Gateway, GatewayConfig
-        except ModuleNotFoundError:  # a checkout from before serving/ was split by job
-            from serving.gateway import Gateway, GatewayConfig
-
-        if os.environ.get("BENCH_GATEWAY_ROOT"):  # an older checkout's gateway: one process
-            provider, exporter = recording_provider()
-            try:
-                config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
-            except TypeError:  # older still: no connection cap
-                config = GatewayConfig(upstreams=[args.upstream])
-            server = Gateway(("127.0.0.1", 0), config, provider).start_background()
-        else:  # this tree's, run as `tracerl gateway --workers N` runs it
-            from serving.gateway.workers import calm_gc, fork_workers
-
-            worker = fork_workers(args.workers, "127.0.0.1", 0)
-            provider, exporter = recording_provider()  # after the fork: each process exports its own
-            canary = getattr(args, "canary", 0.0)
-            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
-            config = GatewayConfig(
-                upstreams=[args.upstream],
-                max_connections=CONNECTIONS,
-                reuse_port=args.workers > 1,
-                canary=canary or None,
-                upstream_for=arms,
-            )
-            server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
-            calm_gc()
-    got = []
-    signal.signal(signal.SIGTERM, lambda *_: got.append(1))
-    if worker is not None:
-        worker.serving()
-    if worker is None or worker.parent:
-        print(server.url, flush=True)
-    while not got:
-        time.sleep(0.05)
-    try:
-        server.stop()
-        if provider is not None:
-            provider.force_flush()
-            print(len(exporter.get_finished_spans()), flush=True)
-            provider.shutdown()
-    finally:
-        if worker is not None:
-            worker.finish()
-    return 0
-
-
 class Phase:
     """One sweep step: N clients on one path. (A plain class: tests load this file without a module entry,
     which dataclasses need.)"""
@@ -317,6 +152,8 @@ class Phase:
         self.cpu: list[float] = []  # CPU seconds of each server process in the phase
         self.calls = 0  # completed calls, warm-up included (what the CPU seconds paid for)
         self.wall = 0.0  # seconds the phase took, warm-up and draining included
+        self.client_cpu = 0.0  # CPU seconds of the clients (this process) in the phase
+        self.upstream: dict[str, float] = {}  # the upstream's own p50_ms / p99_ms per call (/bench/stats)
 
     @property
     def per_s(self) -> float:
@@ -342,13 +179,14 @@ async def stream_call(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         raise RuntimeError(f"stream ended without [DONE]: {bytes(body[-80:])!r}")
 
 
-def stream_request(url: str) -> tuple[str, int, bytes]:
+def stream_request(url: str, model: str = "policy") -> tuple[str, int, bytes]:
     """(host, port, the bytes of one streaming chat call) for ``url``; each client's calls share a trace id
-    (one rollout), so the canary gateway routes them by it."""
+    (one rollout), so the canary gateway routes them by it (a ``model`` other than ``policy`` it does not
+    route: plain proxying in the same process)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     payload = json.dumps(
         {
-            "model": "policy",
+            "model": model,
             "stream": True,
             "max_tokens": 16,
             "messages": [{"role": "user", "content": "Say something."}],
@@ -393,89 +231,31 @@ async def run_phase(url: str, clients: int, seconds: float, warm_s: float) -> Ph
     return phase
 
 
-def start_server(
-    role: str, args: argparse.Namespace, upstream: str = "", root: str = "", canary: float = 0.0
-) -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--serve",
-        role,
-        "--tokens",
-        str(args.tokens),
-        "--token-ms",
-        str(args.token_ms),
-        "--upstream",
-        upstream,
-        "--canary",
-        str(canary),
-        "--workers",
-        str(1 if root or canary or role == "upstream" else args.workers),
-    ]
-    env = dict(os.environ)
-    if root:
-        env["BENCH_GATEWAY_ROOT"] = str(Path(root).resolve())
-        env["PYTHONPATH"] = env["BENCH_GATEWAY_ROOT"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    return proc, proc.stdout.readline().strip()
-
-
-def stop_server(proc: subprocess.Popen) -> list[int]:
-    """Stop a server process; the span counts its processes printed (none for the upstream)."""
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
-    return [int(line) for line in out.split() if line.isdigit()]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process and its children (--workers), from /proc/PID/stat fields 14
-    and 15 (clock ticks) and /proc/PID/task/PID/children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        children = []
-    return own + sum(cpu_seconds(c) for c in children)
-
-
-def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen]) -> Phase:
-    """One phase, with the CPU seconds each server process spent during it (warm-up included)."""
+def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.Popen], up_url: str) -> Phase:
+    """One phase, with the CPU seconds each server process and the clients spent during it (warm-up
+    included), and the upstream's own time per call in its measured window (``/bench/stats``)."""
     warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
-    before, t0 = [cpu_seconds(p.pid) for p in procs], time.perf_counter()
+    before, t0, c0 = [cpu_seconds(p.pid) for p in procs], time.perf_counter(), time.process_time()
+    since = time.monotonic() + warm
     phase = asyncio.run(run_phase(url, n, args.seconds, warm))
     phase.cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    phase.client_cpu = time.process_time() - c0
     phase.wall = time.perf_counter() - t0
+    phase.upstream = httpx.get(f"{up_url}/bench/stats?since={since}", timeout=30).json()
     return phase
 
 
-def routing_cost_us(calls: int = 100_000) -> float:
-    """CPU microseconds per call of the canary's routing decision (``Gateway.canary_arm``: headers to
-    arm), the only work a canary adds to a call: a floor for the routing's added latency that load on
-    the machine does not blur."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from starlette.datastructures import Headers
-
-    from serving.gateway.proxy import Gateway, GatewayConfig
-
-    arms = {"policy@5": "http://127.0.0.1:1", "policy@6": "http://127.0.0.1:2"}
-    gw = Gateway(("127.0.0.1", 0), GatewayConfig(canary=0.2, upstream_for=arms), TracerProvider())
-    headers = Headers(
-        {
-            "traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01",
-            "content-type": "application/json",
-        }
-    )
-    t = time.process_time()
-    for _ in range(calls):
-        gw.canary_arm("policy", headers)
-    return (time.process_time() - t) / calls * 1e6
-
-
-async def alternate(urls: list[str], phases: list[Phase], start: float, end: float) -> None:
-    """One client: calls to each url in turn, each on its own kept-alive connection."""
+async def alternate(
+    urls: list[str],
+    phases: list[Phase],
+    start: float,
+    end: float,
+    models: tuple[str, ...] = ("policy", "policy"),
+) -> None:
+    """One client: calls to each url (asking for the model at the same place in ``models``) in turn, each on
+    its own kept-alive connection."""
     conns: list[Any] = [None] * len(urls)
-    reqs = [stream_request(u) for u in urls]
+    reqs = [stream_request(u, m) for u, m in zip(urls, models, strict=True)]
     i = 0
     while time.perf_counter() < end:
         k, i = i % len(urls), i + 1
@@ -499,8 +279,16 @@ async def alternate(urls: list[str], phases: list[Phase], start: float, end: flo
             c[1].close()
 
 
-def canary_ab(plain: str, canary: str, clients: int, args: argparse.Namespace) -> tuple[Phase, Phase]:
-    """``clients`` streams, each alternating between the plain and the canary gateway (same moments)."""
+def interleaved(
+    plain: str,
+    canary: str,
+    clients: int,
+    args: argparse.Namespace,
+    models: tuple[str, str] = ("policy", "policy"),
+) -> tuple[Phase, Phase]:
+    """``clients`` streams, each alternating its calls between two URLs (the same moments' load on both):
+    the plain and the canary gateway, or the upstream itself and the gateway; or, with ``models``, between
+    a model the canary gateway does not route and one it routes, in one gateway process."""
     phases = [Phase(clients, args.seconds), Phase(clients, args.seconds)]
     warm = max(0.5, 2 * (args.tokens * args.token_ms / 1e3))
 
@@ -513,6 +301,7 @@ def canary_ab(plain: str, canary: str, clients: int, args: argparse.Namespace) -
                     phases if c % 2 else phases[::-1],
                     t0 + warm,
                     t0 + warm + args.seconds,
+                    models if c % 2 else models[::-1],
                 )
                 for c in range(clients)
             )
@@ -534,11 +323,14 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     rows = []
     try:
         for n in levels:
-            row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up])}
+            row: dict[str, Any] = {"clients": n, "direct": measured(up_url, n, args, [up], up_url)}
             for name, (proc, url) in gateways.items():
-                row[name] = measured(url, n, args, [up, proc])
+                row[name] = measured(url, n, args, [up, proc], up_url)
             if canary:
-                row["ab"] = canary_ab(gateways["gateway"][1], gateways["canary"][1], n, args)
+                row["ab"] = interleaved(gateways["gateway"][1], gateways["canary"][1], n, args)
+                url = gateways["canary"][1]  # routed and plain calls in the one canary gateway process
+                row["ab_one"] = interleaved(url, url, n, args, models=("unrouted", "policy"))
+            row["ab_direct"] = interleaved(up_url, gateways["gateway"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:
@@ -547,70 +339,6 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
     for r in rows:
         r["spans"] = spans
     return rows
-
-
-def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
-    print(
-        f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
-        f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
-        f"gateway spans recorded: {rows[0]['spans'] if rows else {}}"
-    )
-    names = [k for k in ("gateway", "other", "canary") if rows and k in rows[0]]
-    for name in names:
-        procs = f" ({args.workers} processes)" if args.workers > 1 else ""
-        label = (
-            f"this gateway{procs}"
-            if name == "gateway"
-            else f"gateway of {args.gateway_root}"
-            if name == "other"
-            else f"this gateway routing a canary share of {args.canary:g} (1 process)"
-        )
-        print(
-            f"\n{label} vs direct (gw cpu / up cpu: CPU ms per call of the gateway / upstream process; "
-            f"gw %: the gateway process's share of one core during the phase)"
-        )
-        print(
-            f"{'clients':>7} | {'direct/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'err':>4} | {'via/s':>8} {'p50 ms':>8} "
-            f"{'p99 ms':>8} {'err':>4} | {'+p50 ms':>8} {'+p99 ms':>8} {'thru x':>6} | {'gw cpu':>6} "
-            f"{'up cpu':>6} {'gw %':>5} | load1"
-        )
-        for r in rows:
-            d, g = r["direct"], r[name]
-            ratio = g.per_s / d.per_s if d.per_s else float("nan")
-            calls = max(1, g.calls)
-            print(
-                f"{r['clients']:>7} | {d.per_s:>8.1f} {d.p(0.5):>8.2f} {d.p(0.99):>8.2f} {len(d.errors):>4} | "
-                f"{g.per_s:>8.1f} {g.p(0.5):>8.2f} {g.p(0.99):>8.2f} {len(g.errors):>4} | "
-                f"{g.p(0.5) - d.p(0.5):>8.2f} {g.p(0.99) - d.p(0.99):>8.2f} {ratio:>6.2f} | "
-                f"{g.cpu[1] / calls * 1e3:>6.2f} {d.cpu[0] / max(1, d.calls) * 1e3:>6.2f} "
-                f"{100 * g.cpu[1] / g.wall:>5.0f} | {r['load']:.1f}"
-            )
-            for e in sorted(set(d.errors + g.errors))[:3]:
-                print(f"        error: {e}")
-    if "canary" in names:
-        print("\ncanary routing vs plain proxying, same run (+p50: canary gateway p50 - plain gateway p50)")
-        for r in rows:
-            g, c = r["gateway"], r["canary"]
-            print(
-                f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms, canary p50 {c.p(0.5):.2f} ms, "
-                f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64); "
-                f"gw cpu per call {g.cpu[1] / max(1, g.calls) * 1e3:.2f} vs {c.cpu[1] / max(1, c.calls) * 1e3:.2f} ms"
-            )
-        print(f"routing decision: {routing_cost_us():.1f} us CPU per call (Gateway.canary_arm, in process)")
-        print(
-            "interleaved (each client alternates its calls between the two gateways; the same moments' load)"
-        )
-        for r in rows:
-            g, c = r["ab"]
-            print(
-                f"{r['clients']:>7} clients: plain p50 {g.p(0.5):.2f} ms ({len(g.latencies)} calls, "
-                f"{len(g.errors)} err), canary p50 {c.p(0.5):.2f} ms ({len(c.latencies)} calls, {len(c.errors)} err), "
-                f"+p50 {c.p(0.5) - g.p(0.5):+.2f} ms (target <= 0.5 ms at 64)"
-            )
-    print(
-        "targets: added p50 <= 1 ms at 1 client; added p99 <= 5 ms and throughput >= 0.9x at 256; "
-        "no errors at 1024"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -654,11 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FRACTION",
         help="sweep: also a gateway routing this canary share, to measure the routing (0: skip)",
     )
-    ap.add_argument("--serve", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
-    ap.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.serve:
-        return serve_process(args)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     if args.calls:
         r = run(args.calls, args.model)

@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from schemas.attributes import POLICY_VERSION_AMBIGUOUS, POLICY_VERSION_CANDIDATES, parse_policy_version
 from serving.asgi import (
+    LastChunk,
     Receive,
     Scope,
     Send,
@@ -30,19 +31,18 @@ from serving.gateway.canary import (
     ARM_ATTRIBUTE,
     Arm,
 )
+from serving.gateway.sse import sse_event, sse_payloads
 from serving.gateway.upstream import TRANSPORT_ERRORS, error_name, is_timeout
 from serving.gateway.versions import VersionLabel, Watch, label
 from serving.protocol import (
     SSE_DONE,
     CallRecord,
     ClientWants,
-    SSEData,
     StreamAccumulator,
     error_body,
     error_message,
     record_from_response,
     span_attributes,
-    sse_data,
     strip_chunk,
     strip_response,
 )
@@ -168,6 +168,8 @@ class Stream:
         self.version_read: asyncio.Task[None] | None = (
             None  # started at the last token, before usage and [DONE]
         )
+        deadlines = call.gw.read_deadlines  # the read timeout, kept for every stream by one timer
+        self.deadlines = deadlines if deadlines.take_over(resp) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         call = self.call
@@ -175,6 +177,8 @@ class Stream:
         try:
             completed = await stream_out(receive, send, self._events())
         finally:
+            if self.deadlines is not None:
+                self.deadlines.done(self.resp)
             if self.read_all:
                 self.resp.release()  # the connection goes back to the pool
             else:
@@ -195,32 +199,53 @@ class Stream:
         """The client's stream: every event that has arrived is cleaned and sent on in one write.
 
         Reading whole network reads (not line by line) batches the events that queued up while the
-        gateway was busy, so under load it makes fewer, larger writes instead of falling behind.
+        gateway was busy, so under load it makes fewer, larger writes instead of falling behind. The
+        stream's end (``[DONE]`` with whatever arrived with it) is one ``LastChunk``: it goes out in the
+        same write as the end of the response, once the upstream's answer was read to its end.
         """
-        sse, tail, done = SSEData(), b"", False
-        read = self.resp.content.readany
+        rest = b""
+        resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
         try:
-            while data := await read():
-                if done:  # read to the end, so the connection goes back to the pool
-                    continue
-                lines = (tail + data).split(b"\n")
-                tail = lines.pop()
+            while True:
+                if deadlines is not None:
+                    deadlines.wait(resp)
+                data = await read()
+                if deadlines is not None:
+                    deadlines.done(resp)
+                if not data:
+                    break
+                payloads, rest = sse_payloads(rest + data)
                 out: list[bytes] = []
-                for line in lines:
-                    payload = sse.feed(line.decode("utf-8", "replace"))
-                    if payload is None:
-                        continue
+                for raw in payloads:
+                    payload = raw.decode("utf-8", "replace")
                     if payload == "[DONE]":
-                        done = True
-                        break
+                        await self._drain()
+                        yield LastChunk(b"".join([*out, SSE_DONE]))
+                        return
                     out.append(self._relay(payload))
                 if out:
                     yield b"".join(out)
             self.read_all = True
         except TRANSPORT_ERRORS as e:
             self.failure = transport_failure(self.call.upstream, e, "broke the stream")
-            yield sse_data(error_body(self.failure.message, self.failure.err_type, self.failure.status))
-        yield SSE_DONE
+            failed = error_body(self.failure.message, self.failure.err_type, self.failure.status)
+            yield LastChunk(sse_event(failed) + SSE_DONE)
+            return
+        yield LastChunk(SSE_DONE)
+
+    async def _drain(self) -> None:
+        """Read the upstream's answer to its end after ``[DONE]``, so its connection goes back to the pool
+        (one that fails now is closed instead: the client has its whole answer already)."""
+        resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
+        try:
+            while True:
+                if deadlines is not None:
+                    deadlines.wait(resp)
+                if not await read():
+                    break
+        except TRANSPORT_ERRORS:
+            return
+        self.read_all = True
 
     def _relay(self, payload: str) -> bytes:
         """One upstream event -> what the client gets (b"" for the usage chunk it did not ask for)."""
@@ -233,22 +258,24 @@ class Stream:
                 "upstream_error",
                 502,
             )
-        if "error" in chunk and "choices" not in chunk:  # vLLM reports mid-stream errors this way
+        if not isinstance(chunk, dict) or ("error" in chunk and "choices" not in chunk):
+            # vLLM reports mid-stream errors this way
             self.failure = UpstreamFailure(
                 500,
                 "upstream_error",
                 "stream_error",
                 f"upstream {upstream} failed mid-stream: {error_message(chunk)}",
             )
-            return sse_data(chunk)
+            return sse_event(chunk)
         self.acc.add(chunk)
-        for ch in chunk.get("choices") or ():
-            if ch.get("finish_reason") is not None:
-                self.unfinished.discard(ch.get("index"))
-        if not self.unfinished and self.version_read is None:
-            self.version_read = asyncio.ensure_future(self.call.read_version())
+        if self.unfinished:
+            for ch in chunk.get("choices") or ():
+                if ch.get("finish_reason") is not None:
+                    self.unfinished.discard(ch.get("index"))
+            if not self.unfinished and self.version_read is None:
+                self.version_read = asyncio.ensure_future(self.call.read_version())
         out = strip_chunk(chunk, self.call.wants)
-        return sse_data(out) if out is not None else b""
+        return sse_event(out) if out is not None else b""
 
 
 def transport_failure(upstream: str, e: BaseException, doing: str) -> UpstreamFailure:

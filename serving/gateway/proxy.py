@@ -67,7 +67,7 @@ from serving.asgi import (
     json_response,
     parse_json,
 )
-from serving.gateway.call import Answered, Call, UpstreamFailure, transport_failure
+from serving.gateway.call import Answered, Call, Stream, UpstreamFailure, transport_failure
 from serving.gateway.canary import (
     Arm,
     CanaryRoute,
@@ -77,7 +77,13 @@ from serving.gateway.canary import (
     session_from_baggage,
 )
 from serving.gateway.canary_admin import canary_endpoint
-from serving.gateway.upstream import CONNECT_ERRORS, TRANSPORT_ERRORS, UpstreamClient, error_name
+from serving.gateway.upstream import (
+    CONNECT_ERRORS,
+    TRANSPORT_ERRORS,
+    ReadDeadlines,
+    UpstreamClient,
+    error_name,
+)
 from serving.gateway.versions import Watch
 from serving.protocol import (
     OPERATIONS,
@@ -162,6 +168,15 @@ _NOT_SERVED = (
 )
 
 
+def sticky_key(client: Headers) -> str | None:
+    """What keeps a rollout on one upstream: its rollout id (header, else baggage), else its trace id."""
+    return (
+        client.get(ROLLOUT_HEADER)
+        or rollout_from_baggage(client.get("baggage"))
+        or trace_id_from_traceparent(client.get("traceparent"))
+    )
+
+
 class Gateway(ShellServer):
     """The proxy, an ASGI app. ``tracer_provider`` is injected so tests can read spans in memory."""
 
@@ -199,6 +214,7 @@ class Gateway(ShellServer):
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer("tracerl.gateway")
         self.client = UpstreamClient(config.timeout_s, config.connect_timeout_s, config.max_connections)
+        self.read_deadlines = ReadDeadlines(config.timeout_s)
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
         self._state_lock: asyncio.Lock | None = None
@@ -207,6 +223,9 @@ class Gateway(ShellServer):
         self.warned_no_ids: set[str] = set()
 
     def upstream_order(self, key: str | None) -> list[int]:
+        """The upstreams to try, in order: the key's own first (rendezvous hashing), then the others."""
+        if len(self.upstreams) == 1:  # the common deployment: no hash to compute on every call
+            return [0]
         first = pick_upstream(key, self.upstreams, next(self._rr))
         n = len(self.upstreams)
         return [(first + k) % n for k in range(n)]
@@ -362,7 +381,9 @@ class Gateway(ShellServer):
 
     # -- the proxied call ------------------------------------------------------------------
 
-    async def _proxy(self, request: Request, path: str, op: str, replace_auth: bool) -> Response:
+    async def _proxy(
+        self, request: Request, path: str, op: str, replace_auth: bool
+    ) -> Response | Stream | Answered:
         start = time.time_ns()
         body = parse_json(await request.body())
         model = body.get("model")
@@ -383,39 +404,16 @@ class Gateway(ShellServer):
             call.wants = wants
             headers = self._upstream_headers(client_headers, replace_auth)
             _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
-            key = (
-                client_headers.get(ROLLOUT_HEADER)
-                or rollout_from_baggage(client_headers.get("baggage"))
-                or trace_id_from_traceparent(client_headers.get("traceparent"))
-            )
-            last: Exception | None = None
             call.arm = self.canary_arm(model, client_headers)
             # an arm's calls never fail over to the other arm: that would serve (and label) another version
-            order = [self.upstreams.index(call.arm.upstream)] if call.arm else self.upstream_order(key)
-            for i in order:
-                call.upstream = self.upstreams[i]
-                try:
-                    resp = await self._send(call, path, body, up_body, headers)
-                except CONNECT_ERRORS as e:  # nothing ran there: try the next one
-                    last = e
-                    continue
-                except TRANSPORT_ERRORS as e:
-                    raise transport_failure(call.upstream, e, "failed") from e
-                if resp.status == 200 and wants.stream:
-                    return call.stream(resp)  # the stream now owns the span and the upstream response
-                try:
-                    response = await call.whole(resp)
-                finally:
-                    resp.release()
-                call.streaming = True  # the answer ends the span once the client has it
-                return Answered(call, response)
-            raise UpstreamFailure(
-                502,
-                "upstream_unreachable",
-                error_name(last),
-                f"no upstream reachable ({type(last).__name__}: {last}); check that the "
-                f"model server is running at {', '.join(self.upstreams)}",
+            order = (
+                [self.upstreams.index(call.arm.upstream)]
+                if call.arm
+                else [0]
+                if len(self.upstreams) == 1
+                else self.upstream_order(sticky_key(client_headers))
             )
+            return await self._forward(call, order, path, up_body, headers)
         except UpstreamFailure as f:
             call.fail(f)
             return f.response or json_response(f.status, error_body(f.message, f.err_type, f.status))
@@ -428,6 +426,37 @@ class Gateway(ShellServer):
         finally:
             if not call.streaming:
                 call.end()
+
+    async def _forward(
+        self, call: Call, order: list[int], path: str, up_body: dict, headers: dict[str, str]
+    ) -> Response | Stream | Answered:
+        """Send the call to the first upstream in ``order`` that takes the connection; its answer,
+        streamed (``Stream``) or whole (``Answered``), owns the span from here."""
+        last: Exception | None = None
+        for i in order:
+            call.upstream = self.upstreams[i]
+            try:
+                resp = await self._send(call, path, call.body, up_body, headers)
+            except CONNECT_ERRORS as e:  # nothing ran there: try the next one
+                last = e
+                continue
+            except TRANSPORT_ERRORS as e:
+                raise transport_failure(call.upstream, e, "failed") from e
+            if resp.status == 200 and call.wants is not None and call.wants.stream:
+                return call.stream(resp)  # the stream now owns the span and the upstream response
+            try:
+                response = await call.whole(resp)
+            finally:
+                resp.release()
+            call.streaming = True  # the answer ends the span once the client has it
+            return Answered(call, response)
+        raise UpstreamFailure(
+            502,
+            "upstream_unreachable",
+            error_name(last),
+            f"no upstream reachable ({type(last).__name__}: {last}); check that the "
+            f"model server is running at {', '.join(self.upstreams)}",
+        )
 
     async def _send(
         self, call: Call, path: str, client_body: dict, up_body: dict, headers: dict[str, str]

@@ -109,3 +109,53 @@ class UpstreamClient:
             await asyncio.Event().wait()
         finally:
             await session.close()
+
+
+class ReadDeadlines:
+    """The read timeout of streamed answers (``--timeout-s`` without a token), kept by one timer for all.
+
+    aiohttp's ``sock_read`` re-arms a timer on every network read: a timer made and cancelled per token
+    of every stream (about 3 % of the gateway's CPU under 256 streams). Once a stream's head has arrived
+    its connection's timer is switched off (``read_timeout = None``) and the stream says when it starts
+    and stops waiting for the upstream; one task looks every ``min(1 s, timeout / 4)`` and fails a read
+    that waited past the timeout with ``asyncio.TimeoutError`` (a ``ReadTimeout`` on the span, a 504 for
+    the client), as ``sock_read`` would, within that period. Only waits for the upstream count: a stream
+    held back by a slow client is not timed out, as aiohttp pauses ``sock_read`` while it holds reading.
+    """
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.period = min(1.0, timeout_s / 4)
+        self.waiting: dict[aiohttp.ClientResponse, float] = {}  # stream -> loop time its wait began
+        self._task: asyncio.Task[None] | None = None
+
+    def take_over(self, resp: aiohttp.ClientResponse) -> bool:
+        """Switch the connection's per-read timer off; False when there is none (the body is all in)."""
+        conn = resp.connection
+        if conn is None or conn.protocol is None:
+            return False
+        conn.protocol.read_timeout = None
+        return True
+
+    def wait(self, resp: aiohttp.ClientResponse) -> None:
+        """The stream waits for the upstream from now."""
+        self.waiting[resp] = asyncio.get_running_loop().time()
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._watch())
+
+    def done(self, resp: aiohttp.ClientResponse) -> None:
+        """The stream's wait ended (data, its end, or an error)."""
+        self.waiting.pop(resp, None)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self.waiting:
+                await asyncio.sleep(self.period)
+                now = loop.time()
+                for resp, since in list(self.waiting.items()):
+                    if now - since > self.timeout_s:
+                        del self.waiting[resp]
+                        resp.content.set_exception(asyncio.TimeoutError())
+        finally:
+            self._task = None

@@ -311,6 +311,12 @@ def test_the_gateway_bench_measures_canary_routing_against_plain_proxying():
         if line.strip().startswith("8 clients: plain p50") and "err)" in line
     )
     assert " 0 err)" in ab and ab.count(" 0 err") == 2, ab
+    one = next(
+        line
+        for line in out.splitlines()
+        if line.strip().startswith("8 clients: plain p50") and "routed" in line
+    )
+    assert one.count(" 0 err)") == 2, one  # routed and plain calls in one gateway process
 
 
 def test_an_arm_whose_upstream_serves_other_versions_but_not_its_own_is_refused_not_mislabelled(spans):

@@ -134,7 +134,10 @@ def test_the_sweep_runs_every_level_without_errors(bench, monkeypatch):
     for r in rows:
         assert r["direct"].errors == [] and r["gateway"].errors == []
         assert r["direct"].calls > 0 and r["gateway"].calls > 0
-    assert int(rows[0]["spans"]["gateway"]) == sum(r["gateway"].calls for r in rows)
+    for r in rows:  # and interleaved with direct calls: the same calls as each path's phase, at once
+        direct, via = r["ab_direct"]
+        assert direct.errors == [] and via.errors == [] and direct.latencies and via.latencies
+    assert int(rows[0]["spans"]["gateway"]) == sum(r["gateway"].calls + r["ab_direct"][1].calls for r in rows)
 
 
 def listening_sockets(port: int) -> int:
@@ -149,15 +152,26 @@ def test_workers_serve_one_port_and_each_exports_its_spans(streaming_upstream, s
     fresh connections are spread over both, each records its calls' spans, and both exit on SIGTERM."""
     port = free_port()
     with running_collector(store) as collector:
-        gw = start_tracerl("gateway", "--workers", "2", "--listen", f"127.0.0.1:{port}", "--upstream",
-                           streaming_upstream.url, "--otlp", collector.grpc_endpoint,
-                           health=f"http://127.0.0.1:{port}/health")
+        gw = start_tracerl(
+            "gateway",
+            "--workers",
+            "2",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--upstream",
+            streaming_upstream.url,
+            "--otlp",
+            collector.grpc_endpoint,
+            health=f"http://127.0.0.1:{port}/health",
+        )
         try:
             children = [int(p) for p in Path(f"/proc/{gw.pid}/task/{gw.pid}/children").read_text().split()]
             assert len(children) == 1
             wait_for(lambda: listening_sockets(port) == 2)
             for _ in range(24):  # a new connection each: the kernel picks a process per connection
-                with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as client:
+                with openai.OpenAI(
+                    base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0
+                ) as client:
                     stream = client.chat.completions.create(model="policy", messages=MSGS, stream=True)
                     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         finally:
@@ -165,7 +179,70 @@ def test_workers_serve_one_port_and_each_exports_its_spans(streaming_upstream, s
         assert not Path(f"/proc/{children[0]}").exists()  # stopped and reaped with the parent
         collector.flush()
     con = connect_readonly(parse_store(store))
-    pids = con.execute("SELECT resource_attributes['process.pid'], count(*) FROM spans "
-                       "WHERE name LIKE 'tracerl.gateway%' GROUP BY 1").fetchall()
+    pids = con.execute(
+        "SELECT resource_attributes['process.pid'], count(*) FROM spans "
+        "WHERE name LIKE 'tracerl.gateway%' GROUP BY 1"
+    ).fetchall()
     assert sum(n for _, n in pids) == 24
     assert {int(p) for p, _ in pids} == {gw.pid, children[0]}
+
+
+def test_streamed_calls_end_with_done_and_reuse_one_upstream_connection(spans):
+    """The relayed stream ends as soon as ``[DONE]`` arrives (with the end of the response), and the
+    upstream's answer is still read to its end, so every call goes out on the same kept-alive connection."""
+    from httpshell import ServerOptions
+    from serving.asgi import ShellServer, dumps
+
+    ports: list[int] = []
+
+    class Upstream(ShellServer):
+        async def __call__(self, scope, receive, send) -> None:
+            if scope["method"] != "POST":  # no models list, no weight version: the call goes as asked
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                await send({"type": "http.response.body", "body": b"{}"})
+                return
+            ports.append(scope["client"][1])
+            while (await receive()).get("more_body"):
+                pass
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
+            for i, reason in enumerate([None, None, "stop"]):
+                chunk = {
+                    "id": "c1",
+                    "object": "chat.completion.chunk",
+                    "model": "policy",
+                    "choices": [
+                        {"index": 0, "delta": {"content": f"w{i}"}, "token_ids": [i], "finish_reason": reason}
+                    ],
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + dumps(chunk) + b"\n\n",
+                        "more_body": True,
+                    }
+                )
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+            await asyncio.sleep(0.05)  # the end of the answer comes apart from [DONE]: it must be waited for
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    up = Upstream(ServerOptions(name="reuse-upstream")).start_background()
+    gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[up.url]), spans.provider).start_background()
+    try:
+        with httpx.Client(timeout=30) as client:
+            for _ in range(5):
+                body = {"model": "policy", "messages": MSGS, "stream": True}
+                r = client.post(gw.url + "/v1/chat/completions", json=body)
+                assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text[-200:]
+                assert r.text.count("data: ") == 4 and "token_ids" not in r.text
+    finally:
+        gw.stop()
+        up.stop()
+    assert len(ports) == 5 and len(set(ports)) == 1, ports
+    got = wait_for(lambda: len(spans.get_finished_spans()) == 5 and spans.get_finished_spans())
+    assert all(list(s.attributes["tracerl.response_token_ids"]) == [0, 1, 2] for s in got)

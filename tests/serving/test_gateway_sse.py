@@ -1,0 +1,85 @@
+"""The gateway's event reading and framing on whole network reads (serving/gateway/sse.py), and the end
+of a relayed stream in one write (serving/asgi.py ``LastChunk``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from serving.asgi import LastChunk, stream_out
+from serving.gateway.sse import sse_event, sse_payloads
+from serving.protocol import iter_sse_data
+
+STREAMS = {
+    "engine": 'data: {"a":1}\n\ndata: {"b":"x y"}\n\ndata: [DONE]\n\n',
+    "crlf": 'data: {"a":1}\r\n\r\ndata:{"b":2}\r\n\r\ndata: [DONE]\r\n\r\n',
+    "multi-line, comment, other fields": (
+        ': keep-alive\n\nevent: delta\ndata: {"a":\ndata:  1}\nid: 7\n\n\n\ndata: [DONE]\n\n'
+    ),
+    "no blank line at the end": 'data: {"a":1}\n\ndata: {"b"',
+}
+
+
+def read_in_pieces(text: str, cuts: list[int]) -> list[str]:
+    """What the gateway takes from a stream that arrives in reads ending at ``cuts``."""
+    raw, rest, got, start = text.encode(), b"", [], 0
+    for end in [*cuts, len(raw)]:
+        payloads, rest = sse_payloads(rest + raw[start:end])
+        got += [p.decode() for p in payloads]
+        start = end
+    return got
+
+
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_every_way_a_stream_is_cut_into_reads_gives_the_events_a_line_reader_gives(name):
+    text = STREAMS[name]
+    lf = text.replace("\r\n", "\n")
+    expected = list(iter_sse_data(lf.split("\n")[:-1]))  # an unterminated last line is not an event yet
+    if not lf.endswith("\n\n"):
+        expected = expected[: lf.count("\n\n")]
+    assert expected, "the stream must hold events"
+    n = len(text.encode())
+    for cut in range(n + 1):  # one cut anywhere, then two
+        assert read_in_pieces(text, [cut]) == expected, (name, cut)
+    for first in range(0, n, 3):
+        for second in range(first, n, 5):
+            assert read_in_pieces(text, [first, second]) == expected, (name, first, second)
+
+
+def test_a_lone_cr_ends_a_line_and_a_cr_at_the_end_of_a_read_waits_for_the_next():
+    assert sse_payloads(b'data: {"a":1}\r\rdata: 2\r\n\r\n')[0] == [b'{"a":1}', b"2"]
+    payloads, rest = sse_payloads(b'data: {"a":1}\r\n\r')
+    assert payloads == [] and rest.endswith(b"\r")
+    assert sse_payloads(rest + b"\ndata: 2\r\n\r\n")[0] == [b'{"a":1}', b"2"]
+
+
+def test_an_event_is_framed_as_the_openai_api_frames_it():
+    obj = {"choices": [{"delta": {"content": 'é "q"\n'}, "index": 0}], "n": 1.5, "x": None}
+    out = sse_event(obj)
+    assert out.startswith(b"data: ") and out.endswith(b"\n\n")
+    assert out[6:-2].decode() == json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_a_last_chunk_ends_the_response_in_the_same_message_and_nothing_after_it_is_read():
+    sent: list[dict] = []
+    read_after_last = []
+
+    async def receive() -> dict:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def chunks():
+        yield b"data: 1\n\n"
+        yield LastChunk(b"data: 2\n\ndata: [DONE]\n\n")
+        read_after_last.append(True)
+        yield b"never"
+
+    assert asyncio.run(stream_out(receive, send, chunks())) is True
+    bodies = [(m["body"], m["more_body"]) for m in sent if m["type"] == "http.response.body"]
+    assert bodies == [(b"data: 1\n\n", True), (b"data: 2\n\ndata: [DONE]\n\n", False)]
+    assert type(bodies[-1][0]) is bytes and read_after_last == []
