@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -25,8 +26,8 @@ from schemas.attributes import ROLLOUT_ID as ROLLOUT_ATTR
 from schemas.compact_json import compact_json
 from schemas.tables import ATTRS, LOGS_SCHEMA, SPANS_SCHEMA, TS
 
-_KINDS = ("unspecified", "internal", "server", "client", "producer", "consumer")
-_STATUS = ("unset", "ok", "error")
+_KIND_NAMES = dict(enumerate(("unspecified", "internal", "server", "client", "producer", "consumer")))
+_STATUS_NAMES = dict(enumerate(("unset", "ok", "error")))
 
 
 def any_to_py(v: AnyValue) -> object:
@@ -68,7 +69,15 @@ def any_to_text(v: AnyValue) -> str | None:
         return None
     if which == "bytes_value":
         return base64.b64encode(v.bytes_value).decode()
+    if which == "array_value":  # most often strings (``gen_ai.response.finish_reasons``): no Python detour
+        texts = [x.string_value for x in v.array_value.values]
+        if all(texts):  # every element a non-empty string, so a string: the JSON text compact_json gives
+            return "[" + ",".join(map(_json_string, texts)) + "]"
     return compact_json(any_to_py(v))
+
+
+_json_string = json.encoder.encode_basestring
+"""One string as JSON text, non-ASCII kept (what ``compact_json`` writes for a string; its C function)."""
 
 
 class KeySet(Protocol):
@@ -139,6 +148,143 @@ def _assemble(
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _new_spans(spans: Iterable, seen: KeySet) -> list:
+    """The spans whose (trace_id, span_id) key ``seen`` does not hold yet; their keys are added."""
+    keep = []
+    for sp in spans:
+        key = (sp.trace_id, sp.span_id)
+        if key not in seen:
+            seen.add(key)
+            keep.append(sp)
+    return keep
+
+
+def _events(sp: object) -> list[dict]:
+    return [
+        {"name": e.name, "time_ns": e.time_unix_nano, "attributes": list(zip(*_kv_lists(e.attributes)))}
+        for e in sp.events
+    ]
+
+
+def _links(sp: object) -> list[dict]:
+    return [
+        {
+            "trace_id": ln.trace_id.hex(),
+            "span_id": ln.span_id.hex(),
+            "trace_state": ln.trace_state or None,
+            "attributes": list(zip(*_kv_lists(ln.attributes))),
+        }
+        for ln in sp.links
+    ]
+
+
+def _sparse_list_column(by_row: dict[int, list], n: int, type_: pa.DataType) -> pa.Array:
+    """A list column where only the rows in ``by_row`` are non-empty (most spans have no events or links)."""
+    if not by_row:
+        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], type_.value_type))
+    return pa.array([by_row.get(i, []) for i in range(n)], type=type_)
+
+
+class _SpanRows:
+    """The spans of one request, accumulated column by column (the collector's hot loop)."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {n: [] for n in _SCALAR_COLUMNS}
+        self.attrs, self.resources = _MapBuilder(), _MapBuilder()
+        self.resource_index: list[int] = []  # per span: which resource_spans it came from
+        self.resource_rollout: list[str | None] = []  # per resource_spans
+        self.events: dict[int, list] = {}
+        self.links: dict[int, list] = {}
+
+    def add_resource(self, kvs: Iterable) -> int:
+        """Record a resource's attributes; returns its index."""
+        keys, values = _kv_lists(kvs)
+        self.resources.add_flat(keys, values)
+        self.resource_rollout.append(_lookup(keys, values, ROLLOUT_ATTR) or None)
+        return len(self.resource_rollout) - 1
+
+    def add_spans(self, spans: Iterable, resource: int, scope: object) -> None:
+        """One scope's spans; fields inherited from the scope and resource are repeated once per scope."""
+        c = self.cols
+        trace_id, span_id, parent = c["trace_id"].append, c["span_id"].append, c["parent_span_id"].append
+        trace_state, name, kind = c["trace_state"].append, c["name"].append, c["kind"].append
+        start, end = c["start_time_ns"].append, c["end_time_ns"].append
+        code, message = c["status_code"].append, c["status_message"].append
+        d_attrs, d_events = c["dropped_attributes_count"].append, c["dropped_events_count"].append
+        d_links = c["dropped_links_count"].append
+        keys, values, offsets = self.attrs.keys, self.attrs.values, self.attrs.offsets
+        add_key, add_value, add_offset = keys.append, values.append, offsets.append
+        kind_name, code_name = _KIND_NAMES.get, _STATUS_NAMES.get
+        first = len(c["name"])
+        for i, sp in enumerate(spans, first):
+            trace_id(sp.trace_id.hex())
+            span_id(sp.span_id.hex())
+            p = sp.parent_span_id
+            parent(p.hex() if p else None)
+            trace_state(sp.trace_state or None)
+            name(sp.name)
+            k = sp.kind
+            kind(kind_name(k) or str(k))
+            start(sp.start_time_unix_nano)
+            end(sp.end_time_unix_nano)
+            st = sp.status
+            k = st.code
+            code(code_name(k) or str(k))
+            message(st.message or None)
+            for kv in sp.attributes:
+                add_key(kv.key)
+                v = kv.value
+                text = v.string_value  # most attributes are strings: skip WhichOneof for them
+                add_value(text if text else any_to_text(v))
+            add_offset(len(keys))
+            if sp.events:
+                self.events[i] = _events(sp)
+            if sp.links:
+                self.links[i] = _links(sp)
+            d_attrs(sp.dropped_attributes_count)
+            d_events(sp.dropped_events_count)
+            d_links(sp.dropped_links_count)
+        n = len(c["name"]) - first
+        self.resource_index += [resource] * n
+        c["scope_name"] += [scope.name] * n
+        c["scope_version"] += [scope.version or None] * n
+
+    def rollout_ids(self) -> list[str]:
+        """Per span: its ``tracerl.rollout_id`` attribute, else its resource's, else its trace id."""
+        trace_ids, by_resource = self.cols["trace_id"], self.resource_rollout
+        if any(by_resource):
+            out = [by_resource[r] or t for r, t in zip(self.resource_index, trace_ids)]
+        else:
+            out = list(trace_ids)
+        keys, values, offsets = self.attrs.keys, self.attrs.values, self.attrs.offsets
+        if ROLLOUT_ATTR in keys:  # rare: one C-level scan decides, instead of a search per span
+            for i in range(len(out)):
+                try:  # searched in place: no copy of the span's keys
+                    value = values[keys.index(ROLLOUT_ATTR, offsets[i], offsets[i + 1])]
+                except ValueError:
+                    continue
+                out[i] = value or out[i]
+        return out
+
+    def table(self, received_at_ns: int) -> pa.Table:
+        n = len(self.cols["name"])
+        self.cols["rollout_id"] = self.rollout_ids()
+        maps = {
+            "attributes": self.attrs.array(),
+            "resource_attributes": self.resources.array().take(
+                pa.array(self.resource_index, type=pa.int32())
+            ),
+            "events": _sparse_list_column(self.events, n, SPANS_SCHEMA.field("events").type),
+            "links": _sparse_list_column(self.links, n, SPANS_SCHEMA.field("links").type),
+        }
+        return _assemble(SPANS_SCHEMA, self.cols, maps, received_at_ns)
+
+
+_SCALAR_COLUMNS = [
+    n for n in SPANS_SCHEMA.names if n not in ("attributes", "resource_attributes", "events", "links")
+]
+
+
 def trace_request_to_table(
     request: ExportTraceServiceRequest, received_at_ns: int, seen: KeySet | None = None
 ) -> pa.Table:
@@ -148,80 +294,12 @@ def trace_request_to_table(
     already in it are skipped, and new keys are added, so exporter retries never duplicate a
     span. Spans with invalid ids are expected to have been removed by ``receive.drop_invalid_spans``.
     """
-    cols: dict[str, list] = {
-        n: [] for n in SPANS_SCHEMA.names if n not in ("attributes", "resource_attributes")
-    }
-    attrs, resources = _MapBuilder(), _MapBuilder()
-    resource_index: list[int] = []  # per span: which resource_spans it came from
-    trace_id, span_id, parent = cols["trace_id"], cols["span_id"], cols["parent_span_id"]
-    for r, rs in enumerate(request.resource_spans):
-        rkeys, rvals = _kv_lists(rs.resource.attributes)
-        resources.add_flat(rkeys, rvals)
-        resource_rollout = _lookup(rkeys, rvals, ROLLOUT_ATTR)
+    rows = _SpanRows()
+    for rs in request.resource_spans:
+        r = rows.add_resource(rs.resource.attributes)
         for ss in rs.scope_spans:
-            scope_name, scope_version = ss.scope.name, ss.scope.version
-            for sp in ss.spans:
-                tid, sid = sp.trace_id, sp.span_id
-                if seen is not None:
-                    key = (tid, sid)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                tid_hex = tid.hex()
-                trace_id.append(tid_hex)
-                span_id.append(sid.hex())
-                parent.append(sp.parent_span_id.hex() if sp.parent_span_id else None)
-                cols["trace_state"].append(sp.trace_state or None)
-                cols["name"].append(sp.name)
-                cols["kind"].append(_KINDS[sp.kind] if 0 <= sp.kind < len(_KINDS) else str(sp.kind))
-                cols["start_time_ns"].append(sp.start_time_unix_nano)
-                cols["end_time_ns"].append(sp.end_time_unix_nano)
-                code = sp.status.code
-                cols["status_code"].append(_STATUS[code] if 0 <= code < len(_STATUS) else str(code))
-                cols["status_message"].append(sp.status.message or None)
-                start = len(attrs.keys)
-                attrs.add_kvs(sp.attributes)
-                resource_index.append(r)
-                cols["scope_name"].append(scope_name)
-                cols["scope_version"].append(scope_version or None)
-                cols["events"].append(
-                    [
-                        {
-                            "name": e.name,
-                            "time_ns": e.time_unix_nano,
-                            "attributes": list(zip(*_kv_lists(e.attributes))),
-                        }
-                        for e in sp.events
-                    ]
-                    if sp.events
-                    else []
-                )
-                cols["links"].append(
-                    [
-                        {
-                            "trace_id": ln.trace_id.hex(),
-                            "span_id": ln.span_id.hex(),
-                            "trace_state": ln.trace_state or None,
-                            "attributes": list(zip(*_kv_lists(ln.attributes))),
-                        }
-                        for ln in sp.links
-                    ]
-                    if sp.links
-                    else []
-                )
-                cols["dropped_attributes_count"].append(sp.dropped_attributes_count)
-                cols["dropped_events_count"].append(sp.dropped_events_count)
-                cols["dropped_links_count"].append(sp.dropped_links_count)
-                try:  # searched in place: no copy of the span's keys on the hot path
-                    span_rollout = attrs.values[attrs.keys.index(ROLLOUT_ATTR, start)]
-                except ValueError:
-                    span_rollout = None
-                cols["rollout_id"].append(span_rollout or resource_rollout or tid_hex)
-    maps = {
-        "attributes": attrs.array(),
-        "resource_attributes": resources.array().take(pa.array(resource_index, type=pa.int32())),
-    }
-    return _assemble(SPANS_SCHEMA, cols, maps, received_at_ns)
+            rows.add_spans(ss.spans if seen is None else _new_spans(ss.spans, seen), r, ss.scope)
+    return rows.table(received_at_ns)
 
 
 def logs_request_to_table(request: ExportLogsServiceRequest, received_at_ns: int) -> pa.Table:

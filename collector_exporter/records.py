@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
 from collector_exporter.quarantine import Quarantined
 from collector_exporter.rewards import dedupe_keys, rewards_to_table
-from collector_exporter.storable import log_problem, span_problem
+from collector_exporter.storable import log_problem, logs_rows_storable, span_problem, spans_rows_storable
 from collector_exporter.wal import Kind, Record
 
 log = logging.getLogger("tracerl.collector")
@@ -116,10 +116,10 @@ _SPAN_PATH = ("resource_spans", "scope_spans", "spans")
 _LOG_PATH = ("resource_logs", "scope_logs", "log_records")
 
 
-def _items(req: object, path: tuple[str, str, str]) -> Iterator[object]:
-    """The spans (or log records) of an OTLP request, through its resource and scope levels."""
+def _count(req: object, path: tuple[str, str, str]) -> int:
+    """How many spans (or log records) an OTLP request holds, through its resource and scope levels."""
     outer, inner, leaf = path
-    return (item for r in getattr(req, outer) for s in getattr(r, inner) for item in getattr(s, leaf))
+    return sum(len(getattr(s, leaf)) for r in getattr(req, outer) for s in getattr(r, inner))
 
 
 def _single_items(req: object, path: tuple[str, str, str]) -> Iterator[tuple[object, object]]:
@@ -140,10 +140,11 @@ class _Signal:
 
     table: str
     parse: Callable[[bytes], object]
-    items: Callable[[object], Iterator[object]]  # the spans, log records or reward rows of a request
+    count: Callable[[object], int]  # the spans, log records or reward rows of a request
     split: Callable[[object], Iterator[tuple[object, object]]]  # (item, a request of just that item)
-    problem: Callable[[object], str | None]  # storable.py: the receiver's own rules
+    problem: Callable[[object], str | None]  # storable.py: the receiver's own rules, for one item
     to_table: Callable[[object, int, StagedKeys], pa.Table]
+    rows_storable: Callable[[pa.Table], bool]  # storable.py: the same rules on the converted rows at once
     encode: Callable[[object], bytes]
 
 
@@ -151,28 +152,31 @@ _SIGNALS = {
     Kind.TRACES: _Signal(
         "spans",
         ExportTraceServiceRequest.FromString,
-        lambda req: _items(req, _SPAN_PATH),
+        lambda req: _count(req, _SPAN_PATH),
         lambda req: _single_items(req, _SPAN_PATH),
         span_problem,
         lambda req, ts, seen: trace_request_to_table(req, ts, seen=seen),
+        spans_rows_storable,
         lambda req: req.SerializeToString(),
     ),
     Kind.LOGS: _Signal(
         "logs",
         ExportLogsServiceRequest.FromString,
-        lambda req: _items(req, _LOG_PATH),
+        lambda req: _count(req, _LOG_PATH),
         lambda req: _single_items(req, _LOG_PATH),
         log_problem,
         lambda req, ts, seen: _filter_new(logs_request_to_table(req, ts), "log_id", seen),
+        logs_rows_storable,
         lambda req: req.SerializeToString(),
     ),
     Kind.REWARDS: _Signal(
         "rewards",
         json.loads,
-        iter,
+        lambda rows: sum(1 for _ in rows),
         lambda rows: ((row, [row]) for row in rows),
         lambda row: None,
         lambda rows, ts, seen: _reward_rows_new(rewards_to_table(rows, ts), seen),
+        lambda table: True,
         lambda rows: json.dumps(rows).encode(),
     ),
 }
@@ -183,8 +187,9 @@ def convert_record(
 ) -> tuple[str, list[pa.Table], list[Quarantined], int]:
     """One WAL record as (table name, tables of new rows, quarantined items, items seen before).
 
-    The whole request is converted at once when every item is storable (the fast path); otherwise,
-    or when conversion fails, item by item, so one bad item costs only itself."""
+    The whole request is converted at once and its rows checked together (the fast path); when a
+    row is not storable, or conversion fails, it is done again item by item, so one bad item costs
+    only itself and is quarantined with the reason ``storable.py`` gives for it."""
     signal = _SIGNALS.get(rec.kind)
     if signal is None:
         return (
@@ -204,10 +209,7 @@ def convert_record(
     seen = staged[signal.table]
     try:
         msg = signal.parse(rec.payload)
-        n_items, storable = 0, True
-        for item in signal.items(msg):
-            n_items += 1
-            storable = storable and signal.problem(item) is None
+        n_items = signal.count(msg)
     except Exception as e:  # passed the CRC yet does not parse: keep the bytes, say why
         reason = f"record does not parse: {type(e).__name__}: {e}"
         return (
@@ -216,15 +218,18 @@ def convert_record(
             [Quarantined(signal.table, reason, rec.kind, rec.received_at_ns, rec.payload)],
             0,
         )
+    mark = seen.mark()
+    try:
+        table = signal.to_table(msg, rec.received_at_ns, seen)
+        storable = signal.rows_storable(table)
+    except (OverflowError, pa.ArrowInvalid):  # a value its column cannot hold: named item by item below
+        storable = False
+    except Exception:
+        log.exception("converting a %s record failed; retrying item by item", signal.table)
+        storable = False
     if storable:
-        mark = seen.mark()
-        try:
-            table = signal.to_table(msg, rec.received_at_ns, seen)
-        except Exception:
-            seen.roll_back(mark)
-            log.exception("converting a %s record failed; retrying item by item", signal.table)
-        else:
-            return signal.table, [table], [], n_items - table.num_rows
+        return signal.table, [table], [], n_items - table.num_rows
+    seen.roll_back(mark)
     tables, bad, dups = [], [], 0
     for item, one in signal.split(msg):
         why = signal.problem(item)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -109,6 +110,37 @@ def log_problem(rec: object) -> str | None:
     if (rec.flags | rec.dropped_attributes_count) > _LOG_COUNT_MAX:
         return _over(rec, LOG_COUNTS, _LOG_COUNT_MAX, "log record")
     return None
+
+
+def _hex_ids_ok(column: pa.ChunkedArray | pa.Array, n_bytes: int, *, optional: bool) -> pa.Array:
+    """Per row: the hex id has ``n_bytes`` bytes and is not all zeros (or is null, when ``optional``)."""
+    ok = pc.equal(pc.utf8_length(column), 2 * n_bytes)
+    if not optional:
+        ok = pc.and_(ok, pc.not_equal(column, "0" * (2 * n_bytes)))
+    return pc.fill_null(ok, optional)
+
+
+def spans_rows_storable(table: pa.Table) -> bool:
+    """Whether every row of a converted spans table passes ``span_problem``: the compactor's fast path,
+    one check on the columns instead of a walk over the spans. Only the ids need checking here: the
+    integer limits were enforced when the int64/int32 columns were built (``pa.array`` raises on a value
+    its column cannot hold, and the compactor then goes item by item, where ``span_problem`` names it)."""
+    ok = pc.and_(
+        pc.and_(
+            _hex_ids_ok(table["trace_id"], 16, optional=False),
+            _hex_ids_ok(table["span_id"], 8, optional=False),
+        ),
+        _hex_ids_ok(table["parent_span_id"], 8, optional=True),
+    )
+    return len(table) == 0 or pc.all(ok).as_py()
+
+
+def logs_rows_storable(table: pa.Table) -> bool:
+    """``log_problem`` for every row of a converted logs table, on the columns (as ``spans_rows_storable``)."""
+    ok = pc.and_(
+        _hex_ids_ok(table["trace_id"], 16, optional=True), _hex_ids_ok(table["span_id"], 8, optional=True)
+    )
+    return len(table) == 0 or pc.all(ok).as_py()
 
 
 def _drop(containers: Iterable, problem: Callable[[object], str | None]) -> tuple[int, int, str]:

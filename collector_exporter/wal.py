@@ -75,6 +75,7 @@ def read_records(path: Path) -> tuple[list[Record], int]:
     acknowledged, because the ack waits for the fsync that covers the whole record.
     """
     data = path.read_bytes()
+    view = memoryview(data)  # the CRC reads the record in place: only its payload is copied, once
     out: list[Record] = []
     pos = 0
     while pos + 8 <= len(data):
@@ -82,11 +83,10 @@ def read_records(path: Path) -> tuple[list[Record], int]:
         end = pos + 8 + length
         if length < 9 or end > len(data):
             break
-        body = data[pos + 8 : end]
-        if zlib.crc32(body) != crc:
+        if zlib.crc32(view[pos + 8 : end]) != crc:
             break
-        kind, ts = struct.unpack_from("<BQ", body, 0)
-        out.append(Record(Kind(kind) if kind in _KINDS else kind, ts, body[9:]))
+        kind, ts = struct.unpack_from("<BQ", data, pos + 8)
+        out.append(Record(Kind(kind) if kind in _KINDS else kind, ts, data[pos + 17 : end]))
         pos = end
     return out, pos
 
@@ -196,7 +196,9 @@ class WriteAheadLog:
                 self._cv.wait()
             failed = self._failed.pop(seq, None)
             if failed is not None:
-                raise WalWriteError(failed.errno, f"write-ahead log could not store the request: {failed}") from failed
+                raise WalWriteError(
+                    failed.errno, f"write-ahead log could not store the request: {failed}"
+                ) from failed
             if self._error is not None and self._resolved_seq < seq:
                 raise OSError(f"write-ahead log failed: {self._error}") from self._error
 
@@ -221,10 +223,14 @@ class WriteAheadLog:
             os.close(self._lock_fd)
             self._lock_fd = None
         if self._error is not None:
-            raise WalError(f"the WAL writer stopped on {self._error!r}; {self.dir} is replayed on the next start")
+            raise WalError(
+                f"the WAL writer stopped on {self._error!r}; {self.dir} is replayed on the next start"
+            )
         if self._unsealed or self._seg_path is not None:
-            raise WalError(f"could not seal {[p.name for p in self._unsealed]} in {self.dir} ({self.last_write_error}); "
-                           "the next start replays it")
+            raise WalError(
+                f"could not seal {[p.name for p in self._unsealed]} in {self.dir} ({self.last_write_error}); "
+                "the next start replays it"
+            )
 
     # -- the writer thread ---------------------------------------------------------------
     def _open_segment(self) -> None:
@@ -314,7 +320,9 @@ class WriteAheadLog:
                 self._retry_unsealed()
                 age = time.monotonic() - self._seg_opened
                 if self._fd is not None and (
-                    closing or seal_now or self._seg_bytes >= self.max_segment_bytes
+                    closing
+                    or seal_now
+                    or self._seg_bytes >= self.max_segment_bytes
                     or (self._seg_bytes and age >= self.max_segment_age_s)
                 ):
                     self._seal_segment()

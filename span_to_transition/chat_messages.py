@@ -15,9 +15,16 @@ from typing import Any
 
 from span_to_transition.records import LLMCall, Span, as_int, load_json
 
-FINISH_REASONS = {"tool_call": "tool_calls", "tool_use": "tool_calls", "function_call": "tool_calls", "max_tokens": "length",
-                  "end_turn": "stop", "stop_sequence": "stop", "tool-calls": "tool_calls",
-                  "content-filter": "content_filter"}
+FINISH_REASONS = {
+    "tool_call": "tool_calls",
+    "tool_use": "tool_calls",
+    "function_call": "tool_calls",
+    "max_tokens": "length",
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool-calls": "tool_calls",
+    "content-filter": "content_filter",
+}
 """Semconv / provider spellings mapped to the OpenAI ``finish_reason`` values the trainer sees."""
 
 # ---------------------------------------------------------------------------------------------
@@ -42,8 +49,14 @@ def tool_call(call_id: str | None, name: str | None, arguments: Any) -> dict[str
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def message(role: str, content: Any = None, *, tool_calls: list[dict[str, Any]] | None = None,
-            tool_call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
+def message(
+    role: str,
+    content: Any = None,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    tool_call_id: str | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     """A canonical OpenAI chat message: ``role`` and ``content`` always, the rest only when set."""
     out: dict[str, Any] = {"role": role, "content": content if content != "" or role != "assistant" else None}
     if tool_calls:
@@ -85,12 +98,19 @@ def normalise_tools(tools: Any) -> list[dict[str, Any]] | None:
 def _openai_message(m: Mapping[str, Any]) -> dict[str, Any]:
     """An already OpenAI-shaped message dict (events, ``input.value``), canonicalised."""
     calls = [
-        tool_call(c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+        tool_call(
+            c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")
+        )
         for c in (m.get("tool_calls") or [])
         if isinstance(c, dict)
     ]
-    return message(m.get("role") or "user", m.get("content"), tool_calls=calls or None,
-                   tool_call_id=m.get("tool_call_id"), name=m.get("name"))
+    return message(
+        m.get("role") or "user",
+        m.get("content"),
+        tool_calls=calls or None,
+        tool_call_id=m.get("tool_call_id"),
+        name=m.get("name"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,8 +142,14 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
             continue
         role = m.get("role") or "user"
         ps = m["parts"]
-        if isinstance(ps, list) and len(ps) == 1 and isinstance(ps[0], dict) and ps[0].get("type") == "text" \
-                and not m.get("name") and "tool_call_id" not in m:  # the common case: ``message(role, text)``
+        if (
+            isinstance(ps, list)
+            and len(ps) == 1
+            and isinstance(ps[0], dict)
+            and ps[0].get("type") == "text"
+            and not m.get("name")
+            and "tool_call_id" not in m
+        ):  # the common case: ``message(role, text)``
             text = ps[0].get("content") or ""
             out.append({"role": role, "content": text if text or role != "assistant" else None})
             continue
@@ -137,14 +163,23 @@ def messages_from_parts(items: Any) -> list[dict[str, Any]]:
             elif kind == "tool_call":
                 calls.append(tool_call(p.get("id"), p.get("name"), p.get("arguments")))
             elif kind == "tool_call_response":
-                results.append(message("tool", _text(p.get("response", p.get("result"))), tool_call_id=p.get("id")))
+                results.append(
+                    message("tool", _text(p.get("response", p.get("result"))), tool_call_id=p.get("id"))
+                )
         if m.get("tool_calls"):  # LiteLLM's hybrid: OpenAI ``tool_calls`` / ``tool_call_id`` beside the parts
             calls += _openai_message({"role": role, "tool_calls": m["tool_calls"]}).get("tool_calls", [])
         if results:
             out.extend(results)
         if texts or calls or not results:
-            out.append(message(role, _join_text(texts), tool_calls=calls or None, name=m.get("name"),
-                               tool_call_id=m.get("tool_call_id")))
+            out.append(
+                message(
+                    role,
+                    _join_text(texts),
+                    tool_calls=calls or None,
+                    name=m.get("name"),
+                    tool_call_id=m.get("tool_call_id"),
+                )
+            )
     return out
 
 
@@ -152,7 +187,9 @@ def _system_message(instructions: Any) -> dict[str, Any] | None:
     if isinstance(instructions, str):
         return message("system", instructions)
     if isinstance(instructions, list):
-        texts = [p.get("content") or "" for p in instructions if isinstance(p, dict) and p.get("type") == "text"]
+        texts = [
+            p.get("content") or "" for p in instructions if isinstance(p, dict) and p.get("type") == "text"
+        ]
         if texts:
             return message("system", _join_text(texts))
     return None
@@ -177,17 +214,31 @@ def _usage(attrs: Mapping[str, str], key: str, old_key: str) -> int | None:
     return as_int(attrs.get(old_key)) if v is None else v
 
 
-def _common(span: Span, attrs: Mapping[str, str], dialect: str, messages: list[dict[str, Any]],
-            response: dict[str, Any] | None, finish: str | None, tools: Any) -> LLMCall:
+def _common(
+    span: Span,
+    attrs: Mapping[str, str],
+    dialect: str,
+    messages: list[dict[str, Any]],
+    response: dict[str, Any] | None,
+    finish: str | None,
+    tools: Any,
+) -> LLMCall:
     get = attrs.get
     return LLMCall(
-        span.span_id, span.trace_id, dialect, messages, response,
+        span.span_id,
+        span.trace_id,
+        dialect,
+        messages,
+        response,
         normalise_tools(tools) if tools else None,
         normalise_finish_reason(finish or _finish_from_attr(attrs)),
-        get("gen_ai.request.model"), get("gen_ai.response.model"), get("gen_ai.response.id"),
+        get("gen_ai.request.model"),
+        get("gen_ai.response.model"),
+        get("gen_ai.response.id"),
         _usage(attrs, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
         _usage(attrs, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
-        span.start_time_ns, span.end_time_ns,
+        span.start_time_ns,
+        span.end_time_ns,
     )
 
 
@@ -237,23 +288,27 @@ def chat_problem(messages: list[dict[str, Any]], response: dict[str, Any] | None
     (``messages == []``, ``response is None``) has no chat to check: its ids are the truth."""
     issued: set[str] = set()
     for i, m in enumerate(messages):
-        where = f"prompt_messages[{i}]"
         role = m.get("role")
         if role == "assistant":
             calls = m.get("tool_calls")
             if not calls and not _says_something(m.get("content")):
-                return ChatProblem(ASSISTANT_EMPTY, where)
-            found = _calls_problem(calls, where)
+                return ChatProblem(ASSISTANT_EMPTY, f"prompt_messages[{i}]")
+            found = _calls_problem(calls, f"prompt_messages[{i}]") if calls else None
             if found:
                 return found
             issued.update(c.get("id") for c in calls or [] if c.get("id"))
         elif role == "tool":
-            if m.get("content") is None:
-                return ChatProblem(TOOL_NO_CONTENT, where)
-            if not m.get("tool_call_id"):
-                return ChatProblem(TOOL_NO_ID, where)
-            if m["tool_call_id"] not in issued:
-                return ChatProblem(TOOL_UNKNOWN_ID, where)
+            problem = (
+                TOOL_NO_CONTENT
+                if m.get("content") is None
+                else TOOL_NO_ID
+                if not m.get("tool_call_id")
+                else TOOL_UNKNOWN_ID
+                if m["tool_call_id"] not in issued
+                else None
+            )
+            if problem:
+                return ChatProblem(problem, f"prompt_messages[{i}]")  # (where: formatted only for a problem)
     if response is not None:
         calls = response.get("tool_calls")
         if not calls and not _says_something(response.get("content")):

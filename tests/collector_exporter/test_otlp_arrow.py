@@ -6,6 +6,7 @@ import json
 import time
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -151,3 +152,40 @@ def test_structured_values_are_encoded_as_the_public_json_encoder_does():
         "[]",
     ]
     assert [any_to_text(v) for v in values] == [public(any_to_py(v)) for v in values] == expected
+
+
+def test_string_arrays_take_the_short_path_to_the_same_json_text():
+    """Arrays of strings (``gen_ai.response.finish_reasons``) skip ``any_to_py``; their text is still the encoder's."""
+    public = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    for strings in (["stop"], ["a", 'é "q"\n\\', "\U0001f600", "\x00\x1f\x7f"], ["x", ""], []):
+        value = AnyValue(array_value=ArrayValue(values=[AnyValue(string_value=s) for s in strings]))
+        assert any_to_text(value) == public(strings)
+
+
+def test_rows_keep_their_own_resource_scope_events_and_rollout_across_several_resources():
+    req = ExportTraceServiceRequest()
+    for r in range(2):
+        rs = req.resource_spans.add()
+        rs.resource.attributes.add(key="service.name", value=AnyValue(string_value=f"svc{r}"))
+        if r == 1:
+            rs.resource.attributes.add(key="tracerl.rollout_id", value=AnyValue(string_value="res-rollout"))
+        for s in range(2):
+            ss = rs.scope_spans.add()
+            ss.scope.name, ss.scope.version = f"scope{r}{s}", "" if s else "1.0"
+            for i in range(3):
+                sp = ss.spans.add(trace_id=bytes([r + 1]) * 16, span_id=bytes([r * 16 + s * 4 + i + 1]) * 8)
+                sp.name = f"{r}{s}{i}"
+                if i == 1:
+                    sp.events.add(name="ev", time_unix_nano=5)
+                    sp.attributes.add(key="tracerl.rollout_id", value=AnyValue(string_value=f"span-{r}{s}"))
+    rows = {
+        row["name"]: row for row in trace_request_to_table(req, 1).drop_columns(["received_at"]).to_pylist()
+    }
+    assert len(rows) == 12
+    for name, row in rows.items():
+        r, s, i = (int(c) for c in name)
+        assert dict(row["resource_attributes"])["service.name"] == f"svc{r}"
+        assert (row["scope_name"], row["scope_version"]) == (f"scope{r}{s}", None if s else "1.0")
+        assert [e["name"] for e in row["events"]] == (["ev"] if i == 1 else [])
+        expected = f"span-{r}{s}" if i == 1 else ("res-rollout" if r == 1 else row["trace_id"])
+        assert row["rollout_id"] == expected
