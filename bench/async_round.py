@@ -28,52 +28,119 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._phases import Agent, covered, phases  # noqa: E402
+
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
 
 
-def union_seconds(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] covered by at least one span."""
-    covered, end = 0.0, lo
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in spans):
-        if e <= end:
-            continue
-        covered += e - max(s, end)
-        end = e
-    return covered
+def store_timeline(store: Path) -> tuple[list[Agent], list[Agent], list[dict]]:
+    """What the store recorded: the training batches' and the held-out evaluations' agent processes
+    (driver records) with their LLM calls (gateway spans), and the rounds manifest's rows."""
+    from datetime import datetime
+
+    from store.location import parse_store
+    from store.views import connect_readonly
+    from trainer.manifest import read_rounds
+
+    loc = parse_store(store)
+    con = connect_readonly(loc)
+    try:
+        # a gateway span carries the agent's trace id; the agent's own spans carry its rollout id
+        rows = con.execute(
+            "SELECT a.rollout_id, g.start_time_ns / 1e9, g.end_time_ns / 1e9 FROM spans g JOIN "
+            "(SELECT DISTINCT trace_id, rollout_id FROM spans WHERE name NOT LIKE 'tracerl.gateway %') a "
+            "USING (trace_id) WHERE g.name LIKE 'tracerl.gateway %'"
+        ).fetchall()
+    finally:
+        con.close()
+    calls: dict[str, list[tuple[float, float]]] = {}
+    for rid, s, e in rows:
+        calls.setdefault(rid, []).append((s, e))
+    train, heldout = [], []
+    for f in sorted((store / "rollouts").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            start = datetime.fromisoformat(r["started_at"]).timestamp()
+            agent = Agent(start, start + r["duration_s"], sorted(calls.get(r["rollout_id"], [])))
+            (heldout if r["task_id"].startswith("heldout-") else train).append(agent)
+    return train, heldout, list(read_rounds(loc).values())
 
 
-def measure(run) -> dict:
-    """The figures of one demo run (a ``tracerl.demo.DemoRun``)."""
+def measure(run, clock: float) -> dict:
+    """The figures of one demo run (a ``tracerl.demo.DemoRun``); ``clock``: wall minus monotonic time."""
     lo = min(s for s, _ in run.rollout_spans)
     hi = max(e for _, e in run.train_spans)
     window = hi - lo
     before = next((h for k, h in run.heldout if k == 0), None)
     after = max(run.heldout, key=lambda kh: kh[0]) if run.heldout else None
+    train, heldout, manifest = store_timeline(run.store)
+    wall = [(s + clock, e + clock) for s, e in run.rollout_spans]
+    split = phases(
+        (lo + clock, hi + clock),
+        wall,
+        [(s + clock, e + clock) for s, e in run.train_spans],
+        train,
+        [c for a in heldout for c in a.calls],
+        [json.loads(r["timings"] or "{}") for r in manifest],
+        sum(r.convert_s for r in run.loop_rounds),
+        sum(r.wait_s for r in run.loop_rounds),
+    )
     return {
-        "rounds": len(run.rounds), "samples": run.samples, "window_s": round(window, 1),
+        "rounds": len(run.rounds),
+        "samples": run.samples,
+        "window_s": round(window, 1),
         "samples_per_min": round(run.samples / (window / 60.0), 2) if window > 0 else None,
-        "engine_idle": round(1 - union_seconds(run.rollout_spans, lo, hi) / window, 3),
-        "trainer_idle": round(1 - union_seconds(run.train_spans, lo, hi) / window, 3),
+        "engine_idle": round(1 - covered(run.rollout_spans, lo, hi) / window, 3),
+        "trainer_idle": round(1 - covered(run.train_spans, lo, hi) / window, 3),
         "heldout_before": before.success if before else None,
         "heldout_after": after[1].success if after else None,
         "heldout_n": after[1].n if after else None,
         "round_seconds": [round(r.seconds, 1) for r in run.rounds],
+        "phases": {label: round(v, 2) for label, v in split.rows()},
+        "per_round": [
+            {
+                "round": r.round,
+                "seconds": round(r.seconds, 1),
+                "wait": round(r.wait_s, 1),
+                "rollout": round(r.rollout_s, 1),
+                "convert": round(r.convert_s, 1),
+                "train": round(r.train_s, 1),
+            }
+            for r in run.loop_rounds
+        ],
     }
+
+
+def print_split(results: dict[str, dict]) -> None:
+    """Seconds per phase per mode, one column per mode."""
+    labels = list(next(iter(results.values()))["phases"])
+    print(f"\n{'where the window went (s)':<36}" + "".join(f"{m:>10}" for m in results))
+    for label in labels:
+        print(f"{label:<36}" + "".join(f"{r['phases'].get(label, 0.0):>10.2f}" for r in results.values()))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="0,1,2", help="--max-staleness values to run, the first is the baseline; "
-                    "K:T also sets --train-threads T")
+    ap.add_argument(
+        "--modes",
+        default="0,1,2",
+        help="--max-staleness values to run, the first is the baseline; K:T also sets --train-threads T",
+    )
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--heldout-samples", type=int, default=4)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
-                    help="SmolLM2 directory (default: .models/smollm2-135m-instruct, else built per run)")
-    ap.add_argument("--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)")
+    ap.add_argument(
+        "--model",
+        default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
+        help="SmolLM2 directory (default: .models/smollm2-135m-instruct, else built per run)",
+    )
+    ap.add_argument(
+        "--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)"
+    )
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
@@ -85,22 +152,35 @@ def main() -> int:
     results: dict[str, dict] = {}
     for mode in modes:
         k, _, threads = mode.partition(":")
-        print(f"\n=== --max-staleness {k}" + (f" --train-threads {threads}" if threads else "") + " ===", flush=True)
-        cfg = DemoConfig(workdir=str(work / f"staleness-{mode.replace(':', '-t')}"), model=args.model,
-                         rounds=args.rounds, heldout_samples=args.heldout_samples, max_staleness=int(k),
-                         train_threads=int(threads) if threads else None)
-        results[mode] = measure(run_demo(cfg))
+        print(
+            f"\n=== --max-staleness {k}" + (f" --train-threads {threads}" if threads else "") + " ===",
+            flush=True,
+        )
+        cfg = DemoConfig(
+            workdir=str(work / f"staleness-{mode.replace(':', '-t')}"),
+            model=args.model,
+            rounds=args.rounds,
+            heldout_samples=args.heldout_samples,
+            max_staleness=int(k),
+            train_threads=int(threads) if threads else None,
+        )
+        results[mode] = measure(run_demo(cfg), time.time() - time.monotonic())
         print(json.dumps(results[mode]), flush=True)
 
     base = results[modes[0]]
-    print(f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
-          f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}")
+    print(
+        f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
+        f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}"
+    )
     for k, r in results.items():
         ratio = r["samples_per_min"] / base["samples_per_min"] if base["samples_per_min"] else float("nan")
         r["ratio"] = round(ratio, 3)
-        print(f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
-              f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
-              f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})")
+        print(
+            f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
+            f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
+            f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
+        )
+    print_split(results)
     for k, r in results.items():
         if k != modes[0]:
             print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")

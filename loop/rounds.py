@@ -105,6 +105,7 @@ class RoundDone:
     rollout_s: float  # the batch's own time (run ahead, when lead > 0)
     convert_s: float
     train_s: float
+    wait_s: float = 0.0  # waiting for the batch (on-policy: all of it; run ahead: what was left of it)
 
 
 @dataclass
@@ -261,7 +262,7 @@ def one_round(
     if action != "record":
         return NoSignal(version=state.k, records=batch.records, stopping=action == "stop")
     row = record_round(plan, stages, state.k, outcome)
-    return RoundDone(state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2)
+    return RoundDone(state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2, t1 - t0)
 
 
 def run_rounds(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loop.rounds import RoundDone
 from options import UsageError, opt
 from tracerl.demo_output import RoundResult
 from tracerl.demo_tasks import PRESETS, DemoTask, HeldOut
@@ -128,6 +129,7 @@ class DemoRun:
     rollout_spans: list[tuple[float, float]] = field(default_factory=list)
     train_spans: list[tuple[float, float]] = field(default_factory=list)
     samples: int = 0  # calls trained on, all rounds
+    loop_rounds: list[RoundDone] = field(default_factory=list)  # each round's phases (bench/async_round.py)
     judged: list[BatchJudgment] = field(default_factory=list)  # --reward judge: each round's judging
     judge_total: BatchJudgment | None = None  # --reward judge: all rounds' rollouts together
 
