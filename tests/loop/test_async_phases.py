@@ -28,7 +28,9 @@ def test_on_policy_round_shows_the_gap_between_rollouts_and_training() -> None:
     """Batch 0..10 (agents start at 0, first call at 1, last call ends at 8, batch stored at 10),
     round 10..16, batch 16..26: the engine idles while the round trains and at each batch's edges."""
     agents = [Agent(0, 9, [(1, 5), (5.5, 8)]), Agent(16, 25, [(17, 24)])]
-    p = phases((0, 26), [(0, 10), (16, 26)], [(10, 16)], agents, [], [{"train": 4.0, "publish": 1.0}], 0.5, 20)
+    p = phases(
+        (0, 26), [(0, 10), (16, 26)], [(10, 16)], agents, [], [{"train": 4.0, "publish": 1.0}], 0.5, 20
+    )
     assert p.window == 26
     assert p.engine_busy == pytest.approx(6.5 + 7)
     assert p.engine_idle == pytest.approx(26 - 13.5)
