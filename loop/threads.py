@@ -30,17 +30,22 @@ def candidates(limit: int) -> list[int]:
 
 
 def pick_threads(means: dict[int, float], limit: int, asked: int, reprobe_every: int) -> int:
-    """The threads for the next micro-batch: an untried candidate first (largest first: the count
-    a quiet machine wants), then the one with the lowest mean seconds per micro-batch; every
-    ``reprobe_every``-th ask the runner-up, so a count that lost under a load that has since gone
-    gets another chance."""
+    """The threads for the next micro-batch: an untried candidate first (largest first: the count a
+    quiet machine wants), then the one with the lowest mean seconds per micro-batch. The runner-up
+    is tried again every ``reprobe_every`` x (its mean / the best mean) asks, so a count that lost
+    under a load that has since gone gets another chance, and a retry costs at most about
+    1/``reprobe_every`` of the training time however badly that count lost (2 threads on a busy
+    machine: 5x)."""
     cands = candidates(limit)
     untried = [n for n in cands if n not in means]
     if untried:
         return untried[-1]
     ranked = sorted(cands, key=lambda n: means[n])
-    if len(ranked) > 1 and reprobe_every > 0 and asked % reprobe_every == reprobe_every - 1:
-        return ranked[1]
+    if len(ranked) > 1 and reprobe_every > 0:
+        ratio = means[ranked[1]] / means[ranked[0]] if means[ranked[0]] > 0 else 1.0
+        every = max(2, round(reprobe_every * ratio))
+        if asked % every == every - 1:
+            return ranked[1]
     return ranked[0]
 
 
@@ -49,7 +54,7 @@ class ThreadChooser:
     """``choose(limit)`` before each micro-batch (the ``threads_now`` hook); ``begin()`` at the start of
     each trainer call, so the time between calls is not taken for a micro-batch."""
 
-    reprobe_every: int = 8
+    reprobe_every: int = 16
     clock: Callable[[], float] = time.monotonic
     # limit -> threads -> running mean seconds per micro-batch; kept per limit, since a limit stands
     # for what runs beside (1 beside a batch's agents, the cores alone): one count, two machines
