@@ -102,6 +102,8 @@ def measure(run, clock: float) -> dict:
         "heldout_n": after[1].n if after else None,
         "round_seconds": [round(r.seconds, 1) for r in run.rounds],
         "phases": {label: round(v, 2) for label, v in split.rows()},
+        # the trainer's seconds per micro-batch by thread limit, then count (loop/threads.py)
+        "thread_means": {lim: {n: round(v, 2) for n, v in m.items()} for lim, m in run.thread_means.items()},
         "per_round": [
             {
                 "round": r.round,

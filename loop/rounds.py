@@ -134,6 +134,8 @@ class LoopResult:
     # monotonic (start, end) of each training batch and of each round's training: idle fractions
     rollout_spans: list[tuple[float, float]] = field(default_factory=list)
     train_spans: list[tuple[float, float]] = field(default_factory=list)
+    # LoopPlan.measure_threads: the trainer's mean seconds per micro-batch by thread limit and count
+    thread_means: dict[int, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -333,4 +335,6 @@ def run_rounds(
     if state.background is not None:
         state.background.shutdown()
     result.version = state.k
+    if state.chooser is not None:
+        result.thread_means = state.chooser.means
     return result

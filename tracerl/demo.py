@@ -178,7 +178,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
                         on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None))
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
-    run.loop_rounds = result.rounds
+    run.loop_rounds, run.thread_means = result.rounds, result.thread_means
     run.judge_total = parts.judge_total()
     if run.judge_total is not None:
         from judge.batch import format_judgment

@@ -132,6 +132,7 @@ class DemoRun:
     train_spans: list[tuple[float, float]] = field(default_factory=list)
     samples: int = 0  # calls trained on, all rounds
     loop_rounds: list[RoundDone] = field(default_factory=list)  # each round's phases (bench/async_round.py)
+    thread_means: dict[int, dict[int, float]] = field(default_factory=dict)  # loop.rounds.LoopResult's
     judged: list[BatchJudgment] = field(default_factory=list)  # --reward judge: each round's judging
     judge_total: BatchJudgment | None = None  # --reward judge: all rounds' rollouts together
 
