@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +120,40 @@ def measure(run, clock: float) -> dict:
     }
 
 
+class LoadSampler:
+    """The 1-minute load average every ``every_s`` seconds while a mode runs, in a daemon thread: the
+    machine is shared, and a figure measured at load 12 is not one measured at load 2."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s, self.samples = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append((time.time(), os.getloadavg()[0]))
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, lo: float, hi: float) -> dict:
+        """Mean, min and max of the samples taken inside [lo, hi] (wall clock)."""
+        xs = [v for t, v in self.samples if lo <= t <= hi] or [v for _, v in self.samples]
+        if not xs:
+            return {}
+        return {"mean": round(sum(xs) / len(xs), 2), "min": round(min(xs), 2), "max": round(max(xs), 2)}
+
+
+def window_of(run, clock: float) -> tuple[float, float]:
+    """The measured window (first training batch's start .. last round's end), wall clock."""
+    return min(s for s, _ in run.rollout_spans) + clock, max(e for _, e in run.train_spans) + clock
+
+
 def print_split(results: dict[str, dict]) -> None:
     """Seconds per phase per mode, one column per mode."""
     labels = list(next(iter(results.values()))["phases"])
@@ -166,7 +202,10 @@ def main() -> int:
             max_staleness=int(k),
             train_threads=int(threads) if threads else None,
         )
-        results[mode] = measure(run_demo(cfg), time.time() - time.monotonic())
+        with LoadSampler() as load:
+            run = run_demo(cfg)
+        results[mode] = measure(run, time.time() - time.monotonic())
+        results[mode]["load"] = load.summary(*window_of(run, time.time() - time.monotonic()))
         print(json.dumps(results[mode]), flush=True)
 
     base = results[modes[0]]
@@ -183,6 +222,8 @@ def main() -> int:
             f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
         )
     print_split(results)
+    for k, r in results.items():
+        print(f"load average (1 min) during mode {k}'s window: {r['load']}")
     for k, r in results.items():
         if k != modes[0]:
             print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")
