@@ -80,7 +80,7 @@ class Phases:
         str, float
     ]  # the manifest's timings, summed over rounds (dataset, train, publish, ...)
     both_idle: float  # no call in flight and no round training: the machine waited
-    convert: float  # converting batches (the loop, between a batch and its round)
+    convert: float  # converting batches in the loop, between a batch and its round (on the trainer's path)
     wait_batch: float  # the loop waiting for the batch its round trains on
     agent_start: float  # mean seconds from an agent's process start to its first call
     agent_exit: float  # mean seconds from an agent's last call's end to its process exit
@@ -100,7 +100,7 @@ class Phases:
         rows += [(f"  trainer {k}", v) for k, v in sorted(self.trainer_parts.items())]
         rows += [
             ("both idle", self.both_idle),
-            ("convert", self.convert),
+            ("convert (in the loop)", self.convert),
             ("wait for batch", self.wait_batch),
             ("batch head (start -> 1st call)", self.batch_head),
             ("batch tail (last call -> stored)", self.batch_tail),

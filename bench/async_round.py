@@ -113,6 +113,7 @@ def measure(run, clock: float) -> dict:
                 "wait": round(r.wait_s, 1),
                 "rollout": round(r.rollout_s, 1),
                 "convert": round(r.convert_s, 1),
+                "batch_convert": round(r.batch_convert_s, 1),
                 "train": round(r.train_s, 1),
             }
             for r in run.loop_rounds

@@ -84,6 +84,10 @@ class Batch:
 
     records: list[Any]
     seconds: float
+    # set when the batch's producer converted it once stored (``Stages.convert``'s answer and its
+    # seconds): with batches run ahead that happens in the producer's thread, off the trainer's path
+    converted: tuple[int, str] | None = None
+    convert_s: float = 0.0
 
 
 @dataclass
@@ -113,6 +117,9 @@ class RoundDone:
     convert_s: float
     train_s: float
     wait_s: float = 0.0  # waiting for the batch (on-policy: all of it; run ahead: what was left of it)
+    batch_convert_s: float = (
+        0.0  # the conversion its producer did once the batch was stored (Batch.convert_s)
+    )
 
 
 @dataclass
@@ -231,8 +238,9 @@ def check_published(k: int, outcome: Outcome, row: dict[str, Any] | None, report
 
 # ------------------------------------------------------------------------------------ the phases
 def convert_batch(stages: Stages, k: int, batch: Batch) -> None:
-    """Convert the store and check that the batch's rewarded rollouts all became transitions."""
-    converted, summary = stages.convert([r.rollout_id for r in batch.records])
+    """Convert the store (unless the batch's producer did) and check that the batch's rewarded
+    rollouts all became transitions."""
+    converted, summary = batch.converted or stages.convert([r.rollout_id for r in batch.records])
     check_converted(k, converted, batch.records, summary)
 
 
@@ -292,7 +300,9 @@ def one_round(
     if action != "record":
         return NoSignal(version=state.k, records=batch.records, stopping=action == "stop")
     row = record_round(plan, stages, state.k, outcome)
-    return RoundDone(state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2, t1 - t0)
+    return RoundDone(
+        state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2, t1 - t0, batch.convert_s
+    )
 
 
 def run_rounds(

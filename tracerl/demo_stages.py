@@ -101,13 +101,19 @@ class DemoStages:
         """``loop.rounds.Stages``; with policy@0's held-out evaluation beside round 0 when ``evaluate``."""
         # batch b asks the b-th tasks of the training split; with --max-staleness K the next K batches run
         # while a round trains (their rollouts start on the serving policy, whatever its version then)
-        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b)),
+        # a training batch is converted by its producer once stored (not with --reward judge, whose judging
+        # sits between two conversions): with batches run ahead that is off the trainer's path, and no
+        # later batch's agents run yet, so the conversion sees complete rollouts only (a conversion in
+        # the loop's thread, beside the next batch, took 2-8 s a round instead of 0.4-1.1, load 12)
+        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b),
+                                                       convert=self.judge is None),
                       convert=self.convert, train=self.train, round_row=self.round_row,
                       alive=self.children.check_alive, abort=self.abort,
                       heldout=self.heldout_rollouts if evaluate else None, score_heldout=self.score_heldout)
 
-    def rollouts(self, label: str, batch: list[dict], n: int | None = None) -> Batch:
-        """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored."""
+    def rollouts(self, label: str, batch: list[dict], n: int | None = None, convert: bool = False) -> Batch:
+        """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored; with
+        ``convert``, then converted (``Batch.converted``)."""
         from rollout.driver import Driver, run_rollouts
         from rollout.records import summarize
         from rollout.tasks import parse_tasks
@@ -129,7 +135,11 @@ class DemoStages:
         ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
         wait_for_round(self.loc, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
                        self.children.check_alive)
-        return Batch(records, time.perf_counter() - t0)
+        if not convert:
+            return Batch(records, time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        converted = self.convert([r.rollout_id for r in records])
+        return Batch(records, t1 - t0, converted=converted, convert_s=time.perf_counter() - t1)
 
     def convert(self, rollout_ids: list[str]) -> tuple[int, str]:
         """Convert the batch; with --reward judge, judge it and convert its judged rollouts again."""
