@@ -11,14 +11,24 @@ then 1 and 2 (the next K batches of rollouts run while a round trains). For each
   held-out evaluation, which runs beside round 0 in every mode, is not counted as work) and the
   trainer's (no round training);
 * held-out success before the first and after the last round (30 questions x --heldout-samples
-  seeded samples), and the samples trained, so the modes are compared at an equal amount of data.
+  seeded samples), and the samples trained, so the modes are compared at an equal amount of data;
+* where each mode's window went, in seconds (``bench/_phases.py``): the engine busy (a training
+  batch's call in flight, from the gateway's spans), busy on held-out calls only, or idle, and its
+  mean calls in flight; the trainer busy, split by the rounds manifest's timings (dataset,
+  model_load, train, save, publish); both idle; the loop's conversion and its wait for the batch;
+  each batch's head (its start to its first call: agent processes starting) and tail (its last
+  call's end to all of it stored), and per agent its start to its first call;
+* the 1-minute load average sampled through each mode's window: the machine is shared, and the
+  trainer's speed, hence the ratio, moves with it.
 
-Target (issue #22) on 2 cores: >= 1.4x samples per minute with held-out success no worse beyond noise.
+Target (issue #32 item 2) on 2 cores: >= 1.4x samples per minute with held-out success no worse
+beyond noise. The ceiling of overlapping two stages is (rollouts + training) / max(rollouts,
+training) per round: the split says which side bounds it.
 
 A mode ``K:T`` also sets the training threads while rollouts run beside it (``tracerl demo
 --train-threads T``; default 1, the demo's --threads: on 2 cores the engine has one).
 
-    python bench/async_round.py                      # modes 0,1,2; 4 rounds each (~25 min on 2 cores)
+    python bench/async_round.py --modes 0,1          # 4 rounds each (~30 min on 2 cores at load 10)
     python bench/async_round.py --modes 0,1,1:2 --rounds 3 --json bench/out/async.json
 """
 
