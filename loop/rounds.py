@@ -25,7 +25,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from loop.ahead import BatchesAhead
-from loop.threads import ThreadChooser, pin_this_thread, trainer_cores
+from loop.threads import ThreadChooser
 
 BATCH_STOP_S = 30.0  # how long a stopped loop waits for its running batch's agents to be killed
 
@@ -46,9 +46,6 @@ class LoopPlan:
     # choose the trainer's threads per micro-batch, up to the budget, by what each count measured
     # (loop/threads.py): on a busy machine 2 threads trained 5x slower than 1
     measure_threads: bool = False
-    # the cores the engine's worker is bound to (the demo's vLLM on CPU: core 0); with measure_threads, a
-    # one-thread trainer beside agents is kept off them, so generation never waits for training
-    engine_cores: frozenset[int] = frozenset()
     report_hint: str = "tracerl report"  # where a user reads the rounds manifest; named in errors
 
     def __post_init__(self) -> None:
@@ -194,15 +191,7 @@ def thread_budget(
 
     if chooser is not None:
         chooser.begin()
-
-        def choose() -> int:
-            n = chooser.choose(limit())
-            if plan.engine_cores:
-                agents = where is Beside.HELDOUT or (where is Beside.NEXT_BATCH and batch_running())
-                pin_this_thread(trainer_cores(n, agents, chooser.all_cores, plan.engine_cores))
-            return n
-
-        return Training(threads=limit(), publish=publish, threads_now=choose)
+        return Training(threads=limit(), publish=publish, threads_now=lambda: chooser.choose(limit()))
     if where is not Beside.NEXT_BATCH:
         return Training(threads=limit(), publish=publish)
     return Training(threads=plan.shared_threads, publish=True, threads_now=limit)
@@ -251,9 +240,6 @@ def train_round(plan: LoopPlan, stages: Stages, ahead: BatchesAhead[Batch], stat
     are all answered, then publish (the second call finds the trained checkpoint and publishes it)."""
     where = beside(plan, state.pending is not None)
     outcome = stages.train(thread_budget(plan, where, lambda: ahead.running, state.chooser))
-    if state.chooser is not None and plan.engine_cores:
-        # the loop's own work (convert, the wait for the next batch) may run anywhere again
-        pin_this_thread(state.chooser.all_cores)
     if where is Beside.HELDOUT:
         assert state.pending is not None and stages.heldout is not None
         stages.score_heldout(0, state.pending.result())

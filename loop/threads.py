@@ -12,18 +12,9 @@ others are tried again now and then, since the machine's load changes.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-
-def process_cores() -> frozenset[int]:
-    """The cores the calling thread may run on now (every core where affinity is not supported)."""
-    if hasattr(os, "sched_getaffinity"):
-        return frozenset(os.sched_getaffinity(0))
-    return frozenset(range(os.cpu_count() or 1))
-
 
 ALPHA = 0.5  # weight of the newest micro-batch in a count's running mean: the load moves within minutes
 
@@ -69,8 +60,6 @@ class ThreadChooser:
     # for what runs beside (1 beside a batch's agents, the cores alone): one count, two machines
     means: dict[int, dict[int, float]] = field(default_factory=dict)
     _last: tuple[int, int, float] | None = None  # the limit and count of the previous ask, and when
-    # the cores this process may use (its affinity when the loop started): what "every core" means
-    all_cores: frozenset[int] = field(default_factory=lambda: process_cores())
     _asked: int = 0
 
     def begin(self) -> None:
@@ -89,22 +78,3 @@ class ThreadChooser:
         self._asked += 1
         self._last = (limit, n, now)
         return n
-
-
-def trainer_cores(
-    threads: int, beside_agents: bool, all_cores: frozenset[int], engine: frozenset[int]
-) -> frozenset[int]:
-    """The cores the trainer's thread may run on: beside a batch's agents, on one thread, every core but
-    the engine's, so the engine (vLLM's worker, bound to its cores) never waits for the trainer;
-    otherwise every core. More than one thread is never pinned: torch's thread pool is created by
-    the first parallel region and its threads inherit the creating thread's cores, so a pinned
-    creator would put every pool thread on the same cores."""
-    free = all_cores - engine
-    return free if beside_agents and threads == 1 and free else all_cores
-
-
-def pin_this_thread(cores: frozenset[int]) -> None:
-    """Bind the calling thread to ``cores`` (Linux applies ``sched_setaffinity(0, ...)`` to the calling
-    thread alone); a platform without affinity calls is left as it is."""
-    if hasattr(os, "sched_setaffinity") and cores and os.sched_getaffinity(0) != cores:
-        os.sched_setaffinity(0, cores)

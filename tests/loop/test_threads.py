@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from loop.rounds import Beside, LoopPlan, thread_budget
-from loop.threads import ThreadChooser, candidates, pick_threads, pin_this_thread, trainer_cores
+from loop.threads import ThreadChooser, candidates, pick_threads
 
 
 def test_candidates_are_one_the_powers_of_two_and_the_limit() -> None:
@@ -104,66 +102,3 @@ def test_the_budget_with_a_chooser_caps_it_by_what_runs_beside() -> None:
     assert t.threads_now() == 2  # alone now: the largest count is tried first
     held = thread_budget(PLAN, Beside.HELDOUT, lambda: True, chooser)
     assert not held.publish and held.threads_now is not None and held.threads_now() == 1
-
-
-ALL = frozenset({0, 1, 2, 3})
-
-
-def test_one_trainer_thread_beside_agents_stays_off_the_engines_cores() -> None:
-    assert trainer_cores(1, True, ALL, frozenset({0})) == {1, 2, 3}
-    assert trainer_cores(1, False, ALL, frozenset({0})) == ALL  # alone: every core
-    assert trainer_cores(2, True, ALL, frozenset({0})) == ALL  # a pool is never pinned
-    assert trainer_cores(1, True, frozenset({0}), frozenset({0})) == {0}  # no other core: left as it is
-
-
-def test_pinning_binds_the_calling_thread_alone() -> None:
-    """Real affinity calls: a worker thread pins itself; the test's own thread keeps its cores."""
-    import os
-    import threading
-
-    if not hasattr(os, "sched_setaffinity"):
-        pytest.skip("no thread affinity on this platform")
-    mine = frozenset(os.sched_getaffinity(0))
-    one = frozenset({min(mine)})
-    seen: list[frozenset[int]] = []
-
-    def worker() -> None:
-        pin_this_thread(one)
-        seen.append(frozenset(os.sched_getaffinity(0)))
-        pin_this_thread(mine)
-        seen.append(frozenset(os.sched_getaffinity(0)))
-
-    t = threading.Thread(target=worker)
-    t.start()
-    t.join()
-    assert seen == [one, mine]
-    assert frozenset(os.sched_getaffinity(0)) == mine
-
-
-def test_the_budget_pins_a_one_thread_trainer_off_the_engine_while_agents_run() -> None:
-    import os
-    import threading
-
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs thread affinity and two cores")
-    cores = frozenset(os.sched_getaffinity(0))
-    engine = frozenset({min(cores)})
-    plan = LoopPlan(
-        rounds=2, lead=1, alone_threads=2, shared_threads=1, measure_threads=True, engine_cores=engine
-    )
-    running = [True]
-    seen: list[tuple[int, frozenset[int]]] = []
-
-    def trainer() -> None:
-        t = thread_budget(plan, Beside.NEXT_BATCH, lambda: running[0], ThreadChooser(all_cores=cores))
-        assert t.threads_now is not None
-        n = t.threads_now()
-        seen.append((n, frozenset(os.sched_getaffinity(0))))
-        running[0] = False
-        n = t.threads_now()
-        seen.append((n, frozenset(os.sched_getaffinity(0))))
-
-    th = threading.Thread(target=trainer)
-    th.start()
-    th.join()
-    assert seen == [(1, cores - engine), (2, cores)]
