@@ -11,14 +11,24 @@ then 1 and 2 (the next K batches of rollouts run while a round trains). For each
   held-out evaluation, which runs beside round 0 in every mode, is not counted as work) and the
   trainer's (no round training);
 * held-out success before the first and after the last round (30 questions x --heldout-samples
-  seeded samples), and the samples trained, so the modes are compared at an equal amount of data.
+  seeded samples), and the samples trained, so the modes are compared at an equal amount of data;
+* where each mode's window went, in seconds (``bench/_phases.py``): the engine busy (a training
+  batch's call in flight, from the gateway's spans), busy on held-out calls only, or idle, and its
+  mean calls in flight; the trainer busy, split by the rounds manifest's timings (dataset,
+  model_load, train, save, publish); both idle; the loop's conversion and its wait for the batch;
+  each batch's head (its start to its first call: agent processes starting) and tail (its last
+  call's end to all of it stored), and per agent its start to its first call;
+* the 1-minute load average sampled through each mode's window: the machine is shared, and the
+  trainer's speed, hence the ratio, moves with it.
 
-Target (issue #22) on 2 cores: >= 1.4x samples per minute with held-out success no worse beyond noise.
+Target (issue #32 item 2) on 2 cores: >= 1.4x samples per minute with held-out success no worse
+beyond noise. The ceiling of overlapping two stages is (rollouts + training) / max(rollouts,
+training) per round: the split says which side bounds it.
 
 A mode ``K:T`` also sets the training threads while rollouts run beside it (``tracerl demo
 --train-threads T``; default 1, the demo's --threads: on 2 cores the engine has one).
 
-    python bench/async_round.py                      # modes 0,1,2; 4 rounds each (~25 min on 2 cores)
+    python bench/async_round.py --modes 0,1          # 4 rounds each (~30 min on 2 cores at load 10)
     python bench/async_round.py --modes 0,1,1:2 --rounds 3 --json bench/out/async.json
 """
 
@@ -26,45 +36,141 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._phases import Agent, covered, phases  # noqa: E402
+
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
 
 
-def union_seconds(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] covered by at least one span."""
-    covered, end = 0.0, lo
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in spans):
-        if e <= end:
-            continue
-        covered += e - max(s, end)
-        end = e
-    return covered
+def store_timeline(store: Path) -> tuple[list[Agent], list[Agent], list[dict]]:
+    """What the store recorded: the training batches' and the held-out evaluations' agent processes
+    (driver records) with their LLM calls (gateway spans), and the rounds manifest's rows."""
+    from datetime import datetime
+
+    from store.location import parse_store
+    from store.views import connect_readonly
+    from trainer.manifest import read_rounds
+
+    loc = parse_store(store)
+    con = connect_readonly(loc)
+    try:
+        # a gateway span carries the agent's trace id; the agent's own spans carry its rollout id
+        rows = con.execute(
+            "SELECT a.rollout_id, g.start_time_ns / 1e9, g.end_time_ns / 1e9 FROM spans g JOIN "
+            "(SELECT DISTINCT trace_id, rollout_id FROM spans WHERE name NOT LIKE 'tracerl.gateway %') a "
+            "USING (trace_id) WHERE g.name LIKE 'tracerl.gateway %'"
+        ).fetchall()
+    finally:
+        con.close()
+    calls: dict[str, list[tuple[float, float]]] = {}
+    for rid, s, e in rows:
+        calls.setdefault(rid, []).append((s, e))
+    train, heldout = [], []
+    for f in sorted((store / "rollouts").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            start = datetime.fromisoformat(r["started_at"]).timestamp()
+            agent = Agent(start, start + r["duration_s"], sorted(calls.get(r["rollout_id"], [])))
+            (heldout if r["task_id"].startswith("heldout-") else train).append(agent)
+    return train, heldout, list(read_rounds(loc).values())
 
 
-def measure(run) -> dict:
-    """The figures of one demo run (a ``tracerl.demo.DemoRun``)."""
+def measure(run, clock: float) -> dict:
+    """The figures of one demo run (a ``tracerl.demo.DemoRun``); ``clock``: wall minus monotonic time."""
     lo = min(s for s, _ in run.rollout_spans)
     hi = max(e for _, e in run.train_spans)
     window = hi - lo
     before = next((h for k, h in run.heldout if k == 0), None)
     after = max(run.heldout, key=lambda kh: kh[0]) if run.heldout else None
+    train, heldout, manifest = store_timeline(run.store)
+    wall = [(s + clock, e + clock) for s, e in run.rollout_spans]
+    split = phases(
+        (lo + clock, hi + clock),
+        wall,
+        [(s + clock, e + clock) for s, e in run.train_spans],
+        train,
+        [c for a in heldout for c in a.calls],
+        [json.loads(r["timings"] or "{}") for r in manifest],
+        sum(r.convert_s for r in run.loop_rounds),
+        sum(r.wait_s for r in run.loop_rounds),
+    )
     return {
         "rounds": len(run.rounds),
         "samples": run.samples,
         "window_s": round(window, 1),
         "samples_per_min": round(run.samples / (window / 60.0), 2) if window > 0 else None,
-        "engine_idle": round(1 - union_seconds(run.rollout_spans, lo, hi) / window, 3),
-        "trainer_idle": round(1 - union_seconds(run.train_spans, lo, hi) / window, 3),
+        "engine_idle": round(1 - covered(run.rollout_spans, lo, hi) / window, 3),
+        "trainer_idle": round(1 - covered(run.train_spans, lo, hi) / window, 3),
         "heldout_before": before.success if before else None,
         "heldout_after": after[1].success if after else None,
         "heldout_n": after[1].n if after else None,
         "round_seconds": [round(r.seconds, 1) for r in run.rounds],
+        "phases": {label: round(v, 2) for label, v in split.rows()},
+        # the trainer's seconds per micro-batch by thread limit, then count (loop/threads.py)
+        "thread_means": {lim: {n: round(v, 2) for n, v in m.items()} for lim, m in run.thread_means.items()},
+        "per_round": [
+            {
+                "round": r.round,
+                "seconds": round(r.seconds, 1),
+                "wait": round(r.wait_s, 1),
+                "rollout": round(r.rollout_s, 1),
+                "convert": round(r.convert_s, 1),
+                "batch_convert": round(r.batch_convert_s, 1),
+                "train": round(r.train_s, 1),
+            }
+            for r in run.loop_rounds
+        ],
     }
+
+
+class LoadSampler:
+    """The 1-minute load average every ``every_s`` seconds while a mode runs, in a daemon thread: the
+    machine is shared, and a figure measured at load 12 is not one measured at load 2."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s, self.samples = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append((time.time(), os.getloadavg()[0]))
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self, lo: float, hi: float) -> dict:
+        """Mean, min and max of the samples taken inside [lo, hi] (wall clock)."""
+        xs = [v for t, v in self.samples if lo <= t <= hi] or [v for _, v in self.samples]
+        if not xs:
+            return {}
+        return {"mean": round(sum(xs) / len(xs), 2), "min": round(min(xs), 2), "max": round(max(xs), 2)}
+
+
+def window_of(run, clock: float) -> tuple[float, float]:
+    """The measured window (first training batch's start .. last round's end), wall clock."""
+    return min(s for s, _ in run.rollout_spans) + clock, max(e for _, e in run.train_spans) + clock
+
+
+def print_split(results: dict[str, dict]) -> None:
+    """Seconds per phase per mode, one column per mode."""
+    labels = list(next(iter(results.values()))["phases"])
+    print(f"\n{'where the window went (s)':<36}" + "".join(f"{m:>10}" for m in results))
+    for label in labels:
+        print(f"{label:<36}" + "".join(f"{r['phases'].get(label, 0.0):>10.2f}" for r in results.values()))
 
 
 def main() -> int:
@@ -107,7 +213,10 @@ def main() -> int:
             max_staleness=int(k),
             train_threads=int(threads) if threads else None,
         )
-        results[mode] = measure(run_demo(cfg))
+        with LoadSampler() as load:
+            run = run_demo(cfg)
+        results[mode] = measure(run, time.time() - time.monotonic())
+        results[mode]["load"] = load.summary(*window_of(run, time.time() - time.monotonic()))
         print(json.dumps(results[mode]), flush=True)
 
     base = results[modes[0]]
@@ -123,6 +232,9 @@ def main() -> int:
             f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
             f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
         )
+    print_split(results)
+    for k, r in results.items():
+        print(f"load average (1 min) during mode {k}'s window: {r['load']}")
     for k, r in results.items():
         if k != modes[0]:
             print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")

@@ -25,6 +25,7 @@ from enum import Enum
 from typing import Any, Protocol
 
 from loop.ahead import BatchesAhead
+from loop.threads import ThreadChooser
 
 BATCH_STOP_S = 30.0  # how long a stopped loop waits for its running batch's agents to be killed
 
@@ -42,6 +43,9 @@ class LoopPlan:
     # (its --models-ttl-s), so a new name is routed to only after that cache expired
     settle_s: float = 0.0
     max_no_signal: int = 3  # batches in a row without signal after which the loop stops
+    # choose the trainer's threads per micro-batch, up to the budget, by what each count measured
+    # (loop/threads.py): on a busy machine 2 threads trained 5x slower than 1
+    measure_threads: bool = False
     report_hint: str = "tracerl report"  # where a user reads the rounds manifest; named in errors
 
     def __post_init__(self) -> None:
@@ -77,6 +81,10 @@ class Batch:
 
     records: list[Any]
     seconds: float
+    # set when the batch's producer converted it once stored (``Stages.convert``'s answer and its
+    # seconds): with batches run ahead that happens in the producer's thread, off the trainer's path
+    converted: tuple[int, str] | None = None
+    convert_s: float = 0.0
 
 
 @dataclass
@@ -105,6 +113,10 @@ class RoundDone:
     rollout_s: float  # the batch's own time (run ahead, when lead > 0)
     convert_s: float
     train_s: float
+    wait_s: float = 0.0  # waiting for the batch (on-policy: all of it; run ahead: what was left of it)
+    batch_convert_s: float = (
+        0.0  # the conversion its producer did once the batch was stored (Batch.convert_s)
+    )
 
 
 @dataclass
@@ -126,6 +138,8 @@ class LoopResult:
     # monotonic (start, end) of each training batch and of each round's training: idle fractions
     rollout_spans: list[tuple[float, float]] = field(default_factory=list)
     train_spans: list[tuple[float, float]] = field(default_factory=list)
+    # LoopPlan.measure_threads: the trainer's mean seconds per micro-batch by thread limit and count
+    thread_means: dict[int, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,6 +153,7 @@ class _State:
     background: ThreadPoolExecutor | None = None  # runs policy@0's held-out evaluation
     heldout_started: bool = False
     pending: Future[Any] | None = None  # policy@0's held-out evaluation, running beside round 0
+    chooser: ThreadChooser | None = None  # LoopPlan.measure_threads: the threads each count measured
 
 
 # ------------------------------------------------------------------------------------ pure rules
@@ -157,22 +172,29 @@ def beside(plan: LoopPlan, heldout_pending: bool) -> Beside:
     return Beside.NEXT_BATCH if plan.lead else Beside.NOTHING
 
 
-def thread_budget(plan: LoopPlan, where: Beside, batch_running: Callable[[], bool]) -> Training:
+def thread_budget(
+    plan: LoopPlan, where: Beside, batch_running: Callable[[], bool], chooser: ThreadChooser | None = None
+) -> Training:
     """The trainer call for a round trained beside ``where``.
 
     Alone, training has the machine's cores (the engine idles between rounds) and publishes. Beside
     the held-out evaluation it trains on the shared threads and does not publish (policy@1 must not
     serve the evaluation's calls). Beside the next batch it starts on the shared threads and takes
-    the machine's cores once the batch's agents are done."""
-    if where is Beside.HELDOUT:
-        return Training(threads=plan.shared_threads, publish=False)
-    if where is Beside.NOTHING:
-        return Training(threads=plan.alone_threads, publish=True)
+    the machine's cores once the batch's agents are done. With a ``chooser``, that count is the limit
+    and the chooser picks, per micro-batch, the count up to it that trained fastest."""
+    publish = where is not Beside.HELDOUT
 
-    def threads_now() -> int:
-        return plan.shared_threads if batch_running() else plan.alone_threads
+    def limit() -> int:
+        if where is Beside.NEXT_BATCH:
+            return plan.shared_threads if batch_running() else plan.alone_threads
+        return plan.alone_threads if where is Beside.NOTHING else plan.shared_threads
 
-    return Training(threads=plan.shared_threads, publish=True, threads_now=threads_now)
+    if chooser is not None:
+        chooser.begin()
+        return Training(threads=limit(), publish=publish, threads_now=lambda: chooser.choose(limit()))
+    if where is not Beside.NEXT_BATCH:
+        return Training(threads=limit(), publish=publish)
+    return Training(threads=plan.shared_threads, publish=True, threads_now=limit)
 
 
 def after_training(status: str, streak: int, limit: int) -> tuple[str, int]:
@@ -205,8 +227,9 @@ def check_published(k: int, outcome: Outcome, row: dict[str, Any] | None, report
 
 # ------------------------------------------------------------------------------------ the phases
 def convert_batch(stages: Stages, k: int, batch: Batch) -> None:
-    """Convert the store and check that the batch's rewarded rollouts all became transitions."""
-    converted, summary = stages.convert([r.rollout_id for r in batch.records])
+    """Convert the store (unless the batch's producer did) and check that the batch's rewarded
+    rollouts all became transitions."""
+    converted, summary = batch.converted or stages.convert([r.rollout_id for r in batch.records])
     check_converted(k, converted, batch.records, summary)
 
 
@@ -216,13 +239,13 @@ def train_round(plan: LoopPlan, stages: Stages, ahead: BatchesAhead[Batch], stat
     Beside the held-out evaluation: train without publishing, score the evaluation once its calls
     are all answered, then publish (the second call finds the trained checkpoint and publishes it)."""
     where = beside(plan, state.pending is not None)
-    outcome = stages.train(thread_budget(plan, where, lambda: ahead.running))
+    outcome = stages.train(thread_budget(plan, where, lambda: ahead.running, state.chooser))
     if where is Beside.HELDOUT:
         assert state.pending is not None and stages.heldout is not None
         stages.score_heldout(0, state.pending.result())
         state.pending = None
         if outcome.status == "trained":
-            outcome = stages.train(thread_budget(plan, Beside.NOTHING, lambda: False))
+            outcome = stages.train(thread_budget(plan, Beside.NOTHING, lambda: False, state.chooser))
     return outcome
 
 
@@ -233,8 +256,10 @@ def record_round(plan: LoopPlan, stages: Stages, k: int, outcome: Outcome) -> di
     lists the new version as soon as the publish returns), so no answer shows when the gateway's own
     cached list expired; ``settle_s`` is set from that cache's lifetime. The next batch was released
     before this wait (``one_round``), so it runs meanwhile; what starts after the loop returns (an
-    evaluation of the last policy) is what the wait covers."""
-    time.sleep(plan.settle_s)
+    evaluation of the last policy) is what the wait covers, so only the last round waits: before,
+    the wait only delayed the next round's training (0.6 s a round in the demo)."""
+    if k == plan.rounds - 1:
+        time.sleep(plan.settle_s)
     return check_published(k, outcome, stages.round_row(k), plan.report_hint)
 
 
@@ -261,7 +286,9 @@ def one_round(
     if action != "record":
         return NoSignal(version=state.k, records=batch.records, stopping=action == "stop")
     row = record_round(plan, stages, state.k, outcome)
-    return RoundDone(state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2)
+    return RoundDone(
+        state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2, t1 - t0, batch.convert_s
+    )
 
 
 def run_rounds(
@@ -276,7 +303,7 @@ def run_rounds(
     the round being trained. When the loop stops early or fails, ``stages.abort`` is set while the
     batch still running is stopped, then cleared (the caller may run more rollouts afterwards)."""
     result = LoopResult()
-    state = _State(wanted=plan.rounds)
+    state = _State(wanted=plan.rounds, chooser=ThreadChooser() if plan.measure_threads else None)
     if stages.heldout is not None:
         state.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out")
     ahead = BatchesAhead(stages.rollouts, plan.lead, wanted=lambda b: b < state.wanted)
@@ -304,4 +331,6 @@ def run_rounds(
     if state.background is not None:
         state.background.shutdown()
     result.version = state.k
+    if state.chooser is not None:
+        result.thread_means = state.chooser.means
     return result

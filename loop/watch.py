@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from store.location import StoreLocation
 
 POLL_S = 0.1  # between two looks at the store while a round's spans arrive
+WAKE_TICK_S = 0.5  # `train --watch` on a local store: between two listings of transitions/ while it waits
 
 
 def round_status(store: StoreLocation, rollout_ids: list[str]) -> dict[str, int]:
@@ -123,3 +124,39 @@ def store_answers(
     finally:
         con.close()
     return dict(rows)
+
+
+def wait_for_change(
+    probe: Callable[[], object],
+    timeout_s: float,
+    tick_s: float = WAKE_TICK_S,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Sleep up to ``timeout_s``; return True as soon as ``probe()`` answers other than it did first.
+
+    ``train --watch`` slept its whole ``--poll-s`` (10 s) after a poll that found too little to train,
+    even when the rollouts it waited for were converted a moment later: the trainer idled while data
+    was ready. With this the wait ends at the first listing that shows the new data."""
+    deadline = clock() + timeout_s
+    first = probe()
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            return False
+        sleep(min(tick_s, left))
+        if probe() != first:
+            return True
+
+
+def new_data_sleep(store: StoreLocation) -> Callable[[float], None]:
+    """The ``sleep`` of ``trainer.rounds.watch``: on a local store, a wait that ends when a conversion
+    adds a file to ``transitions/`` (every flush has its own name); on object storage the plain
+    sleep, since listing a bucket every half second costs a request each time."""
+    if not store.is_local:
+        return time.sleep
+
+    def wait(seconds: float) -> None:
+        wait_for_change(lambda: store.files("transitions"), seconds)
+
+    return wait

@@ -145,8 +145,9 @@ class _Running:
 
 
 def run_agent(argv: list[str], env: dict[str, str], stdin_text: str | None, timeout_s: float,
-              running: _Running | None = None) -> AgentResult:
-    """Run one agent in its own session (process group), feeding ``stdin_text`` and enforcing the timeout."""
+              running: _Running | None = None, nice: int = 0) -> AgentResult:
+    """Run one agent in its own session (process group), feeding ``stdin_text`` and enforcing the timeout;
+    ``nice`` > 0 lowers its CPU priority (and its children's) by that much."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
@@ -154,6 +155,9 @@ def run_agent(argv: list[str], env: dict[str, str], stdin_text: str | None, time
                                 errors="replace", start_new_session=True)
     except OSError as e:
         return AgentResult("failed", None, time.monotonic() - start, "", f"cannot start {argv[0]!r}: {e}")
+    if nice > 0:
+        with contextlib.suppress(OSError):  # it may have exited already
+            os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
     if running:
         running.add(proc)
     try:
@@ -194,6 +198,9 @@ class Driver:
     continuous: bool = False
     max_rollouts: int = 0
     progress: bool | None = None  # None: a bar only when stderr is a terminal
+    # lower the agents' CPU priority by this much: where training bounds a round and shares the CPU with
+    # the agents (asynchronous rounds on a few cores), the agents have slack and the trainer has none
+    nice: int = 0
 
 
 def validate(d: Driver) -> None:
@@ -248,7 +255,7 @@ def _attempts(run: _Run, job: Job, task_json: str) -> tuple[str, AgentResult, li
         env = agent_env(d.base_env, rollout_id=rid, task_id=job.task.id, task_json=task_json,
                         otlp=d.otlp, gateway=d.gateway, otlp_protocol=d.otlp_protocol)
         res = run_agent(agent_argv(d.command, task_json, d.task_via), env,
-                        task_json + "\n" if d.task_via == "stdin" else None, d.timeout_s, run.running)
+                        task_json + "\n" if d.task_via == "stdin" else None, d.timeout_s, run.running, d.nice)
         total_s += res.duration_s
         if not should_retry(res.status, attempt, d.retries):
             return rid, res, tried, total_s

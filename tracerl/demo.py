@@ -164,7 +164,8 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
                     alone_threads=cfg.train_threads if cfg.train_threads is not None
                     else (os.cpu_count() or 1) if real else cfg.threads,
                     shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
-                    settle_s=PUBLISH_SETTLE_S, report_hint=f"tracerl report --store {store}")
+                    settle_s=PUBLISH_SETTLE_S, report_hint=f"tracerl report --store {store}",
+                    measure_threads=cfg.train_threads is None)
     parts = DemoStages.build(cfg, run, children, task=task, store=store, logs=logs, model=model,
                               server_url=server_url, ports=ports, concurrency=concurrency, plan=plan)
     print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
@@ -178,6 +179,7 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
                         on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None))
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
+    run.loop_rounds, run.thread_means = result.rounds, result.thread_means
     run.judge_total = parts.judge_total()
     if run.judge_total is not None:
         from judge.batch import format_judgment

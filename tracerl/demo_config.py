@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from loop.rounds import RoundDone
 from options import UsageError, opt
 from tracerl.demo_output import RoundResult
 from tracerl.demo_tasks import PRESETS, DemoTask, HeldOut
@@ -82,10 +83,12 @@ class DemoConfig:
                           "cores: with 2 threads per torch process on 2 busy cores, a step took 5x longer here, "
                           "waiting on each other")
     train_threads: int | None = opt(None, "torch CPU threads of training (0: torch's default, one per core); "
-                                          "unset: one per core while training runs alone (vLLM idles between "
-                                          "rounds; a 135M LoRA step on 640 tokens took 2.8 s on 2 idle cores, "
-                                          "3.9 s on 1), --threads while policy@0's held-out evaluation runs "
-                                          "beside round 0; --tiny: --threads")
+                                          "unset: up to one per core while training runs alone (vLLM idles "
+                                          "between rounds; a 135M LoRA step on 640 tokens took 2.8 s on 2 idle "
+                                          "cores, 3.9 s on 1), up to --threads while agents run beside it, each "
+                                          "micro-batch on the count that measured fastest so far (on 2 cores "
+                                          "busy with other work, 2 threads trained 5x slower than 1: "
+                                          "loop/threads.py); --tiny: --threads")
     estimator: str | None = opt(None, "advantage estimator (tracerl train --estimator); unset: rloo (reward units: GRPO's std scaling made 0.05 of partial credit in a group "
                                       "of failures weigh as much as a solved question); --tiny: grpo",
                                 choices=["grpo", "rloo", "reinforce_baseline"])
@@ -128,6 +131,8 @@ class DemoRun:
     rollout_spans: list[tuple[float, float]] = field(default_factory=list)
     train_spans: list[tuple[float, float]] = field(default_factory=list)
     samples: int = 0  # calls trained on, all rounds
+    loop_rounds: list[RoundDone] = field(default_factory=list)  # each round's phases (bench/async_round.py)
+    thread_means: dict[int, dict[int, float]] = field(default_factory=dict)  # loop.rounds.LoopResult's
     judged: list[BatchJudgment] = field(default_factory=list)  # --reward judge: each round's judging
     judge_total: BatchJudgment | None = None  # --reward judge: all rounds' rollouts together
 

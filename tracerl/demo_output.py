@@ -67,7 +67,7 @@ def print_round(rounds: list[RoundResult], done: RoundDone, lead: int) -> None:
                       status=row["status"])
     rounds.append(res)
     print(format_row(res) + f"   (rollouts {done.rollout_s:.1f}s{' ahead' if lead else ''}, convert "
-          f"{done.convert_s:.1f}s, train {done.train_s:.1f}s)", flush=True)
+          f"{done.convert_s + done.batch_convert_s:.1f}s, train {done.train_s:.1f}s)", flush=True)
 
 
 def print_no_signal(ns: NoSignal, judged: BatchJudgment | None = None) -> None:

@@ -29,6 +29,11 @@ if TYPE_CHECKING:  # imported where used: training pulls in torch
     from trainer.rounds import Publisher, RoundOutcome
 
 
+AGENT_NICE = 10
+"""How much lower the CPU priority of agents that may run beside training is (``Driver.nice``): on 2
+cores a trainer micro-batch took 2.3-2.7 s alone and 8.6-8.9 s beside 32 agents at equal priority
+(bench/async_round.py, load 13)."""
+
 PASS_REWARD = 1.0
 """A grader reward that is a pass in the judge's AUC: the gold rows (sql_reward.py), the right letter."""
 
@@ -101,13 +106,23 @@ class DemoStages:
         """``loop.rounds.Stages``; with policy@0's held-out evaluation beside round 0 when ``evaluate``."""
         # batch b asks the b-th tasks of the training split; with --max-staleness K the next K batches run
         # while a round trains (their rollouts start on the serving policy, whatever its version then)
-        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b)),
+        # a training batch is converted by its producer once stored (not with --reward judge, whose judging
+        # sits between two conversions): with batches run ahead that is off the trainer's path, and no
+        # later batch's agents run yet, so the conversion sees complete rollouts only (a conversion in
+        # the loop's thread, beside the next batch, took 2-8 s a round instead of 0.4-1.1, load 12)
+        # agents that may run beside training yield the CPU to it (training bounds a round on 2 cores; the
+        # agents have slack): a training batch when batches run ahead, and the held-out evaluations
+        nice = AGENT_NICE if self.cfg.max_staleness else 0
+        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b),
+                                                       convert=self.judge is None, nice=nice),
                       convert=self.convert, train=self.train, round_row=self.round_row,
                       alive=self.children.check_alive, abort=self.abort,
                       heldout=self.heldout_rollouts if evaluate else None, score_heldout=self.score_heldout)
 
-    def rollouts(self, label: str, batch: list[dict], n: int | None = None) -> Batch:
-        """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored."""
+    def rollouts(self, label: str, batch: list[dict], n: int | None = None, convert: bool = False,
+                 nice: int = 0) -> Batch:
+        """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored; with
+        ``convert``, then converted (``Batch.converted``)."""
         from rollout.driver import Driver, run_rollouts
         from rollout.records import summarize
         from rollout.tasks import parse_tasks
@@ -115,7 +130,7 @@ class DemoStages:
         t0 = time.perf_counter()
         tasks = parse_tasks([json.dumps(t) for t in batch], source=f"the demo's {label} tasks")
         driver = Driver(tasks=tasks, n=self.task.group if n is None else n,
-                        progress=None if label.startswith("held-out") else False, **self.driver)
+                        progress=None if label.startswith("held-out") else False, nice=nice, **self.driver)
         with open(os.devnull, "w") as quiet:
             records, _ = run_rollouts(driver, out=quiet, abort=self.abort)
         self.children.check_alive()
@@ -129,7 +144,11 @@ class DemoStages:
         ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
         wait_for_round(self.loc, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
                        self.children.check_alive)
-        return Batch(records, time.perf_counter() - t0)
+        if not convert:
+            return Batch(records, time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        converted = self.convert([r.rollout_id for r in records])
+        return Batch(records, t1 - t0, converted=converted, convert_s=time.perf_counter() - t1)
 
     def convert(self, rollout_ids: list[str]) -> tuple[int, str]:
         """Convert the batch; with --reward judge, judge it and convert its judged rollouts again."""
@@ -169,7 +188,7 @@ class DemoStages:
 
     def heldout_rollouts(self, k: int) -> Batch:
         """policy@k on the held-out questions (seeded samples, not trained on), until stored."""
-        return self.rollouts(f"held-out evaluation of policy@{k}", self.task.heldout, n=1)
+        return self.rollouts(f"held-out evaluation of policy@{k}", self.task.heldout, n=1, nice=AGENT_NICE)
 
     def score_heldout(self, k: int, batch: Batch) -> HeldOut:
         """Scored from the store's rewards, and converted: queryable like the rounds' rollouts (the

@@ -146,6 +146,7 @@ class TrainSettings:
     threads: int = opt(1, "torch threads of each training process on CPU (0: torch's default, one per core); "
                           "on cores shared with the agents and the server, more threads wait on each other")
     seed: int = opt(0, "random seed")
-    poll_s: float = opt(10.0, "--watch: seconds between checks of the store")
+    poll_s: float = opt(10.0, "--watch: seconds between checks of the store; on a local store a check also "
+                              "happens as soon as new transitions are written")
     max_rounds: int = opt(0, "--watch: stop after this many rounds; 0 runs until interrupted")
     progress: bool = opt(True, "show progress bars")

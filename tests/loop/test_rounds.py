@@ -113,6 +113,25 @@ def test_on_policy_rounds_train_each_batch_alone_and_report_the_manifest_rows():
     assert len(result.rollout_spans) == 2 and len(result.train_spans) == 2
 
 
+def test_a_batch_its_producer_converted_is_not_converted_again_on_the_trainers_path():
+    fake = FakeStages(signal=[True, True], producer_converts=True)
+    run_rounds(PLAN, fake.stages())
+    assert fake.calls == [
+        ("batch", 0),
+        ("convert", 0),  # inside the batch's producer
+        ("train", 8, True),
+        ("batch", 1),
+        ("convert", 1),
+        ("train", 8, True),
+    ]
+
+
+def test_a_batch_its_producer_converted_short_is_still_refused():
+    fake = FakeStages(signal=[True, True], producer_converts=True, converted_short=1)
+    with pytest.raises(RuntimeError, match=r"round 0: only 1 of 2 rewarded rollouts were converted"):
+        run_rounds(PLAN, fake.stages())
+
+
 def test_a_batch_without_signal_samples_the_same_policy_again():
     fake = FakeStages(signal=[False, True, True])
     quiet: list[NoSignal] = []
@@ -218,6 +237,8 @@ class FakeStages:
     batch_may_end: threading.Event = field(default_factory=threading.Event)
     abort: threading.Event = field(default_factory=threading.Event)
     abort_set_at_score: bool | None = None
+    producer_converts: bool = False  # the batch converts itself once stored (the demo's training batches)
+    converted_short: int = 0  # with producer_converts: rollouts the producer's conversion leaves out
 
     def stages(self, heldout: bool = False) -> Stages:
         return Stages(
@@ -242,6 +263,9 @@ class FakeStages:
         rewards = [1.0, 0.0] if self.signal[b] else [1.0, 1.0]
         records = [_record(f"r{b}-{i}", r) for i, r in enumerate(rewards)]
         self.batches.append(records)
+        if self.producer_converts:
+            n, summary = self.convert([r.rollout_id for r in records])
+            return Batch(records, 0.01, converted=(n - self.converted_short, summary), convert_s=0.02)
         return Batch(records, 0.01)
 
     def convert(self, ids: list[str]) -> tuple[int, str]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from loop.watch import round_complete
+import time
+
+from loop.watch import new_data_sleep, round_complete, wait_for_change
+from store.location import StoreLocation, parse_store
 
 
 def _status(roots: int = 4, rewards: int = 4, calls: int = 8, gateway_spans: int = 8) -> dict[str, int]:
@@ -33,3 +36,59 @@ def test_a_round_with_no_llm_call_stored_yet_is_not_complete():
 
 def test_rewards_are_counted_against_those_posted_not_the_rollouts():
     assert round_complete(_status(rewards=3), rollouts=4, rewarded=3)  # one reward could not be computed
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_the_watch_wait_ends_at_the_first_look_that_sees_new_data():
+    clock = _Clock()
+    answers = iter(["a", "a", "a", "b"])
+    assert wait_for_change(lambda: next(answers), 10.0, tick_s=0.5, sleep=clock.sleep, clock=clock)
+    assert clock.t == 1.5  # three ticks: the third look saw "b"
+
+
+def test_the_watch_wait_without_new_data_lasts_the_whole_poll():
+    clock = _Clock()
+    assert not wait_for_change(lambda: "same", 2.2, tick_s=0.5, sleep=clock.sleep, clock=clock)
+    assert clock.t == 2.2  # the last tick is cut to the poll's end
+
+
+def test_on_a_local_store_a_new_transitions_file_wakes_the_trainer(tmp_path):
+    """Real files: a conversion's Parquet file written 0.3 s into a 30 s wait ends the wait."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    loc = parse_store(tmp_path / "store")
+    part = tmp_path / "store" / "transitions" / "date=2026-11-27"
+    part.mkdir(parents=True)
+    pq.write_table(pa.table({"transition_id": ["t0"]}), part / "a.parquet")
+
+    def convert() -> None:
+        pq.write_table(pa.table({"transition_id": ["t1"]}), part / "b.parquet")
+
+    timer = threading.Timer(0.3, convert)
+    timer.start()
+    t0 = time.monotonic()
+    new_data_sleep(loc)(30.0)
+    timer.join()
+    assert time.monotonic() - t0 < 10.0
+
+
+def test_on_object_storage_the_watch_sleeps_plainly():
+    from pyarrow import fs
+
+    remote = StoreLocation(
+        fs.SubTreeFileSystem("/tmp", fs.LocalFileSystem()), "bucket/prefix", "s3://bucket/prefix"
+    )
+    assert new_data_sleep(remote) is time.sleep

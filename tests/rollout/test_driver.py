@@ -276,3 +276,21 @@ def test_stopping_a_continuous_run_lets_the_running_agents_finish_and_exits_0(tm
     recs = records(tmp_path / "store")
     assert len(recs) == started and all(r["status"] == "ok" for r in recs)
     assert f"{started} rollouts: {started} ok" in out
+
+
+def test_a_niced_agent_and_the_processes_it_starts_run_at_the_lower_priority():
+    """Real processes: the agent reports its own niceness and its child's (Driver.nice, used where the
+    agents run beside training on a shared CPU)."""
+    import sys
+
+    from rollout.driver import run_agent
+
+    code = ("import os, subprocess, sys, time; time.sleep(0.2); print(os.getpriority(os.PRIO_PROCESS, 0)); "
+            "sys.stdout.flush(); "
+            "subprocess.run([sys.executable, '-c', 'import os; print(os.getpriority(os.PRIO_PROCESS, 0))'])")
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    plain = run_agent([sys.executable, "-c", code], dict(os.environ), None, 30.0)
+    niced = run_agent([sys.executable, "-c", code], dict(os.environ), None, 30.0, nice=5)
+    assert plain.status == niced.status == "ok", (plain.stderr, niced.stderr)
+    assert plain.stdout.split() == [str(base), str(base)]
+    assert niced.stdout.split() == [str(min(19, base + 5))] * 2

@@ -76,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
             if settings.gate_tasks:
                 publisher = gated(publisher, eval_gate(settings))
         if args.watch:
-            watch(settings, publisher=publisher, between=canary_decision(settings))
+            from loop.watch import new_data_sleep
+            from store.location import parse_store
+
+            watch(settings, publisher=publisher, between=canary_decision(settings),
+                  sleep=new_data_sleep(parse_store(settings.store)))
             return 0
         run_once(settings, publisher=publisher)
         return 0
