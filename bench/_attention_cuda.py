@@ -43,6 +43,11 @@ class Result:
     step_s: float = 0.0
     error: str = ""
 
+    @property
+    def path(self) -> str:
+        """The attention path and its flags as printed, e.g. ``varlen+ac+compile``."""
+        return "+".join((self.attention, *self.flags))
+
 
 def varied_samples(total: int, vocab: int, row_tokens: int, seed: int = 0) -> list[Sample]:
     """Samples of 1/16 to 1/4 of a row (1k-4k tokens for 16k rows; 3/4 prompt) until ``total`` tokens:
@@ -249,7 +254,7 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     configs = [(w, "ours", m, ()) for w in ("full", "lora") for m in modes] + [
         (w, "bare", best, ()) for w in ("full", "lora")
     ]
-    if args.configs:  # weights:loop:attention[:ac], e.g. lora:ours:varlen:ac
+    if args.configs:  # weights:loop:attention[:ac][:compile], e.g. lora:ours:varlen:ac
         configs = [parse_config(c) for c in args.configs.split(",")]
     print(
         f"{len(batches)} rows, {sum(b.n_tokens for b in batches)} tokens, {len(samples)} samples; "
@@ -258,13 +263,13 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
         flush=True,
     )
     results = []
-    for weights, loop, attention, ac in configs:
+    for weights, loop, attention, flags in configs:
         r = run_config(
-            shape, weights, loop, attention, batches, repeats, device, args.peak_tflops, ac, args.profile
+            shape, weights, loop, attention, batches, repeats, device, args.peak_tflops, flags, args.profile
         )
         results.append(r)
         print(
-            f"  {weights:<5} {loop:<5} {'+'.join((attention, *ac)):<10} "
+            f"  {weights:<5} {loop:<5} {r.path:<10} "
             + (
                 r.error
                 or f"{r.tokens_per_s:,.0f} tok/s  "
@@ -278,14 +283,13 @@ def run_cuda(args: argparse.Namespace, shape: dict) -> None:
     )
     bare = {r.weights: r for r in results if r.loop == "bare" and not r.error}
     for r in results:
-        r.attention = "+".join((r.attention, *r.flags))
         if r.error:
-            print(f"{r.weights:<8} {r.loop:<6} {r.attention:<10} {r.error:>36}")
+            print(f"{r.weights:<8} {r.loop:<6} {r.path:<10} {r.error:>36}")
             continue
         ref = bare.get(r.weights)
         ratio = f"{r.tokens_per_s / ref.tokens_per_s:.2f}" if ref and r.loop == "ours" else ""
         print(
-            f"{r.weights:<8} {r.loop:<6} {r.attention:<10} {r.tokens_per_s:>10,.0f} {r.mfu:>7.1%} "
+            f"{r.weights:<8} {r.loop:<6} {r.path:<10} {r.tokens_per_s:>10,.0f} {r.mfu:>7.1%} "
             f"{r.peak_gib:>9.1f} {ratio:>8}"
         )
     print("targets (#32.5, one H200): MFU >= 40% full weights; LoRA peak <= 24 GiB")
