@@ -11,7 +11,7 @@ One pass (``convert_store``) reads top to bottom:
    rollout, in-process or in worker processes, each chunk written where it was converted);
 5. record what happened in the ledger and the stats (``stats.py``).
 
-Re-running over the same spans writes nothing new. ``ConvertLoop`` runs passes inside the collector.
+Re-running over the same spans writes nothing new. ``convert_loop.ConvertLoop`` runs passes inside the collector.
 The store is a local directory or an ``s3://`` prefix: every read and write goes through ``store/``
 (``StoreLocation``'s file system, the one atomic writer, and its lock: flock locally, a lease on S3).
 """
@@ -19,8 +19,6 @@ The store is a local directory or an ``s3://`` prefix: every read and write goes
 from __future__ import annotations
 
 import contextlib
-import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -45,7 +43,6 @@ from store.lease import CONVERTER_LOCK, hold
 from store.location import StoreLocation
 
 __all__ = [
-    "ConvertLoop",
     "ConvertStats",
     "convert_store",
     "link_rollouts",
@@ -54,7 +51,6 @@ __all__ = [
 ]
 """The pass, and the names other packages and tests import from here (their homes are the modules above)."""
 
-logger = logging.getLogger("tracerl.convert")
 
 
 def convert_store(
@@ -97,13 +93,7 @@ def _convert_store_locked(
     todo = _files_to_read(layout, span_files, rel, ledger, rewards)
     stats.span_files_read = len(todo)
     if not todo:
-        stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(
-            rewards, set(converted) | set(ledger.excluded), ledger
-        )
-        if rewards.any_new:
-            ledger.reward_files = set(rewards.files)
-            confirm()
-            ledger.save(layout)
+        _nothing_to_read(layout, ledger, converted, rewards, stats, confirm)
         return _finish(stats, ledger, t0)
 
     spans = _read_numbered(layout, todo, SPANS_SCHEMA)
@@ -116,22 +106,17 @@ def _convert_store_locked(
     lap = stats.lap("status", lap)
 
     pairs = spans.select(["_file", "rollout_id"]).group_by(["_file", "rollout_id"]).aggregate([])
-    ready_set = set(ready)
-    waiting = [r for r in ledger.excluded if r in statuses and r not in ready_set]
-    files_of = _files_of(pairs, waiting, [rel[f] for f in todo])
-    for r in waiting:  # late spans of an excluded rollout must be read again if it is retried
-        ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
+    _remember_waiting_files(pairs, ready, statuses, [rel[f] for f in todo], ledger)
 
     outputs = _convert_ready(
         layout, spans, ready, timed_out, len(statuses), rewards.rows, config, conversion, stats
     )
     lap = stats.lap("convert", lap)  # converting and writing the transitions
-    watermark = {r: statuses[r].last_received_ns for r in ready}
     excluded_now = [
         o.rollout_id for o in outputs if not isinstance(o, str) and o.status == "excluded_no_reward"
     ]
-    files_of = _files_of(pairs, excluded_now, [rel[f] for f in todo])
-    _record(outputs, watermark, files_of, rewards.reconvert, ledger, stats)
+    watermark = {r: statuses[r].last_received_ns for r in ready}
+    _record(outputs, watermark, _files_of(pairs, excluded_now, [rel[f] for f in todo]), rewards.reconvert, ledger, stats)
     known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
     stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
@@ -143,6 +128,35 @@ def _convert_store_locked(
         _remove_superseded(layout, old_transition_files, stats)
     stats.lap("ledger", lap)
     return _finish(stats, ledger, t0)
+
+
+def _nothing_to_read(
+    layout: StoreLocation,
+    ledger: Ledger,
+    converted: dict[str, int],
+    rewards: FeedbackRows,
+    stats: ConvertStats,
+    confirm: Callable[[], None],
+) -> None:
+    """A pass with no span file to read: count the unjoined rewards, and save the ledger if a rewards file is new."""
+    stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(
+        rewards, set(converted) | set(ledger.excluded), ledger
+    )
+    if rewards.any_new:
+        ledger.reward_files = set(rewards.files)
+        confirm()
+        ledger.save(layout)
+
+
+def _remember_waiting_files(
+    pairs: pa.Table, ready: list[str], statuses: dict[str, RolloutStatus], rel_files: list[str], ledger: Ledger
+) -> None:
+    """Late spans of an excluded rollout must be read again if it is retried: add their files to its entry."""
+    ready_set = set(ready)
+    waiting = [r for r in ledger.excluded if r in statuses and r not in ready_set]
+    files_of = _files_of(pairs, waiting, rel_files)
+    for r in waiting:
+        ledger.excluded[r] = sorted(set(ledger.excluded[r]) | files_of.get(r, set()))
 
 
 def _assign(spans: pa.Table, ledger: Ledger, config: ConvertConfig, stats: ConvertStats) -> pa.Table:
@@ -504,70 +518,3 @@ def rollout_statuses(table: pa.Table) -> dict[str, RolloutStatus]:
             d["rollout_id"], d["trace_id_count"], d["is_root_any_sum"], d["rx_max_max"], d["marker_any_any"]
         )
     }
-
-
-# ---------------------------------------------------------------------------------------------
-# The collector's loop
-
-
-class ConvertLoop:
-    """``collect --convert``: run ``convert_store`` every ``every_s`` seconds in a background thread.
-
-    ``poke()`` (e.g. from the collector's after-compaction hook) runs a pass now instead of at the
-    next tick. A failing pass is logged and retried on the next tick, never raised into the
-    collector. ``stop()`` runs one final pass so nothing complete is left behind, then joins.
-    """
-
-    def __init__(
-        self,
-        store: StoreLocation,
-        config: ConvertConfig,
-        every_s: float = 5.0,
-        on_stats: Callable[[ConvertStats], None] | None = None,
-    ):
-        config.validate()
-        self.store, self.config, self.every_s = store, config, every_s
-        self.on_stats = on_stats or _log_stats
-        self.passes = 0
-        self.last: ConvertStats | None = None
-        self.last_error: str | None = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tracerl-convert", daemon=True)
-
-    def start(self) -> ConvertLoop:
-        self._thread.start()
-        return self
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    def stop(self, final_pass: bool = True) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=300)
-        if final_pass:
-            self._pass()
-
-    def _pass(self) -> None:
-        try:
-            self.last = convert_store(self.store, self.config)
-            self.last_error = None
-            self.passes += 1
-            self.on_stats(self.last)
-        except Exception as e:  # keep the collector alive; the next tick retries
-            self.last_error = f"{type(e).__name__}: {e}"
-            logger.exception("conversion pass failed (will retry in %.0fs)", self.every_s)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.every_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            self._pass()
-
-
-def _log_stats(stats: ConvertStats) -> None:
-    if stats.transitions_written or stats.late_spans or stats.rollouts_excluded_no_reward or stats.problems:
-        logger.info("convert: %s", stats.summary().replace("\n", "; "))

@@ -225,6 +225,21 @@ def convert_parallel(
         finally:
             _INHERITED.clear()
         return
+    jobs = _ipc_jobs(sel, slot, n_chunks, logs, rewards_by, (config, timed_out, sink))
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        yield from pool.map(_convert_chunk, jobs)
+
+
+def _ipc_jobs(
+    sel: pa.Table,
+    slot: Any,
+    n_chunks: int,
+    logs: list[LogEvent],
+    rewards_by: dict[str, list[Reward]],
+    rest: tuple[ConvertConfig, frozenset[str], Sink],
+) -> list[tuple]:
+    """The chunks for ``forkserver`` workers, as Arrow IPC, each with only the logs and rewards of its own
+    traces and rollouts (they travel through a pipe, so a worker is sent what it converts and no more)."""
     jobs = []
     for k in range(n_chunks):
         chunk = sel.filter(pa.array(slot == k))
@@ -238,9 +253,8 @@ def convert_parallel(
                 for key, v in rewards_by.items()
                 if key in chunk_rollouts or (key.startswith("trace:") and key[6:] in chunk_traces)
             }
-        jobs.append((_ipc(chunk), lg, rw, config, timed_out, sink))
-    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("forkserver")) as pool:
-        yield from pool.map(_convert_chunk, jobs)
+        jobs.append((_ipc(chunk), lg, rw, *rest))
+    return jobs
 
 
 _EPOCH = datetime.date(1970, 1, 1)

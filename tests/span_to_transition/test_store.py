@@ -193,7 +193,7 @@ def test_spans_without_the_rollout_id_join_the_rollout_their_trace_belongs_to(st
 def test_convert_loop_converts_in_the_background_and_on_stop(store: Path) -> None:
     import time as _time
 
-    from span_to_transition.store import ConvertLoop
+    from span_to_transition.convert_loop import ConvertLoop
 
     put(store, "spans", spans_table(rollout("1" * 32, 1_000)), "a")
     seen = []

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     loop = None
     if cfg.convert:
-        from span_to_transition.store import ConvertLoop
+        from span_to_transition.convert_loop import ConvertLoop
 
         loop = ConvertLoop(collector.compactor.out, convert_cfg, every_s=cfg.convert_every_s).start()
     parts = []
