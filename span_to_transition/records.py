@@ -188,3 +188,34 @@ def as_float(text: str | None) -> float | None:
 
 def as_bool(text: str | None) -> bool:
     return text is not None and text.strip().lower() in ("true", "1")
+
+
+@dataclass
+class RolloutInput:
+    """What ``convert_rollout`` reads: one rollout's spans, its log events and its reward rows."""
+
+    rollout_id: str
+    spans: list[Span]
+    logs: list[LogEvent] = field(default_factory=list)
+    rewards: list[Reward] = field(default_factory=list)  # side-channel / offline rows of this rollout
+    timed_out: bool = False  # complete only because --max-wait-s passed without its root span
+
+
+@dataclass
+class RolloutOutput:
+    """What ``convert_rollout`` returns: the transitions, or why there are none, and what it found on the way."""
+
+    rollout_id: str
+    status: str  # converted|excluded_no_reward|no_calls
+    reason: str | None = None  # why it is excluded_no_reward or no_calls, in words (summed in the stats)
+    transitions: list[Transition] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    orphans: int = 0
+    calls_without_content: int = 0
+    duplicate_calls: int = 0
+    filled_reward: bool = False
+    untrainable_reasons: dict[str, int] = field(default_factory=dict)  # malformed chat: reason -> calls
+    content_joined: int = 0  # calls joined to their gateway span by content (content_join.py)
+    content_ties: int = 0  # gateway spans whose content matched several calls (or shared one): not joined
+    content_near_misses: int = 0  # gateway spans equal to a call on the request or the response only
