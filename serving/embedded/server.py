@@ -64,13 +64,13 @@ from serving.embedded.engine import (
     Completion,
     Delta,
     EngineError,
-    EngineWorker,
     GenerationJob,
     ModelEngine,
     SamplingParams,
 )
 from serving.embedded.responses import StreamChunks, choice, usage
 from serving.embedded.sampling import check_strings, flag, template_request
+from serving.embedded.worker import EngineWorker
 from serving.protocol import SSE_DONE, error_body, new_id, sse_data
 
 Handler = Callable[[Request], Awaitable[Any]]

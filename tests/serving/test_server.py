@@ -301,7 +301,8 @@ def test_logit_bias_min_tokens_and_penalties_shape_sampling_but_not_raw_logprobs
 def test_a_batch_waits_briefly_for_requests_right_behind_its_first(tiny_model_dir, tokenizer):
     """Agents of a round send their calls milliseconds apart: with the gather window they share one
     batch instead of a lone first call followed by a batch of the rest (batches are static)."""
-    from serving.embedded.engine import EngineWorker, GenerationJob, ModelEngine, SamplingParams
+    from serving.embedded.engine import GenerationJob, ModelEngine, SamplingParams
+    from serving.embedded.worker import EngineWorker
 
     worker = EngineWorker(ModelEngine(str(tiny_model_dir)), max_batch=4, batch_wait_s=2.0)
     try:
