@@ -66,17 +66,23 @@ def unjoined_reason(call: LLMCall) -> str:
     """Why a call of a rollout that has gateway spans got no exact token ids (it stays ``retokenized``)."""
     where = f"LLM call span {call.span_id} ({call.dialect}) in trace {call.trace_id} has no exact token ids: "
     if call.response_id:
-        return (where + f"no gateway span is below it and none records its gen_ai.response.id {call.response_id!r}; "
-                "was this call sent through the gateway (OPENAI_BASE_URL)?")
-    return (where + "no gateway span is below it (its client sent no traceparent), it records no "
-            "gen_ai.response.id to join by, and no gateway span of its rollout recorded the same request and "
-            "response in its time window alone (a tie, a near-miss, or a gateway too old to record "
-            "tracerl.request.messages); propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
-            "which records the response id too) or use an instrumentation that records the response id")
+        return (
+            where
+            + f"no gateway span is below it and none records its gen_ai.response.id {call.response_id!r}; "
+            "was this call sent through the gateway (OPENAI_BASE_URL)?"
+        )
+    return (
+        where + "no gateway span is below it (its client sent no traceparent), it records no "
+        "gen_ai.response.id to join by, and no gateway span of its rollout recorded the same request and "
+        "response in its time window alone (a tie, a near-miss, or a gateway too old to record "
+        "tracerl.request.messages); propagate traceparent (e.g. opentelemetry-instrumentation-openai, "
+        "which records the response id too) or use an instrumentation that records the response id"
+    )
 
 
-def _join_by_content(calls: list[LLMCall], claimed: dict[str, Span], unclaimed: list[Span],
-                     out: RolloutOutput) -> list[Span]:
+def _join_by_content(
+    calls: list[LLMCall], claimed: dict[str, Span], unclaimed: list[Span], out: RolloutOutput
+) -> list[Span]:
     """Gateway spans left by the parent and response-id joins, joined to the calls still without one by equal
     request and response (``content_join``); ties and near-misses are counted and named, never joined. Returns
     the gateway spans still unclaimed."""
@@ -85,11 +91,14 @@ def _join_by_content(calls: list[LLMCall], claimed: dict[str, Span], unclaimed: 
     out.content_joined += len(joined.pairs)
     out.content_ties += len(joined.ties)
     out.content_near_misses += len(joined.near_misses)
-    for what, ids in (("matches several calls (or shares one with another gateway span) by content: a tie",
-                       joined.ties), ("equals a call on the request or on the response only: a near-miss",
-                                      joined.near_misses)):
-        out.problems.extend(f"gateway span {g} in rollout {out.rollout_id} {what}; not joined, the call stays "
-                            "retokenized" for g in ids)
+    for what, ids in (
+        ("matches several calls (or shares one with another gateway span) by content: a tie", joined.ties),
+        ("equals a call on the request or on the response only: a near-miss", joined.near_misses),
+    ):
+        out.problems.extend(
+            f"gateway span {g} in rollout {out.rollout_id} {what}; not joined, the call stays retokenized"
+            for g in ids
+        )
     taken = {g.span_id for g in joined.pairs.values()}
     refused = {*joined.ties, *joined.near_misses}
     return [g for g in unclaimed if g.span_id not in taken and f"{g.trace_id}/{g.span_id}" not in refused]
@@ -107,8 +116,14 @@ def _wire_when_malformed(call: LLMCall, gateway: Span) -> None:
 
 
 def _call_quality(call: LLMCall, depth: int) -> tuple:
-    return (bool(call.messages), call.response is not None, call.tools is not None, -depth,
-            -call.start_time_ns, call.span_id)
+    return (
+        bool(call.messages),
+        call.response is not None,
+        call.tools is not None,
+        -depth,
+        -call.start_time_ns,
+        call.span_id,
+    )
 
 
 def parse_calls(tree: SpanTree, inp: RolloutInput, out: RolloutOutput) -> tuple[list[LLMCall], list[Span]]:
@@ -148,8 +163,9 @@ def parse_calls(tree: SpanTree, inp: RolloutInput, out: RolloutOutput) -> tuple[
     return calls, gateways
 
 
-def one_per_response_id(calls: list[LLMCall], tree: SpanTree,
-                         out: RolloutOutput) -> tuple[list[LLMCall], dict[str, list[Span]]]:
+def one_per_response_id(
+    calls: list[LLMCall], tree: SpanTree, out: RolloutOutput
+) -> tuple[list[LLMCall], dict[str, list[Span]]]:
     """One call per gen_ai.response.id: two instrumentations (or a framework and a client library)
     recording the same request must not train on it twice. Keep the most complete record; the records
     left out ("twins") may still hold the call's token ids (LiteLLM: on its raw_gen_ai_request span)."""
@@ -167,16 +183,23 @@ def one_per_response_id(calls: list[LLMCall], tree: SpanTree,
         else:
             out.duplicate_calls += 1
             if _call_quality(c, tree.depth((c.trace_id, c.span_id))) > _call_quality(
-                    cur, tree.depth((cur.trace_id, cur.span_id))):
+                cur, tree.depth((cur.trace_id, cur.span_id))
+            ):
                 best[c.response_id] = c
-    unique.extend(c for c in best.values() if not _without_content(tree.spans[(c.trace_id, c.span_id)], c, out))
-    twins = {b.span_id: [tree.spans[(c.trace_id, c.span_id)] for c in records[rid] if c is not b]
-             for rid, b in best.items() if len(records[rid]) > 1}
+    unique.extend(
+        c for c in best.values() if not _without_content(tree.spans[(c.trace_id, c.span_id)], c, out)
+    )
+    twins = {
+        b.span_id: [tree.spans[(c.trace_id, c.span_id)] for c in records[rid] if c is not b]
+        for rid, b in best.items()
+        if len(records[rid]) > 1
+    }
     return unique, twins
 
 
-def claim_gateways(unique: list[LLMCall], gateways: list[Span], tree: SpanTree,
-                    out: RolloutOutput) -> dict[str, Span]:
+def claim_gateways(
+    unique: list[LLMCall], gateways: list[Span], tree: SpanTree, out: RolloutOutput
+) -> dict[str, Span]:
     """Each call's gateway span (by parent, response id, then content); a gateway span no call claims
     becomes a call of its own when it recorded the chat (semconv), else a reported problem. ``unique``
     gains those calls, and a call whose record is malformed takes what its gateway saw on the wire."""
@@ -194,10 +217,13 @@ def claim_gateways(unique: list[LLMCall], gateways: list[Span], tree: SpanTree,
                 unique.append(gcall)
                 claimed[g.span_id] = g
                 continue
-        content = ("no call of its rollout has its request and response" if REQUEST_MESSAGES in g.attributes
-                   else "records no content (the gateway runs with --no-record-content)"
-                   if g.attributes.get(CONTENT_RECORDED) == "false"
-                   else "records no gen_ai.input.messages/gen_ai.output.messages")
+        content = (
+            "no call of its rollout has its request and response"
+            if REQUEST_MESSAGES in g.attributes
+            else "records no content (the gateway runs with --no-record-content)"
+            if g.attributes.get(CONTENT_RECORDED) == "false"
+            else "records no gen_ai.input.messages/gen_ai.output.messages"
+        )
         out.problems.append(
             f"gateway span {g.span_id} in trace {g.trace_id} matches no LLM call span (no parent call span, "
             f"no call with its gen_ai.response.id) and {content}; "

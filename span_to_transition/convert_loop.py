@@ -14,7 +14,6 @@ from store.location import StoreLocation
 logger = logging.getLogger("tracerl.convert")
 
 
-
 class ConvertLoop:
     """``collect --convert``: run ``convert_store`` every ``every_s`` seconds in a background thread.
 

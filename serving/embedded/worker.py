@@ -61,6 +61,7 @@ class EngineWorker:
 
     def call(self, fn: Callable[[], Any], *, control: bool = False, timeout: float | None = None) -> Any:
         return self.submit(fn, control=control).result(timeout)
+
     def pause(self, mode: str = "abort") -> None:
         """vLLM's ``/pause``: stop starting generations; ``abort`` fails the queued ones."""
         if mode not in ("abort", "wait", "keep"):
@@ -96,8 +97,14 @@ class EngineWorker:
             self._q.put(item)
         for *_, fut in pending:
             if fut is not None:
-                fut.set_exception(EngineError("request aborted: the server was paused (/pause?mode=abort) "
-                                              "for a weight update; retry", 503, "ServiceUnavailable"))
+                fut.set_exception(
+                    EngineError(
+                        "request aborted: the server was paused (/pause?mode=abort) "
+                        "for a weight update; retry",
+                        503,
+                        "ServiceUnavailable",
+                    )
+                )
 
     def close(self) -> None:
         self._q.put((-1, next(self._seq), None, None))
@@ -128,12 +135,18 @@ class EngineWorker:
         deadline = time.monotonic() + self.batch_wait_s
         while len(batch) < self.max_batch:
             try:
-                item = self._q.get(timeout=max(0.0, deadline - time.monotonic())) \
-                    if self.batch_wait_s else self._q.get_nowait()
+                item = (
+                    self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+                    if self.batch_wait_s
+                    else self._q.get_nowait()
+                )
             except queue.Empty:
                 break
-            if item[0] != self.GENERATE or not isinstance(item[2], GenerationJob) \
-                    or item[2].adapter != first[2].adapter:
+            if (
+                item[0] != self.GENERATE
+                or not isinstance(item[2], GenerationJob)
+                or item[2].adapter != first[2].adapter
+            ):
                 self._q.put(item)  # a control job, or another adapter: it runs next
                 break
             batch.append(item)
