@@ -38,10 +38,8 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +47,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from store.atomic import fsync_dir, write_atomic
+from store.atomic import atomic_dir, fsync_dir, write_atomic
 
 MANIFEST = "tracerl_checkpoint.json"
 PENDING = ".tracerl_checkpoint.pending.json"
@@ -108,17 +106,11 @@ def stage_checkpoint(final: Path, save: Callable[[Path], None], manifest: dict[s
         if is_complete(final):
             raise FileExistsError(f"checkpoint {final} already exists; checkpoints are never overwritten")
         shutil.rmtree(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
-    try:
+    with atomic_dir(final, durable=False) as tmp:
         save(tmp)
         files = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         pending = {"boot_id": boot_id(), "files": files, "manifest": manifest}
         (tmp / PENDING).write_text(json.dumps(pending, sort_keys=True, default=str))
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 

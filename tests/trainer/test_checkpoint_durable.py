@@ -79,6 +79,13 @@ def test_a_staged_checkpoint_is_whole_and_readable_but_not_complete_until_comple
     assert read_manifest(final) == {"round": 0}
 
 
+def test_staging_waits_for_no_disk_flush(tmp_path, monkeypatch):
+    flushed: list[int] = []
+    monkeypatch.setattr(os, "fsync", flushed.append)
+    stage_checkpoint(tmp_path / "policy-000001", save_model(1), {"round": 0})
+    assert flushed == []  # the round's critical path: the page cache only
+
+
 def test_completion_fsyncs_every_staged_file_and_directory_before_the_manifest(tmp_path, monkeypatch):
     final = tmp_path / "policy-000001"
     stage_checkpoint(final, save_model(1), {"round": 0})
