@@ -1,7 +1,8 @@
 """Where a round's checkpoints live: a local directory, mirrored into the store when the store is a bucket.
 
 Torch saves to a directory and vLLM loads from one, so a checkpoint is always written on local disk
-first (``trainer/checkpoint.py``: temp directory, fsync, rename). On a local store that directory is
+first (``trainer/checkpoint.py``: temp directory renamed into place, then fsynced and completed by its
+manifest; a round uploads it only once complete). On a local store that directory is
 ``STORE/checkpoints`` and nothing more happens. On an ``s3://`` store the local directory is a cache
 (``--checkpoints DIR``) and each complete checkpoint is also uploaded to
 ``STORE/checkpoints/policy-<v>/``, its manifest last: an object store has no rename, so the manifest's

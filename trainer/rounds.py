@@ -21,8 +21,10 @@ One call of ``run_once`` does at most one round, under an exclusive lock (cron-s
    (and ``--every`` not due) it writes nothing and returns ``waiting``: a rerun is a no-op;
 3. record the selection (``checkpoints/round-<k>.json``: which rollouts and calls) and a
    ``started`` row in ``rounds``, train (here, or in ``--nproc`` ranks: ``trainer/launcher.py``),
-   write the checkpoint atomically (on a bucket store: locally, then copied into the bucket,
-   ``trainer/checkpoint_store.py``), mark ``trained``, publish, mark ``published``.
+   stage the checkpoint (whole and renamed into place, not yet durable: ``trainer/checkpoint.py``; on a
+   bucket store: completed locally, then copied into the bucket, ``trainer/checkpoint_store.py``), mark
+   ``trained``, publish while the checkpoint is made durable and complete beside, mark ``published``
+   once it is. A ``trained`` round whose checkpoint a restart left incomplete is trained again.
 
 The store may be a bucket (``s3://bucket/prefix``): the manifest, the selections and the lock (a
 lease object, ``store/lease.py``, confirmed before every state write) live there, so a trainer on
@@ -407,14 +409,16 @@ def _settle(trained: _Trained | None) -> None:
 def _redo_lost(r: _Round, rounds: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """A round recorded ``trained`` whose checkpoint is not complete (staged, then the machine stopped before
     the fsync: ``recover_checkpoints`` removed it) is recorded ``failed``, so it is trained again from its
-    selection; never published from files a power loss may have torn."""
-    for k, row in rounds.items():
-        if row["status"] == "trained" and not is_complete(r.ckpts.ensure_local(k + 1)):
-            r.log(f"round {k}: its checkpoint {r.ckpts.name(k + 1)} is missing or incomplete (staged before the "
-                  f"machine stopped); training round {k} again from its recorded selection")
-            rounds = {**rounds, k: {**row, "status": "failed"}}
-            r.write(rounds[k])
-    return rounds
+    selection; never published from files a power loss may have torn. Only the newest round can be one (a
+    round starts once the previous one is complete), so only its checkpoint is looked at (or fetched)."""
+    k = max(rounds, default=None)
+    if k is None or rounds[k]["status"] != "trained" or is_complete(r.ckpts.ensure_local(k + 1)):
+        return rounds
+    r.log(f"round {k}: its checkpoint {r.ckpts.name(k + 1)} is missing or incomplete (staged before the machine "
+          f"stopped); training round {k} again from its recorded selection")
+    row = {**rounds[k], "status": "failed"}
+    r.write(row)
+    return {**rounds, k: row}
 
 
 def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
