@@ -11,9 +11,9 @@ model plus ``torch.save`` of the optimizer, in line.
 "Bare" is ``safetensors.torch.save_file`` of the served tensors alone (no fsync, no manifest), the
 reference: cast from the trained fp32 weights inside the timing, as any writer of the served file
 must; the same write of tensors cast beforehand is printed beside it; "bare + fsync" is it made durable.
-Each is best of ``--repeats``, interleaved, each started with no dirty pages (``os.sync`` untimed, as a
-round's save follows minutes of training, not another write); the page cache is shared, so the model
-should be well below free memory.
+Each is best of ``--repeats``, interleaved (bare and ours side by side, their order alternating), each
+started with no dirty pages (``os.sync`` untimed, as a round's save follows minutes of training, not
+another write); the page cache is shared, so the model should be well below free memory.
 
     python bench/checkpoint_save.py                    # ~0.15B-parameter Qwen2 shape on CPU
     python bench/checkpoint_save.py --hidden 1536 --layers 28 --vocab 151936   # the 1.5B shape
@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -114,11 +115,11 @@ def main() -> None:
         backend.defer_resume_state = True
         stage_checkpoint(root / f"ours-{i}", backend.save, {"round": i})
 
-    def durable(i: int) -> None:  # beside the publish, right after the stage (nothing flushed between)
-        complete_checkpoint(root / f"ours-{i}")
+    def durable(i: int) -> None:  # beside the publish, right after a stage (nothing flushed between)
+        complete_checkpoint(root / f"round-{i}")
 
     def resume(i: int) -> None:  # beside the publish, after the completion
-        backend.write_resume_state(root / f"ours-{i}")
+        backend.write_resume_state(root / f"round-{i}")
 
     def inline(i: int) -> None:  # the critical path before: stage and complete, then publish
         backend.defer_resume_state = True
@@ -132,27 +133,37 @@ def main() -> None:
 
     fns = {
         "bare": bare,
+        "ours": ours,
         "precast": bare_precast,
         "fsync": bare_fsync,
         "inline": inline,
-        "ours": ours,
-        "durable": durable,
-        "resume": resume,
-        "before": before,
     }
-    if args.skip_older:
-        del fns["before"]
-    chained = {"durable", "resume"}  # they follow "ours" as in a round: no flush before them
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[float]] = {name: [] for name in [*fns, "durable", "resume", "before"]}
+
+    def timed(name: str, fn: Callable[[int], None], i: int, flush: bool = True) -> None:
+        if flush:
+            os.sync()
+        t = time.perf_counter()
+        fn(i)
+        times[name].append(time.perf_counter() - t)
+
     for i in range(args.repeats):
-        for name, fn in fns.items():
-            if name not in chained:
-                os.sync()
-            t = time.perf_counter()
-            fn(i)
-            times[name].append(time.perf_counter() - t)
+        # bare and ours side by side, in alternating order: the page cache grows through a repeat
+        order = ["bare", "ours"] if i % 2 == 0 else ["ours", "bare"]
+        for name in [*order, "precast", "fsync", "inline"]:
+            timed(name, fns[name], i)
+        # as in a round: a stage (untimed: "ours" above), then beside the publish the completion and the
+        # resume state, with nothing flushed between
+        os.sync()
+        backend.defer_resume_state = True
+        stage_checkpoint(root / f"round-{i}", backend.save, {"round": i})
+        timed("durable", durable, i, flush=False)
+        timed("resume", resume, i, flush=False)
+        if not args.skip_older:
+            timed("before", before, i)
         for d in root.iterdir():  # keep the disk and page cache small between repeats
             shutil.rmtree(d) if d.is_dir() else d.unlink()
+    times = {k: v for k, v in times.items() if v}
     best = {k: min(v) for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
     size = sum(t.numel() * t.element_size() for t in precast.values()) / 2**20
@@ -169,7 +180,9 @@ def main() -> None:
         f"  = {best['ours'] / bare_s:.2f}x bare (target <= 1.2x)"
     )
     print(
-        f"    medians: ours {med['ours']:.2f} s, bare {med['bare']:.2f} s = {med['ours'] / med['bare']:.2f}x"
+        f"    medians: ours {med['ours']:.2f} s, bare {med['bare']:.2f} s = {med['ours'] / med['bare']:.2f}x; "
+        f"each run (s): bare {' '.join(f'{x:.2f}' for x in times['bare'])}, "
+        f"ours {' '.join(f'{x:.2f}' for x in times['ours'])}"
     )
     print(f"  ours, beside the publish: durable completion (fsync, manifest) {best['durable']:7.2f} s")
     print(f"  ours, beside the publish: resume state after it          {best['resume']:7.2f} s")
