@@ -162,8 +162,8 @@ def recover_checkpoints(checkpoints: Path, boot: str | None = None) -> Recovered
     """Finish or drop every staged, never-completed ``policy-*`` in ``checkpoints`` (run under the training
     lock, before anything reads them). Staged in this boot (``boot``, default ``boot_id()``): its files
     are whole in the page cache, so it is completed, and the round adopts it. Staged in an older boot,
-    or with no readable pending manifest: its files may be torn, so it is removed and the round is
-    trained again. A directory with neither manifest is left to ``stage_checkpoint``'s replace rule."""
+    or with no readable pending manifest, or missing a staged file: its files may be torn, so it is
+    removed and the round is trained again. A directory with neither manifest is left to ``stage_checkpoint``'s replace rule."""
     out = Recovered()
     boot = boot if boot is not None else boot_id()
     for d in sorted(checkpoints.glob("policy-*")) if checkpoints.is_dir() else []:
@@ -174,11 +174,14 @@ def recover_checkpoints(checkpoints: Path, boot: str | None = None) -> Recovered
         except (OSError, ValueError):
             staged_in = None
         if boot is not None and staged_in == boot:
-            complete_checkpoint(d)
-            out.completed.append(d)
-        else:
-            shutil.rmtree(d)
-            out.removed.append(d)
+            try:
+                complete_checkpoint(d)
+                out.completed.append(d)
+                continue
+            except FileNotFoundError:  # a staged file was deleted since: nothing whole to complete
+                pass
+        shutil.rmtree(d)
+        out.removed.append(d)
     return out
 
 

@@ -161,6 +161,12 @@ def test_recovery_completes_this_boots_stage_and_removes_an_older_boots(tmp_path
     assert recover_checkpoints(tmp_path).completed == []  # nothing left to do
 
 
+def test_recovery_removes_a_stage_that_lost_a_file(tmp_path):
+    staged = stage_checkpoint(tmp_path / "policy-000001", save_model(1), {"round": 0})
+    (staged / "tok" / "vocab.json").unlink()
+    assert recover_checkpoints(tmp_path).removed == [staged] and not staged.exists()
+
+
 def test_recovery_never_adopts_where_the_boot_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "boot_id", lambda: None)  # not Linux: the page cache cannot be vouched for
     staged = stage_checkpoint(tmp_path / "policy-000001", save_model(1), {"round": 0})
