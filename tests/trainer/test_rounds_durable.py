@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,27 @@ def test_a_trained_round_staged_before_a_restart_is_trained_again_from_its_selec
     assert Path(selection_path(layout.location, 0)).read_text() == selection  # the same rollouts
     final = checkpoint_dir(layout.checkpoints, 1)
     assert is_complete(final) and read_manifest(final)["round"] == 0 and [g.name for g in got] == ["policy@1"]
+
+
+def test_a_failed_publish_still_finishes_the_checkpoint_before_the_run_lets_go_of_the_lock(
+    tmp_path, write_rows, make_rollouts, train_settings, monkeypatch
+):
+    store = tmp_path / "store"
+    write_rows(store, make_rollouts(0))
+    layout = StoreLayout.at(store)
+    real_complete = ckpt.complete_checkpoint
+
+    def slow_disk(path: Path) -> None:
+        time.sleep(0.5)
+        real_complete(path)
+
+    monkeypatch.setattr(rounds_mod, "complete_checkpoint", slow_disk)
+
+    def down(req: PublishRequest) -> None:
+        raise ConnectionError("server down")
+
+    with pytest.raises(ConnectionError):
+        run_once(train_settings(store), publisher=down, log=lambda m: None)
+    final = checkpoint_dir(layout.checkpoints, 1)
+    assert read_rounds(layout.location)[0]["status"] == "trained"
+    assert is_complete(final) and (final / "optimizer.pt").exists()  # nothing still being written
