@@ -13,6 +13,8 @@ JSON state) goes through ``write_atomic``, so there is one set of guarantees to 
 
 A directory that must appear whole (a checkpoint: what torch saves and vLLM loads) goes through
 ``atomic_dir``, the same rule for a tree on local disk: filled in a temp sibling, fsynced, renamed.
+With ``durable=False`` it appears whole but is not yet on disk: the caller makes it durable later
+(a round's checkpoint, ``trainer/checkpoint.py``, which says it is complete only once it has).
 """
 
 from __future__ import annotations
@@ -81,9 +83,10 @@ def _write_local(path: Path, data: Payload) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
     """A temp sibling of ``final`` (``.<name>.<8 hex>.<random>``) to fill; when the block ends cleanly its files
     are fsynced, it is renamed to ``final`` and the parent is fsynced; when it raises, it is removed.
+    ``durable=False``: renamed with no fsync (whole to every reader, not yet safe from a power loss).
 
     ``final`` must not exist (a rename does not replace a non-empty directory); a killed process leaves
     only the temp sibling, which its owner's sweep removes by that prefix.
@@ -92,7 +95,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
     try:
         yield tmp
-        for f in tmp.rglob("*"):
+        for f in tmp.rglob("*") if durable else ():
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
@@ -100,4 +103,5 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    fsync_dir(final.parent)
+    if durable:
+        fsync_dir(final.parent)

@@ -1,7 +1,8 @@
 """Where a round's checkpoints live: a local directory, mirrored into the store when the store is a bucket.
 
 Torch saves to a directory and vLLM loads from one, so a checkpoint is always written on local disk
-first (``trainer/checkpoint.py``: temp directory, fsync, rename). On a local store that directory is
+first (``trainer/checkpoint.py``: temp directory renamed into place, then fsynced and completed by its
+manifest; a round uploads it only once complete). On a local store that directory is
 ``STORE/checkpoints`` and nothing more happens. On an ``s3://`` store the local directory is a cache
 (``--checkpoints DIR``) and each complete checkpoint is also uploaded to
 ``STORE/checkpoints/policy-<v>/``, its manifest last: an object store has no rename, so the manifest's
@@ -75,10 +76,19 @@ class CheckpointStore:
         local_fs = pafs.LocalFileSystem()
         for f in sorted(src.rglob("*")):
             rel = f.relative_to(src)
-            if not f.is_file() or rel.parts[0] == MERGED or rel.parts[0].startswith(".") or rel.name == MANIFEST:
+            if (
+                not f.is_file()
+                or rel.parts[0] == MERGED
+                or rel.parts[0].startswith(".")
+                or rel.name == MANIFEST
+            ):
                 continue
-            pafs.copy_files(str(f), self._remote(version, rel.as_posix()), source_filesystem=local_fs,
-                            destination_filesystem=self.mirror.fs)
+            pafs.copy_files(
+                str(f),
+                self._remote(version, rel.as_posix()),
+                source_filesystem=local_fs,
+                destination_filesystem=self.mirror.fs,
+            )
         write_atomic(self._remote(version, MANIFEST), (src / MANIFEST).read_bytes(), self.mirror.fs)
         return True
 
@@ -90,8 +100,12 @@ class CheckpointStore:
         if final.exists():  # an incomplete leftover (a rename is never partial): replaced
             shutil.rmtree(final)
         with atomic_dir(final) as tmp:
-            pafs.copy_files(self._remote(version), str(tmp), source_filesystem=self.mirror.fs,
-                            destination_filesystem=pafs.LocalFileSystem())
+            pafs.copy_files(
+                self._remote(version),
+                str(tmp),
+                source_filesystem=self.mirror.fs,
+                destination_filesystem=pafs.LocalFileSystem(),
+            )
             if not is_complete(tmp):
                 raise FileNotFoundError(f"{self.name(version)} lost its manifest while it was fetched")
         return final
@@ -106,7 +120,9 @@ class CheckpointStore:
 
     def versions(self) -> list[int]:
         """Versions with a complete checkpoint here or in the bucket, oldest first."""
-        found = {int(p.name.split("-", 1)[1]) for p in self.local.glob("policy-*") if p.is_dir() and is_complete(p)}
+        found = {
+            int(p.name.split("-", 1)[1]) for p in self.local.glob("policy-*") if p.is_dir() and is_complete(p)
+        }
         if self.mirror is not None:
             sel = pafs.FileSelector(self.mirror.path("checkpoints"), allow_not_found=True)
             for info in self.mirror.fs.get_file_info(sel):
@@ -126,7 +142,9 @@ class CheckpointStore:
         the next round's parent if the canary is rolled back, however many rollbacks came since).
         """
         if keep < 2:
-            raise ValueError(f"keep must be >= 2 (the serving policy and the one a failed reload restores), got {keep}")
+            raise ValueError(
+                f"keep must be >= 2 (the serving policy and the one a failed reload restores), got {keep}"
+            )
         gone = [v for v in self.versions()[:-keep] if v not in protect]
         for v in gone:
             self.remove(v)

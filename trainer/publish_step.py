@@ -4,6 +4,11 @@ The trainer knows only ``Publisher = Callable[[PublishRequest], GateVerdict | No
 builds the one ``tracerl train --server`` uses; tests inject a recording callable). It raises when the engine
 did not take the new policy: the round then stays ``trained`` and the next run publishes it again. A gated
 canary publisher returns a verdict: a failed gate records the round ``rolled_back``.
+
+The checkpoint a round publishes is staged, not yet complete (``trainer/checkpoint.py``): its files are
+whole in the page cache, where the engine reads them, and its manifest comes with the fsync that runs
+beside the publish. ``publish_round`` waits for that (``durable``) after the engine took the policy and
+before it records the round: a round is never ``published`` with a checkpoint a power loss could take.
 """
 
 from __future__ import annotations
@@ -59,10 +64,13 @@ def publish_round(
     served_name: str = "policy",
     keep_checkpoints: int = 0,
     canary: bool = False,
+    durable: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
     """Publish round ``row``'s checkpoint as ``policy@k+1`` (the weights serving now named as the fallback of a
-    full reload), then record it ``published`` (``canary`` under ``--canary``, ``rolled_back`` when the gate
-    failed) under the lease; prune old checkpoints to ``keep_checkpoints``. Returns the written row."""
+    full reload), wait for ``durable`` (the checkpoint's completion, when it runs beside the publish; its
+    error leaves the round ``trained``), then record it ``published`` (``canary`` under ``--canary``,
+    ``rolled_back`` when the gate failed) under the lease; prune old checkpoints to ``keep_checkpoints``.
+    Returns the written row."""
     k = row["round"]
     v = row["parent_version"] if row.get("parent_version") is not None else k
     prev = read_rounds(loc).get(v - 1) if v > 0 else None
@@ -84,6 +92,10 @@ def publish_round(
     verdict = publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
     timings["publish"] = time.perf_counter() - t
+    if durable is not None:  # what the engine now serves is on disk, and the checkpoint complete
+        t = time.perf_counter()
+        durable()
+        timings["durable_wait"] = time.perf_counter() - t
     # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py); one that fails the
     # eval gate (loop/gate.py) never reaches live traffic: rolled back, the next round trains from v
     status = "canary" if canary else "published"

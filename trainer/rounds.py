@@ -21,8 +21,10 @@ One call of ``run_once`` does at most one round, under an exclusive lock (cron-s
    (and ``--every`` not due) it writes nothing and returns ``waiting``: a rerun is a no-op;
 3. record the selection (``checkpoints/round-<k>.json``: which rollouts and calls) and a
    ``started`` row in ``rounds``, train (here, or in ``--nproc`` ranks: ``trainer/launcher.py``),
-   write the checkpoint atomically (on a bucket store: locally, then copied into the bucket,
-   ``trainer/checkpoint_store.py``), mark ``trained``, publish, mark ``published``.
+   stage the checkpoint (whole and renamed into place, not yet durable: ``trainer/checkpoint.py``; on a
+   bucket store: completed locally, then copied into the bucket, ``trainer/checkpoint_store.py``), mark
+   ``trained``, publish while the checkpoint is made durable and complete beside, mark ``published``
+   once it is. A ``trained`` round whose checkpoint a restart left incomplete is trained again.
 
 The store may be a bucket (``s3://bucket/prefix``): the manifest, the selections and the lock (a
 lease object, ``store/lease.py``, confirmed before every state write) live there, so a trainer on
@@ -53,10 +55,12 @@ from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
     BackgroundWrite,
     clean_temp_dirs,
+    complete_checkpoint,
     git_sha,
     is_complete,
     read_manifest,
-    write_checkpoint,
+    recover_checkpoints,
+    stage_checkpoint,
     write_json_atomic,
 )
 from trainer.checkpoint_store import CheckpointStore
@@ -162,6 +166,12 @@ def run_once(
             log(msg)
             return RoundOutcome("locked", message=msg)
         clean_temp_dirs(ckpts.local)
+        recovered = recover_checkpoints(ckpts.local)
+        for d in recovered.completed:
+            log(f"{d.name}: staged by a run that stopped before completing it; made durable and complete")
+        for d in recovered.removed:
+            log(f"{d.name}: staged before the machine restarted (its files may be torn); removed, its round "
+                "is trained again")
         try:
             return _run_locked(settings, loc, ckpts, held, base_model, publisher, on_step, log, threads_now)
         except LeaseLost as e:
@@ -195,10 +205,10 @@ class _Round:
     publisher: Publisher | None
     log: Callable[[str], None]
 
-    def publish(self, row: dict[str, Any]) -> dict[str, Any]:
+    def publish(self, row: dict[str, Any], durable: Callable[[], object] | None = None) -> dict[str, Any]:
         s = self.settings
         return publish_round(self.loc, self.ckpts, self.held, row, self.base_model, self.publisher, self.log,
-                             s.served_name, s.keep_checkpoints, s.canary)
+                             s.served_name, s.keep_checkpoints, s.canary, durable)
 
     def write(self, row: dict[str, Any]) -> None:
         self.held.confirm()  # a trainer that lost its lease writes nothing more
@@ -263,8 +273,8 @@ def _select(r: _Round, step: DatasetStep, k: int, v: int, last: int | None) -> R
 
 @dataclass
 class _Trained:
-    """A round's training result: its metrics, whether it wrote an adapter, its ranks, and the resume state
-    still being written beside the publish (None when written, or adopted)."""
+    """A round's training result: its metrics, whether it wrote an adapter, its ranks, and what is still being
+    written beside the publish (the checkpoint's completion, then the resume state; None when adopted)."""
 
     metrics: TrainMetrics
     adapter: bool
@@ -284,8 +294,8 @@ def _adopt(final: Path, log: Callable[[str], None], k: int) -> _Trained:
 def _train_round(r: _Round, step: DatasetStep, selection: dict[str, Any], k: int, v: int, parent: Path | None,
                  final: Path, on_step: StepCallback | None, timings: dict[str, float],
                  threads_now: Callable[[], int] | None) -> _Trained:
-    """Pack, train (here or in ranks) and write the checkpoint with its manifest; the optimizer state follows
-    in the background (only the next round reads it)."""
+    """Pack, train (here or in ranks) and stage the checkpoint (``stage_checkpoint``: whole, publishable, not
+    yet durable); its completion (fsync, manifest) and then the resume state follow in the background."""
     s, samples, stats = r.settings, step.samples, step.stats
     pad_id = step.tokenizer.pad_token_id if step.tokenizer.pad_token_id is not None else 0
     # OpenRLHF's model takes one sample per row: a shared prefix is the torch backend's alone
@@ -304,16 +314,17 @@ def _train_round(r: _Round, step: DatasetStep, selection: dict[str, Any], k: int
             "selection": selection, "dataset": dataclasses.asdict(stats), "metrics": dataclasses.asdict(metrics),
             "created_at": now_utc().isoformat(),
         }
-        write_checkpoint(final, save, manifest)
+        stage_checkpoint(final, save, manifest)
         timings["save"] = time.perf_counter() - t
-    return _Trained(metrics, adapter, s.nproc, BackgroundWrite(functools.partial(resume, final)) if resume else None)
+    after = [functools.partial(resume, final)] if resume else []
+    return _Trained(metrics, adapter, s.nproc, BackgroundWrite(functools.partial(complete_checkpoint, final), *after))
 
 
 def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointStore, held: Held, base_model: Path,
                 publisher: Publisher | None, on_step: StepCallback | None, log: Callable[[str], None],
                 threads_now: Callable[[], int] | None = None) -> RoundOutcome:
     r = _Round(settings, loc, ckpts, held, base_model, publisher, log)
-    rounds = read_rounds(loc)
+    rounds = _redo_lost(r, read_rounds(loc))
     done = [k for k, row in rounds.items() if row["status"] in DONE]
     last = max(done) if done else None
     earlier = _unfinished(r, rounds, last)
@@ -339,6 +350,7 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     }
     r.write(row)
     final = ckpts.ensure_local(k + 1)
+    trained: _Trained | None = None
     try:
         adopt = is_complete(final) and read_manifest(final).get("round") == k
         trained = (_adopt(final, log, k) if adopt
@@ -350,8 +362,10 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         if ckpts.upload(k + 1):
             timings["upload"] = time.perf_counter() - t
     except LeaseLost:
+        _settle(trained)
         raise  # the store is another trainer's now: write nothing more
     except BaseException:
+        _settle(trained)
         with contextlib.suppress(LeaseLost):
             r.write({**row, "status": "failed", "timings": json.dumps(timings)})
         raise
@@ -359,13 +373,52 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     row.update(checkpoint_path=ckpts.name(k + 1), adapter=trained.adapter, loss=m.loss, kl=m.kl,
                clip_fraction=m.clip_fraction, timings=json.dumps(timings), status="trained",
                metrics=metrics_json(m, stats, trained.nproc))
-    r.write(row)
-    if publisher is not None:
-        row = r.publish(row)
-    if trained.pending is not None:
-        log(f"round {k}: resume state (optimizer) written in {trained.pending.wait():.1f}s, beside the publish")
+    row = _record_and_publish(r, row, trained)
     log(metrics_line(row, stats, m))
     return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
+
+
+def _record_and_publish(r: _Round, row: dict[str, Any], trained: _Trained) -> dict[str, Any]:
+    """Record the round ``trained`` (its checkpoint staged: a run that finds it incomplete redoes the round,
+    ``_redo_lost``), publish it while the checkpoint is made durable beside, record it ``published`` once it
+    is, and wait for the resume state. Returns the last row written."""
+    k, pending = row["round"], trained.pending
+    try:
+        r.write(row)
+        if r.publisher is not None:
+            row = r.publish(row, functools.partial(pending.wait, 1) if pending is not None else None)
+        if pending is not None:
+            pending.wait()
+            resume = (f", resume state (optimizer) written in {sum(pending.seconds[1:]):.1f}s"
+                      if len(pending.seconds) > 1 else "")
+            r.log(f"round {k}: checkpoint made durable in {pending.seconds[0]:.2f}s{resume}, beside the publish")
+    except BaseException:
+        _settle(trained)
+        raise
+    return row
+
+
+def _settle(trained: _Trained | None) -> None:
+    """On the way out of a failed round: the background write finishes while the lock is still held (its
+    own error aside: the caller's is raised), so no other run sees a checkpoint still being completed."""
+    if trained is not None and trained.pending is not None:
+        with contextlib.suppress(BaseException):
+            trained.pending.wait()
+
+
+def _redo_lost(r: _Round, rounds: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """A round recorded ``trained`` whose checkpoint is not complete (staged, then the machine stopped before
+    the fsync: ``recover_checkpoints`` removed it) is recorded ``failed``, so it is trained again from its
+    selection; never published from files a power loss may have torn. Only the newest round can be one (a
+    round starts once the previous one is complete), so only its checkpoint is looked at (or fetched)."""
+    k = max(rounds, default=None)
+    if k is None or rounds[k]["status"] != "trained" or is_complete(r.ckpts.ensure_local(k + 1)):
+        return rounds
+    r.log(f"round {k}: its checkpoint {r.ckpts.name(k + 1)} is missing or incomplete (staged before the machine "
+          f"stopped); training round {k} again from its recorded selection")
+    row = {**rounds[k], "status": "failed"}
+    r.write(row)
+    return {**rounds, k: row}
 
 
 def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
@@ -375,7 +428,7 @@ def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batch
            ) -> tuple[TrainMetrics, bool, Callable[[Path], None], Callable[[Path], None] | None]:
     """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
     process state never lives in this process); returns metrics, adapter flag, the ``save`` for
-    ``write_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it). ``stack`` keeps the ranks' work dir until the checkpoint is written."""
+    ``stage_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it). ``stack`` keeps the ranks' work dir until the checkpoint is written."""
     if settings.nproc > 1 or settings.backend == "openrlhf":
         from trainer.launcher import RankError, train_ranks, work_dir
 
