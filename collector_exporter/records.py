@@ -1,7 +1,8 @@
 """One WAL record → Arrow rows, or quarantined items with their reason.
 
 Pure logic under the compactor (``compactor.py`` does the I/O): a request is converted whole
-when every item passes ``storable.py`` (the fast path); otherwise, or when conversion fails,
+when every item passes ``storable.py`` (the fast path: for spans, first straight from the bytes,
+``otlp_columnar.py``); otherwise, or when conversion fails,
 item by item, so one bad item costs only itself. Dedupe keys are staged (``StagedKeys``) and
 reach the window only when the compactor commits them, after the Parquet files are durable.
 """
@@ -19,6 +20,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
+from collector_exporter.otlp_columnar import trace_payload_to_table
 from collector_exporter.quarantine import Quarantined
 from collector_exporter.rewards import dedupe_keys, rewards_to_table
 from collector_exporter.storable import log_problem, logs_rows_storable, span_problem, spans_rows_storable
@@ -146,6 +148,8 @@ class _Signal:
     to_table: Callable[[object, int, StagedKeys], pa.Table]
     rows_storable: Callable[[pa.Table], bool]  # storable.py: the same rules on the converted rows at once
     encode: Callable[[object], bytes]
+    fast: Callable[[bytes, int, StagedKeys], tuple[pa.Table, int] | None] | None = None
+    """The whole record straight from its bytes, (new rows, items), or None when it cannot: tried first."""
 
 
 _SIGNALS = {
@@ -158,6 +162,7 @@ _SIGNALS = {
         lambda req, ts, seen: trace_request_to_table(req, ts, seen=seen),
         spans_rows_storable,
         lambda req: req.SerializeToString(),
+        trace_payload_to_table,
     ),
     Kind.LOGS: _Signal(
         "logs",
@@ -207,6 +212,12 @@ def convert_record(
             0,
         )
     seen = staged[signal.table]
+    if signal.fast is not None:
+        mark = seen.mark()
+        fast = signal.fast(rec.payload, rec.received_at_ns, seen)
+        if fast is not None and signal.rows_storable(fast[0]):
+            return signal.table, [fast[0]], [], fast[1] - fast[0].num_rows
+        seen.roll_back(mark)
     try:
         msg = signal.parse(rec.payload)
         n_items = signal.count(msg)
