@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
-from collector_exporter.otlp_arrow import KeySet, any_to_text, double_text
+from collector_exporter.otlp_arrow import any_to_text, double_text
 from schemas.attributes import ROLLOUT_ID as ROLLOUT_ATTR
 from schemas.tables import ATTRS, SPANS_SCHEMA, TS
 
@@ -35,6 +36,13 @@ _STATUS = pa.array(["unset", "ok", "error"])
 _HEX = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), np.uint8).reshape(256, 2)
 _JSON_ESCAPED = r'["\\\x00-\x1f]'
 """Characters ``json.encoder.encode_basestring`` escapes: a string without them is its JSON text in quotes."""
+
+
+class NewKeys(Protocol):
+    """What this path needs of a dedupe window (``records.DedupeWindow``, ``records.StagedKeys``)."""
+
+    def add_new(self, keys: list[tuple[bytes, bytes]]) -> list[int] | None:
+        """Add the keys not held yet; their indices, or None when all were new."""
 
 
 class Unsupported(Exception):
@@ -269,19 +277,8 @@ def _resource_rollouts(attrs: pa.MapArray) -> pa.Array:
     return pa.array(out, pa.string())
 
 
-def _new_rows(trace_raw: pa.Array, span_raw: pa.Array, seen: KeySet) -> list[int] | None:
-    """Indices of spans whose (trace_id, span_id) ``seen`` does not hold yet (their keys are added);
-    None when every span is new."""
-    keep = []
-    for i, key in enumerate(zip(trace_raw.to_pylist(), span_raw.to_pylist())):
-        if key not in seen:
-            seen.add(key)
-            keep.append(i)
-    return None if len(keep) == len(trace_raw) else keep
-
-
 def trace_payload_to_table(
-    payload: bytes, received_at_ns: int, seen: KeySet | None = None
+    payload: bytes, received_at_ns: int, seen: NewKeys | None = None
 ) -> tuple[pa.Table, int] | None:
     """(rows of SPANS_SCHEMA, spans in the request) for a serialized ExportTraceServiceRequest, or None
     when this path does not cover it (then nothing was added to ``seen``). ``seen``: the dedupe window,
@@ -295,7 +292,7 @@ def trace_payload_to_table(
         return None
     n = table.num_rows
     if seen is not None:
-        keep = _new_rows(trace_raw, span_raw, seen)
+        keep = seen.add_new(list(zip(trace_raw.to_pylist(), span_raw.to_pylist())))
         if keep is not None:
             table = table.take(pa.array(keep, pa.int64()))
     return table, n

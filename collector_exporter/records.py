@@ -53,8 +53,16 @@ class DedupeWindow:
         self._current.append(key)
 
     def update(self, keys: Iterable[Hashable]) -> None:
-        for k in keys:
-            self.add(k)
+        keys = list(keys)
+        self._keys.update(keys)
+        self._current.extend(keys)
+
+    def isdisjoint(self, keys: set[Hashable]) -> bool:
+        return self._keys.isdisjoint(keys)
+
+    def add_new(self, keys: list[Hashable]) -> list[int] | None:
+        """``_add_new`` on this window."""
+        return _add_new(self, keys)
 
     def end_batch(self) -> None:
         if self._current:
@@ -63,6 +71,22 @@ class DedupeWindow:
         while len(self._keys) > self.max_keys and len(self._batches) > 1:
             for k in self._batches.popleft():
                 self._keys.discard(k)
+
+
+def _add_new(seen: DedupeWindow | StagedKeys, keys: list[Hashable]) -> list[int] | None:
+    """Add the keys ``seen`` does not hold yet, in order; the indices of those, or None when every key
+    was new. The common case (a request of new, distinct keys) is a few set operations in C instead
+    of a membership test and an insertion per key."""
+    batch = set(keys)
+    if len(batch) == len(keys) and seen.isdisjoint(batch):
+        seen.update(keys)
+        return None
+    keep = []
+    for i, key in enumerate(keys):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return keep
 
 
 class StagedKeys:
@@ -83,6 +107,17 @@ class StagedKeys:
     def add(self, key: Hashable) -> None:
         self.keys.add(key)
         self.order.append(key)
+
+    def update(self, keys: list[Hashable]) -> None:
+        self.keys.update(keys)
+        self.order.extend(keys)
+
+    def isdisjoint(self, keys: set[Hashable]) -> bool:
+        return self.keys.isdisjoint(keys) and self.window.isdisjoint(keys)
+
+    def add_new(self, keys: list[Hashable]) -> list[int] | None:
+        """``_add_new`` on the staged keys."""
+        return _add_new(self, keys)
 
     def mark(self) -> int:
         return len(self.order)

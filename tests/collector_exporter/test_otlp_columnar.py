@@ -12,7 +12,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 
 from collector_exporter.otlp_arrow import trace_request_to_table
 from collector_exporter.otlp_columnar import hex_ids, trace_payload_to_table
-from collector_exporter.records import DedupeWindow
+from collector_exporter.records import DedupeWindow, StagedKeys
 
 pytest.importorskip("ptars", reason="the columnar path needs ptars (a dependency: pip install -e .)")
 
@@ -191,3 +191,16 @@ def test_what_the_path_does_not_cover_is_declined_and_leaves_the_window_alone(sp
 
 def test_bytes_that_are_not_a_request_are_declined():
     assert trace_payload_to_table(b"\xff\xff\xff", AT) is None
+
+
+def test_staged_keys_take_a_whole_request_at_once_and_roll_it_back():
+    window = DedupeWindow()
+    window.update([("t", "a")])
+    staged = StagedKeys(window)
+    assert staged.add_new([("t", "b"), ("t", "c")]) is None  # all new: taken in one go
+    mark = staged.mark()
+    assert staged.add_new([("t", "a"), ("t", "d"), ("t", "d"), ("t", "b")]) == [1]
+    staged.roll_back(mark)
+    assert ("t", "d") not in staged and ("t", "c") in staged and ("t", "d") not in window
+    staged.commit()
+    assert (("t", "c") in window, len(window)) == (True, 3)
