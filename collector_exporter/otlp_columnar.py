@@ -283,11 +283,21 @@ def trace_payload_to_table(
     """(rows of SPANS_SCHEMA, spans in the request) for a serialized ExportTraceServiceRequest, or None
     when this path does not cover it (then nothing was added to ``seen``). ``seen``: the dedupe window,
     as in ``trace_request_to_table``: spans already in it are skipped and new keys added."""
+    return trace_payloads_to_table([payload], [received_at_ns], seen)
+
+
+def trace_payloads_to_table(
+    payloads: list[bytes], received_at_ns: list[int], seen: NewKeys | None = None
+) -> tuple[pa.Table, int] | None:
+    """``trace_payload_to_table`` of several requests at once (each with its receive time): the rows in
+    request order, as if converted one after another. Converting a WAL segment's requests together
+    pays the fixed cost of each Arrow call once for all of them instead of once per request."""
     handler = _handler()
     if handler is None:
         return None
     try:
-        table, trace_raw, span_raw = _spans_table(handler.list_to_record_batch([payload]), received_at_ns)
+        batch = handler.list_to_record_batch(payloads)
+        table, trace_raw, span_raw = _spans_table(batch, np.asarray(received_at_ns, np.int64))
     except (Unsupported, pa.ArrowException, OverflowError, ValueError, RuntimeError):
         return None
     n = table.num_rows
@@ -298,8 +308,9 @@ def trace_payload_to_table(
     return table, n
 
 
-def _spans_table(batch: pa.RecordBatch, received_at_ns: int) -> tuple[pa.Table, pa.Array, pa.Array]:
-    """The spans table of one request, with the raw trace and span ids (the dedupe keys)."""
+def _spans_table(batch: pa.RecordBatch, received_at_ns: np.ndarray) -> tuple[pa.Table, pa.Array, pa.Array]:
+    """The spans table of the batch's requests (``received_at_ns``: one per request), with the raw
+    trace and span ids (the dedupe keys)."""
     rs_lists = batch.column("resource_spans")
     rs = pc.list_flatten(rs_lists)
     ss_lists = _field(rs, "scope_spans")
@@ -308,7 +319,7 @@ def _spans_table(batch: pa.RecordBatch, received_at_ns: int) -> tuple[pa.Table, 
     spans = pc.list_flatten(sp_lists)
     scope_of_span = pc.list_parent_indices(sp_lists)
     resource_of_span = pc.list_parent_indices(ss_lists).take(scope_of_span)
-    n = len(spans)
+    request_of_span = pc.list_parent_indices(rs_lists).take(resource_of_span).to_numpy()
     resource_attrs = attribute_map(_field(_field(rs, "resource"), "attributes"))
     scope = _field(ss, "scope")
     status = _field(spans, "status")
@@ -335,11 +346,18 @@ def _spans_table(batch: pa.RecordBatch, received_at_ns: int) -> tuple[pa.Table, 
         "dropped_attributes_count": pc.cast(_field(spans, "dropped_attributes_count"), pa.int32()),
         "dropped_events_count": pc.cast(_field(spans, "dropped_events_count"), pa.int32()),
         "dropped_links_count": pc.cast(_field(spans, "dropped_links_count"), pa.int32()),
-        "received_at": pa.array(np.full(n, received_at_ns, np.int64)).cast(TS),
+        "received_at": pa.array(received_at_ns[request_of_span]).cast(TS),
         "rollout_id": _rollout_ids(trace_ids, attrs, _resource_rollouts(resource_attrs), resource_of_span),
     }
     arrays = [cols[f.name].cast(f.type) if f.type == ATTRS else cols[f.name] for f in SPANS_SCHEMA]
     return pa.Table.from_arrays(arrays, schema=SPANS_SCHEMA), trace_raw, span_raw
 
 
-__all__ = ["Unsupported", "attribute_map", "hex_ids", "trace_payload_to_table", "value_texts"]
+__all__ = [
+    "Unsupported",
+    "attribute_map",
+    "hex_ids",
+    "trace_payload_to_table",
+    "trace_payloads_to_table",
+    "value_texts",
+]

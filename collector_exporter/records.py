@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
-from collector_exporter.otlp_columnar import trace_payload_to_table
+from collector_exporter.otlp_columnar import trace_payload_to_table, trace_payloads_to_table
 from collector_exporter.quarantine import Quarantined
 from collector_exporter.rewards import dedupe_keys, rewards_to_table
 from collector_exporter.storable import log_problem, logs_rows_storable, span_problem, spans_rows_storable
@@ -292,3 +292,15 @@ def convert_record(
                 continue
         bad.append(Quarantined(signal.table, why, rec.kind, rec.received_at_ns, signal.encode(one)))
     return signal.table, tables, bad, dups
+
+
+def convert_traces_at_once(records: list[Record], staged: StagedKeys) -> tuple[pa.Table, int] | None:
+    """Every trace record of a segment in one columnar conversion: (new rows, spans), or None when it
+    cannot be done at once (a record the columnar path does not cover, a row that is not storable);
+    the keys it staged are then rolled back and the records go through ``convert_record`` one by one."""
+    mark = staged.mark()
+    got = trace_payloads_to_table([r.payload for r in records], [r.received_at_ns for r in records], staged)
+    if got is not None and spans_rows_storable(got[0]):
+        return got
+    staged.roll_back(mark)
+    return None

@@ -11,7 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from collector_exporter.otlp_arrow import trace_request_to_table
-from collector_exporter.otlp_columnar import hex_ids, trace_payload_to_table
+from collector_exporter.otlp_columnar import hex_ids, trace_payload_to_table, trace_payloads_to_table
 from collector_exporter.records import DedupeWindow, StagedKeys
 
 pytest.importorskip("ptars", reason="the columnar path needs ptars (a dependency: pip install -e .)")
@@ -204,3 +204,18 @@ def test_staged_keys_take_a_whole_request_at_once_and_roll_it_back():
     assert ("t", "d") not in staged and ("t", "c") in staged and ("t", "d") not in window
     staged.commit()
     assert (("t", "c") in window, len(window)) == (True, 3)
+
+
+def test_several_requests_at_once_give_the_rows_of_each_in_order_with_its_own_receive_time():
+    reqs = [_request({"k": _value(int_value=i)}, n=i + 1) for i in range(3)]
+    reqs[2].resource_spans[0].resource.attributes.add(
+        key="tracerl.rollout_id", value=_value(string_value="r")
+    )
+    times = [AT, AT + 1_000, AT + 2_000_000]
+    window = DedupeWindow()
+    table, n = trace_payloads_to_table([r.SerializeToString() for r in reqs], times, window)
+    slow_window = DedupeWindow()  # the Python decoder, one request after another, one window
+    slow = pa.concat_tables(trace_request_to_table(r, t, slow_window) for r, t in zip(reqs, times))
+    _assert_same(table, slow)
+    assert (n, table.num_rows) == (6, 3)  # the requests repeat the first spans' ids: later copies dropped
+    assert table["rollout_id"].to_pylist()[2] == "r"
