@@ -286,20 +286,45 @@ def trace_payload_to_table(
     return trace_payloads_to_table([payload], [received_at_ns], seen)
 
 
+_CHUNK_BYTES = 2 << 20
+"""Requests per ptars call, by size: ptars holds the GIL while it parses (~2 ms a MB here), and the
+gRPC threads need it to acknowledge; 2 MB keeps each hold near Python's own 5 ms switch interval,
+and still pays the fixed cost of the Arrow calls once for several requests."""
+
+
+def _chunks(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """[start, end) ranges of consecutive items, each adding up to about ``limit`` (at least one item)."""
+    out, start, total = [], 0, 0
+    for i, size in enumerate(sizes):
+        if total and total + size > limit:
+            out.append((start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes) or not sizes:
+        out.append((start, len(sizes)))
+    return out
+
+
 def trace_payloads_to_table(
     payloads: list[bytes], received_at_ns: list[int], seen: NewKeys | None = None
 ) -> tuple[pa.Table, int] | None:
     """``trace_payload_to_table`` of several requests at once (each with its receive time): the rows in
     request order, as if converted one after another. Converting a WAL segment's requests together
-    pays the fixed cost of each Arrow call once for all of them instead of once per request."""
+    pays the fixed cost of each Arrow call once for several of them instead of once per request."""
     handler = _handler()
     if handler is None:
         return None
+    times = np.asarray(received_at_ns, np.int64)
     try:
-        batch = handler.list_to_record_batch(payloads)
-        table, trace_raw, span_raw = _spans_table(batch, np.asarray(received_at_ns, np.int64))
+        tables = [
+            _spans_table(handler.list_to_record_batch(payloads[i:j]), times[i:j])
+            for i, j in _chunks([len(p) for p in payloads], _CHUNK_BYTES)
+        ]
     except (Unsupported, pa.ArrowException, OverflowError, ValueError, RuntimeError):
         return None
+    table = pa.concat_tables(t for t, _, _ in tables)
+    trace_raw = pa.chunked_array([t for _, t, _ in tables], pa.binary())
+    span_raw = pa.chunked_array([s for _, _, s in tables], pa.binary())
     n = table.num_rows
     if seen is not None:
         keep = seen.add_new(list(zip(trace_raw.to_pylist(), span_raw.to_pylist())))

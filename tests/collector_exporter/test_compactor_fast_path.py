@@ -5,7 +5,9 @@ item, so exactly that span is quarantined with the reason the receiver would giv
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -118,3 +120,27 @@ def test_requests_received_on_two_days_land_in_their_own_date_partitions(store):
     assert Compactor(StoreLayout.at(store)).run_once() == 1
     counts = {p.parent.name: pq.read_metadata(p).num_rows for p in (store / "spans").rglob("*.parquet")}
     assert counts == {"date=2026-01-01": 2, "date=2026-01-02": 3}
+
+
+def test_without_ptars_the_python_decoder_stores_the_same_files(tmp_path, monkeypatch):
+    import collector_exporter.otlp_columnar as columnar
+
+    pytest.importorskip("ptars", reason="compares the columnar path (ptars) with the Python decoder")
+    fixtures = Path(__file__).resolve().parents[1] / "span_to_transition" / "fixtures"
+    payloads = [p.read_bytes() for p in sorted(fixtures.glob("openai-v2*.traces.pb"))]
+    payloads.append(trace_request(5).SerializeToString())
+
+    def stored(store, handler) -> pa.Table:
+        monkeypatch.setattr(columnar, "_handler", handler)
+        wal = WriteAheadLog(StoreLayout.at(store).wal / "collector-old")
+        for i, payload in enumerate(payloads + payloads[:1]):  # and a retry
+            wal.append(Kind.TRACES, payload, 1_767_225_600 * 10**9 + i * 1_000)
+        wal.close()
+        assert Compactor(StoreLayout.at(store)).run_once() == 1
+        (path,) = (store / "spans").rglob("*.parquet")
+        return pq.read_table(path)
+
+    with_ptars = stored(tmp_path / "a", columnar._handler)
+    without = stored(tmp_path / "b", lambda: None)
+    assert with_ptars.num_rows > 5
+    assert with_ptars.equals(without)

@@ -10,6 +10,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
+from collector_exporter import otlp_columnar
 from collector_exporter.otlp_arrow import trace_request_to_table
 from collector_exporter.otlp_columnar import hex_ids, trace_payload_to_table, trace_payloads_to_table
 from collector_exporter.records import DedupeWindow, StagedKeys
@@ -206,7 +207,11 @@ def test_staged_keys_take_a_whole_request_at_once_and_roll_it_back():
     assert (("t", "c") in window, len(window)) == (True, 3)
 
 
-def test_several_requests_at_once_give_the_rows_of_each_in_order_with_its_own_receive_time():
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 30], ids=["a ptars call per request", "one call"])
+def test_several_requests_at_once_give_the_rows_of_each_in_order_with_its_own_receive_time(
+    chunk_bytes, monkeypatch
+):
+    monkeypatch.setattr(otlp_columnar, "_CHUNK_BYTES", chunk_bytes)
     reqs = [_request({"k": _value(int_value=i)}, n=i + 1) for i in range(3)]
     reqs[2].resource_spans[0].resource.attributes.add(
         key="tracerl.rollout_id", value=_value(string_value="r")
@@ -219,3 +224,13 @@ def test_several_requests_at_once_give_the_rows_of_each_in_order_with_its_own_re
     _assert_same(table, slow)
     assert (n, table.num_rows) == (6, 3)  # the requests repeat the first spans' ids: later copies dropped
     assert table["rollout_id"].to_pylist()[2] == "r"
+
+
+def test_chunks_cover_every_request_once_in_order_each_near_the_limit():
+    assert otlp_columnar._chunks([3, 3, 3], 5) == [(0, 1), (1, 2), (2, 3)]
+    assert otlp_columnar._chunks([1, 2, 2, 9, 1], 5) == [
+        (0, 3),
+        (3, 4),
+        (4, 5),
+    ]  # one over the limit goes alone
+    assert otlp_columnar._chunks([], 5) == [(0, 0)]
