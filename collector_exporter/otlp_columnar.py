@@ -320,7 +320,14 @@ def trace_payloads_to_table(
             _spans_table(handler.list_to_record_batch(payloads[i:j]), times[i:j])
             for i, j in _chunks([len(p) for p in payloads], _CHUNK_BYTES)
         ]
-    except (Unsupported, pa.ArrowException, OverflowError, ValueError, RuntimeError):
+    except (
+        Unsupported,
+        pa.ArrowInvalid,
+        OverflowError,
+    ):  # outside what this path covers, or a column's range
+        return None
+    except Exception as e:  # not expected (a payload ptars reads otherwise than upb, a newer ptars): say so
+        log.warning("columnar OTLP conversion failed (%s: %s); using the Python decoder", type(e).__name__, e)
         return None
     table = pa.concat_tables(t for t, _, _ in tables)
     trace_raw = pa.chunked_array([t for _, t, _ in tables], pa.binary())
