@@ -320,12 +320,8 @@ def trace_payloads_to_table(
             _spans_table(handler.list_to_record_batch(payloads[i:j]), times[i:j])
             for i, j in _chunks([len(p) for p in payloads], _CHUNK_BYTES)
         ]
-    except (
-        Unsupported,
-        pa.ArrowInvalid,
-        OverflowError,
-    ):  # outside what this path covers, or a column's range
-        return None
+    except (Unsupported, pa.ArrowInvalid, OverflowError, ValueError):
+        return None  # outside what this path covers, past a column's range, or bytes ptars cannot decode
     except Exception as e:  # not expected (a payload ptars reads otherwise than upb, a newer ptars): say so
         log.warning("columnar OTLP conversion failed (%s: %s); using the Python decoder", type(e).__name__, e)
         return None
