@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -234,3 +235,59 @@ def test_chunks_cover_every_request_once_in_order_each_near_the_limit():
         (4, 5),
     ]  # one over the limit goes alone
     assert otlp_columnar._chunks([], 5) == [(0, 0)]
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> AnyValue:
+    pick = rng.randrange(9 if depth < 2 else 6)
+    if pick == 0:
+        return AnyValue(string_value=rng.choice(["", "stop", 'q"\\', "é\U0001f600", "\x01\n", "x" * 300]))
+    if pick == 1:
+        return AnyValue(int_value=rng.choice([0, -1, 2**63 - 1, -(2**63), rng.randrange(10**6)]))
+    if pick == 2:
+        return AnyValue(double_value=rng.choice([0.0, -0.0, 0.1, 1e16, 5e-324, float("nan"), float("inf")]))
+    if pick == 3:
+        return AnyValue(bool_value=rng.random() < 0.5)
+    if pick == 4:
+        return AnyValue(bytes_value=rng.randbytes(rng.randrange(4)))
+    if pick == 5:
+        return AnyValue()
+    if pick in (6, 7):
+        return AnyValue(
+            array_value=ArrayValue(values=[_random_value(rng, depth + 1) for _ in range(rng.randrange(4))])
+        )
+    kvs = [KeyValue(key=f"k{i}", value=_random_value(rng, depth + 1)) for i in range(rng.randrange(3))]
+    return AnyValue(kvlist_value=KeyValueList(values=kvs))
+
+
+def _random_request(rng: random.Random) -> ExportTraceServiceRequest:
+    req = ExportTraceServiceRequest()
+    for _ in range(rng.randrange(1, 3)):
+        rs = req.resource_spans.add()
+        for i in range(rng.randrange(3)):
+            rs.resource.attributes.add(key=f"r{i}", value=_random_value(rng))
+        for _ in range(rng.randrange(1, 3)):
+            ss = rs.scope_spans.add()
+            ss.scope.name, ss.scope.version = rng.choice([("", ""), ("s", "1")])
+            for _ in range(rng.randrange(4)):
+                sp = ss.spans.add(
+                    trace_id=rng.randbytes(16), span_id=rng.randbytes(8), name=rng.choice(["", "a"])
+                )
+                sp.parent_span_id = rng.choice([b"", rng.randbytes(8)])
+                sp.kind, sp.status.code = rng.randrange(6), rng.randrange(3)
+                sp.status.message, sp.trace_state = rng.choice(["", "m"]), rng.choice(["", "t=1"])
+                for i in range(rng.randrange(5)):
+                    sp.attributes.add(
+                        key=rng.choice([f"a{i}", "tracerl.rollout_id"]), value=_random_value(rng)
+                    )
+                for _ in range(rng.randrange(2)):
+                    ev = sp.events.add(name="e", time_unix_nano=rng.randrange(2**62))
+                    ev.attributes.add(key="v", value=_random_value(rng))
+                for _ in range(rng.randrange(2)):
+                    ln = sp.links.add(trace_id=rng.randbytes(16), span_id=rng.randbytes(8))
+                    ln.attributes.add(key="v", value=_random_value(rng))
+    return req
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_requests_convert_to_the_same_rows(seed):
+    _assert_same(*_both(_random_request(random.Random(seed)), seen=True))
