@@ -200,7 +200,8 @@ class Compactor:
             at_once = convert_traces_at_once(traces, staged["spans"])
         if at_once is not None:
             table, n_spans = at_once
-            tables[("spans", _date_of(traces[0].received_at_ns))] = [table]
+            if table.num_rows:
+                tables[("spans", _date_of(traces[0].received_at_ns))] = [table]
             dups += n_spans - table.num_rows
             records = [r for r in records if r.kind != Kind.TRACES]
         for rec in records:

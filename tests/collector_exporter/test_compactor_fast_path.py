@@ -144,3 +144,16 @@ def test_without_ptars_the_python_decoder_stores_the_same_files(tmp_path, monkey
     without = stored(tmp_path / "b", lambda: None)
     assert with_ptars.num_rows > 5
     assert with_ptars.equals(without)
+
+
+def test_a_segment_of_nothing_but_retries_writes_no_file(store):
+    req = trace_request(3).SerializeToString()
+    first = _compact(store, [(Kind.TRACES, req)])
+    wal = WriteAheadLog(StoreLayout.at(store).wal / "collector-new")  # another writer: its own file names
+    wal.append(Kind.TRACES, req)
+    wal.append(Kind.TRACES, req)
+    wal.close()
+    again = Compactor(StoreLayout.at(store))  # its window is refilled from the stored file
+    assert again.run_once() == 1
+    assert (first.stats.files, again.stats.files, again.stats.duplicates, again.stats.spans) == (1, 0, 6, 0)
+    assert len(list((store / "spans").rglob("*.parquet"))) == 1
