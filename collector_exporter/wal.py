@@ -78,21 +78,26 @@ def read_records(path: Path) -> tuple[list[Record], int]:
 
     A torn or corrupt tail (a crash mid-write) ends the segment: nothing after it was ever
     acknowledged, because the ack waits for the fsync that covers the whole record.
+
+    Each payload is read from the file straight into its own bytes (``os.pread``), the CRC carried
+    from the header into it: no buffer of the whole segment (tens of MB, fresh memory each time)
+    and no second copy of each payload out of it.
     """
-    data = path.read_bytes()
-    view = memoryview(data)  # the CRC reads the record in place: only its payload is copied, once
     out: list[Record] = []
     pos = 0
-    while pos + 8 <= len(data):
-        length, crc = struct.unpack_from("<II", data, pos)
-        end = pos + 8 + length
-        if length < 9 or end > len(data):
-            break
-        if zlib.crc32(view[pos + 8 : end]) != crc:
-            break
-        kind, ts = struct.unpack_from("<BQ", data, pos + 8)
-        out.append(Record(Kind(kind) if kind in _KINDS else kind, ts, data[pos + 17 : end]))
-        pos = end
+    with open(path, "rb") as f:
+        fd, size = f.fileno(), os.fstat(f.fileno()).st_size
+        while pos + HEADER.size <= size:
+            head = os.pread(fd, HEADER.size, pos)
+            length, crc, kind, ts = HEADER.unpack(head)
+            end = pos + 8 + length
+            if length < 9 or end > size:
+                break
+            payload = os.pread(fd, length - 9, pos + HEADER.size)
+            if len(payload) != length - 9 or zlib.crc32(payload, zlib.crc32(head[_CRC_OFFSET:])) != crc:
+                break
+            out.append(Record(Kind(kind) if kind in _KINDS else kind, ts, payload))
+            pos = end
     return out, pos
 
 
