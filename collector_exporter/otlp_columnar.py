@@ -34,7 +34,6 @@ log = logging.getLogger("tracerl.collector")
 
 _KINDS = pa.array(["unspecified", "internal", "server", "client", "producer", "consumer"])
 _STATUS = pa.array(["unset", "ok", "error"])
-_HEX = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), np.uint8).reshape(256, 2)
 _JSON_ESCAPED = r'["\\\x00-\x1f]'
 """Characters ``json.encoder.encode_basestring`` escapes: a string without them is its JSON text in quotes."""
 
@@ -79,16 +78,15 @@ def _offsets(lists: pa.Array) -> np.ndarray:
 
 
 def hex_ids(ids: pa.Array, *, empty_is_null: bool = False) -> pa.StringArray:
-    """Each binary id as lowercase hex (what ``bytes.hex`` gives), vectorised: one table lookup over
-    all the ids' bytes at once instead of a ``.hex()`` call per id. ``empty_is_null``: an empty id
-    (a root span's parent) becomes null."""
+    """Each binary id as lowercase hex (what ``bytes.hex`` gives), vectorised: the ids' bytes are
+    contiguous, so one ``bytes.hex`` of all of them is every id's hex in turn, at twice the offsets.
+    ``empty_is_null``: an empty id (a root span's parent) becomes null."""
     if ids.null_count:
         raise Unsupported("null id")
     buffers = ids.buffers()
     offsets = np.frombuffer(buffers[1], np.int32, len(ids) + 1, ids.offset * 4)
-    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
-    start = int(offsets[0])
-    text = np.ascontiguousarray(_HEX[data[start : offsets[-1]]]).reshape(-1)
+    start, end = int(offsets[0]), int(offsets[-1])
+    text = buffers[2][start:end].to_pybytes().hex().encode() if end > start else b""
     validity = None
     if empty_is_null:
         present = np.diff(offsets) > 0
@@ -106,8 +104,11 @@ def _empty_to_null(strings: pa.Array) -> pa.Array:
 
 def _python_texts(kind: str, values: pa.Array) -> list[str | None]:
     """The store's text of values that need Python (``any_to_text`` on the message they came from)."""
-    if kind == "double":
-        return [double_text(d) for d in values.to_pylist()]
+    if kind == "double":  # spelled once per distinct value (by bits: 0.0 and -0.0 are spelled apart)
+        bits = values.to_numpy(zero_copy_only=False).view(np.int64)
+        distinct, where = np.unique(bits, return_inverse=True)
+        texts = [double_text(d) for d in distinct.view(np.float64).tolist()]
+        return [texts[i] for i in where.tolist()]
     if kind == "bytes":
         return [base64.b64encode(b).decode() for b in values.to_pylist()]
     if kind == "array":
