@@ -219,9 +219,9 @@ def _empty_lists(n: int, type_: pa.ListType) -> pa.ListArray:
 
 def _events(lists: pa.Array) -> pa.ListArray:
     t = SPANS_SCHEMA.field("events").type
-    if not len(pc.list_flatten(lists)):
-        return _empty_lists(len(lists), t)
     ev = pc.list_flatten(lists)
+    if not len(ev):
+        return _empty_lists(len(lists), t)
     cols = {
         "name": _field(ev, "name"),
         "time_ns": pc.cast(_field(ev, "time_unix_nano"), pa.int64()),
@@ -232,9 +232,9 @@ def _events(lists: pa.Array) -> pa.ListArray:
 
 def _links(lists: pa.Array) -> pa.ListArray:
     t = SPANS_SCHEMA.field("links").type
-    if not len(pc.list_flatten(lists)):
-        return _empty_lists(len(lists), t)
     ln = pc.list_flatten(lists)
+    if not len(ln):
+        return _empty_lists(len(lists), t)
     cols = {
         "trace_id": hex_ids(_field(ln, "trace_id")),
         "span_id": hex_ids(_field(ln, "span_id")),
