@@ -6,7 +6,7 @@ with protobuf bodies; 512-span batches, ~10 attributes with a
 durable spans/s, p50/p99 export latency, spans lost (acked but not stored), and the server's
 CPU µs per stored span (from ready to exit, including compaction after the load: wait4
 rusage minus the CPU it had used when it became ready). Then the collector's CPU is split into the ack path (decode + validate + WAL with
-fsync) and compaction (WAL → Arrow → Parquet), measured in-process on the same requests.
+fsync) and compaction (WAL → Arrow → Parquet), measured in-process on the same requests (the best of 3 passes).
 
 The bare baseline is always gRPC (grpcio → Parquet); in HTTP mode only tracerl's collector
 changes transport, so the ratio shows what OTLP/HTTP costs over the bare gRPC path.
@@ -166,21 +166,23 @@ def split_collector_cpu(batches: int = 40, batch: int = 512, bucket: str | None 
         for req in parsed:
             drop_unstorable_spans(req)
         validate = min(validate, (time.process_time() - t0) / n * 1e6)
-    store = StoreLayout.at(tempfile.mkdtemp(prefix="bench-split-"))
-    wal = WriteAheadLog(store.wal / "bench", max_segment_age_s=3600)
-    ingest = Ingest(wal)
-    t0 = time.process_time()
-    ack_latency = []
-    for b in bodies:
-        w0 = time.perf_counter()
-        ingest.traces(b)
-        ack_latency.append(time.perf_counter() - w0)
-    ack = (time.process_time() - t0) / n * 1e6
-    wal.close()
-    t0 = time.process_time()
-    out = None if bucket is None else parse_store(f"{bucket}/split-{uuid.uuid4().hex[:8]}")
-    Compactor(store, out=out).run_once()
-    compact = (time.process_time() - t0) / n * 1e6
+    ack = compact = float("inf")
+    for _ in range(3):  # the best of 3, each on a fresh WAL and store: one pass is at the mercy of other load
+        store = StoreLayout.at(tempfile.mkdtemp(prefix="bench-split-"))
+        wal = WriteAheadLog(store.wal / "bench", max_segment_age_s=3600)
+        ingest = Ingest(wal)
+        t0 = time.process_time()
+        ack_latency = []
+        for b in bodies:
+            w0 = time.perf_counter()
+            ingest.traces(b)
+            ack_latency.append(time.perf_counter() - w0)
+        ack = min(ack, (time.process_time() - t0) / n * 1e6)
+        wal.close()
+        t0 = time.process_time()
+        out = None if bucket is None else parse_store(f"{bucket}/split-{uuid.uuid4().hex[:8]}")
+        Compactor(store, out=out).run_once()
+        compact = min(compact, (time.process_time() - t0) / n * 1e6)
     return {
         "bare_decode_us": bare_decode,
         "validate_us": validate,

@@ -34,9 +34,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from collector_exporter.quarantine import Quarantined, quarantine_dir, write_quarantine
-from collector_exporter.records import DedupeWindow, StagedKeys, convert_record
+from collector_exporter.records import DedupeWindow, StagedKeys, convert_record, convert_traces_at_once
 from collector_exporter.rewards import DEDUPE_COLUMNS, dedupe_keys
 from collector_exporter.wal import (
+    Kind,
     WalError,
     WriteAheadLog,
     iter_wal_dirs,
@@ -193,6 +194,16 @@ class Compactor:
         tables: dict[tuple[str, str], list[pa.Table]] = {}
         quarantined: list[Quarantined] = []
         dups = 0
+        traces = [r for r in records if r.kind == Kind.TRACES]
+        at_once = None
+        if len(traces) > 1 and len({_date_of(r.received_at_ns) for r in traces}) == 1:
+            at_once = convert_traces_at_once(traces, staged["spans"])
+        if at_once is not None:
+            table, n_spans = at_once
+            if table.num_rows:
+                tables[("spans", _date_of(traces[0].received_at_ns))] = [table]
+            dups += n_spans - table.num_rows
+            records = [r for r in records if r.kind != Kind.TRACES]
         for rec in records:
             name, parts, bad, n_dups = convert_record(rec, staged)
             quarantined += bad

@@ -63,8 +63,7 @@ def any_to_text(v: AnyValue) -> str | None:
     if which == "bool_value":
         return "true" if v.bool_value else "false"
     if which == "double_value":
-        d = v.double_value
-        return repr(d) if d - d == 0 else json.dumps(d)  # NaN/Infinity spelled as Python's json does
+        return double_text(v.double_value)
     if which is None:
         return None
     if which == "bytes_value":
@@ -74,6 +73,11 @@ def any_to_text(v: AnyValue) -> str | None:
         if all(texts):  # every element a non-empty string, so a string: the JSON text compact_json gives
             return "[" + ",".join(map(_json_string, texts)) + "]"
     return compact_json(any_to_py(v))
+
+
+def double_text(d: float) -> str:
+    """A double as the store spells it: Python's shortest repr, NaN/Infinity spelled as Python's json does."""
+    return repr(d) if d - d == 0 else json.dumps(d)
 
 
 _json_string = json.encoder.encode_basestring

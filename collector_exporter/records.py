@@ -1,7 +1,8 @@
 """One WAL record → Arrow rows, or quarantined items with their reason.
 
 Pure logic under the compactor (``compactor.py`` does the I/O): a request is converted whole
-when every item passes ``storable.py`` (the fast path); otherwise, or when conversion fails,
+when every item passes ``storable.py`` (the fast path: for spans, first straight from the bytes,
+``otlp_columnar.py``); otherwise, or when conversion fails,
 item by item, so one bad item costs only itself. Dedupe keys are staged (``StagedKeys``) and
 reach the window only when the compactor commits them, after the Parquet files are durable.
 """
@@ -19,6 +20,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector_exporter.otlp_arrow import logs_request_to_table, trace_request_to_table
+from collector_exporter.otlp_columnar import trace_payload_to_table, trace_payloads_to_table
 from collector_exporter.quarantine import Quarantined
 from collector_exporter.rewards import dedupe_keys, rewards_to_table
 from collector_exporter.storable import log_problem, logs_rows_storable, span_problem, spans_rows_storable
@@ -51,8 +53,16 @@ class DedupeWindow:
         self._current.append(key)
 
     def update(self, keys: Iterable[Hashable]) -> None:
-        for k in keys:
-            self.add(k)
+        keys = list(keys)
+        self._keys.update(keys)
+        self._current.extend(keys)
+
+    def isdisjoint(self, keys: set[Hashable]) -> bool:
+        return self._keys.isdisjoint(keys)
+
+    def add_new(self, keys: list[Hashable]) -> list[int] | None:
+        """``_add_new`` on this window."""
+        return _add_new(self, keys)
 
     def end_batch(self) -> None:
         if self._current:
@@ -61,6 +71,22 @@ class DedupeWindow:
         while len(self._keys) > self.max_keys and len(self._batches) > 1:
             for k in self._batches.popleft():
                 self._keys.discard(k)
+
+
+def _add_new(seen: DedupeWindow | StagedKeys, keys: list[Hashable]) -> list[int] | None:
+    """Add the keys ``seen`` does not hold yet, in order; the indices of those, or None when every key
+    was new. The common case (a request of new, distinct keys) is a few set operations in C instead
+    of a membership test and an insertion per key."""
+    batch = set(keys)
+    if len(batch) == len(keys) and seen.isdisjoint(batch):
+        seen.update(keys)
+        return None
+    keep = []
+    for i, key in enumerate(keys):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return keep
 
 
 class StagedKeys:
@@ -81,6 +107,17 @@ class StagedKeys:
     def add(self, key: Hashable) -> None:
         self.keys.add(key)
         self.order.append(key)
+
+    def update(self, keys: list[Hashable]) -> None:
+        self.keys.update(keys)
+        self.order.extend(keys)
+
+    def isdisjoint(self, keys: set[Hashable]) -> bool:
+        return self.keys.isdisjoint(keys) and self.window.isdisjoint(keys)
+
+    def add_new(self, keys: list[Hashable]) -> list[int] | None:
+        """``_add_new`` on the staged keys."""
+        return _add_new(self, keys)
 
     def mark(self) -> int:
         return len(self.order)
@@ -146,6 +183,8 @@ class _Signal:
     to_table: Callable[[object, int, StagedKeys], pa.Table]
     rows_storable: Callable[[pa.Table], bool]  # storable.py: the same rules on the converted rows at once
     encode: Callable[[object], bytes]
+    fast: Callable[[bytes, int, StagedKeys], tuple[pa.Table, int] | None] | None = None
+    """The whole record straight from its bytes, (new rows, items), or None when it cannot: tried first."""
 
 
 _SIGNALS = {
@@ -158,6 +197,7 @@ _SIGNALS = {
         lambda req, ts, seen: trace_request_to_table(req, ts, seen=seen),
         spans_rows_storable,
         lambda req: req.SerializeToString(),
+        trace_payload_to_table,
     ),
     Kind.LOGS: _Signal(
         "logs",
@@ -207,6 +247,12 @@ def convert_record(
             0,
         )
     seen = staged[signal.table]
+    if signal.fast is not None:
+        mark = seen.mark()
+        fast = signal.fast(rec.payload, rec.received_at_ns, seen)
+        if fast is not None and signal.rows_storable(fast[0]):
+            return signal.table, [fast[0]], [], fast[1] - fast[0].num_rows
+        seen.roll_back(mark)
     try:
         msg = signal.parse(rec.payload)
         n_items = signal.count(msg)
@@ -246,3 +292,15 @@ def convert_record(
                 continue
         bad.append(Quarantined(signal.table, why, rec.kind, rec.received_at_ns, signal.encode(one)))
     return signal.table, tables, bad, dups
+
+
+def convert_traces_at_once(records: list[Record], staged: StagedKeys) -> tuple[pa.Table, int] | None:
+    """Every trace record of a segment in one columnar conversion: (new rows, spans), or None when it
+    cannot be done at once (a record the columnar path does not cover, a row that is not storable);
+    the keys it staged are then rolled back and the records go through ``convert_record`` one by one."""
+    mark = staged.mark()
+    got = trace_payloads_to_table([r.payload for r in records], [r.received_at_ns for r in records], staged)
+    if got is not None and spans_rows_storable(got[0]):
+        return got
+    staged.roll_back(mark)
+    return None
