@@ -1,0 +1,56 @@
+"""The gateway's upstream client (serving/gateway/upstream.py): TLS only where an upstream speaks https, with
+certifi's trust store, and an https upstream whose certificate is not trusted refused, never used unverified."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+
+import httpx
+import pytest
+
+from httpshell import ServerOptions
+from serving.asgi import ShellServer, json_response
+from serving.gateway.upstream import UpstreamClient
+
+from .test_gateway import MSGS, gateway, one_span
+
+
+def test_plain_http_builds_no_tls_context_and_https_gets_one_verifying_context():
+    client = UpstreamClient(timeout_s=5, connect_timeout_s=1, max_connections=4)
+    assert client.tls("http://127.0.0.1:8000/v1/chat/completions") is True
+    assert client._tls is None, "a local http engine never pays for reading the CA bundle"
+    ctx = client.tls("https://engine.example:8443/v1/chat/completions")
+    assert isinstance(ctx, ssl.SSLContext)
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.cert_store_stats()["x509_ca"] > 10, "certifi's bundle is loaded"
+    assert client.tls("https://other.example/v1/models") is ctx, "built once"
+
+
+class _Answers(ShellServer):
+    """An https upstream that would answer every request (it must never be reached unverified)."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            await json_response(200, {"object": "list", "data": []})(scope, receive, send)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI to make a certificate")
+def test_an_https_upstream_with_an_untrusted_certificate_is_refused_with_a_502(spans, tmp_path):
+    key, crt = tmp_path / "key.pem", tmp_path / "cert.pem"
+    cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1"
+    subprocess.run([*cmd.split(), "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+    up = _Answers(ServerOptions(tls_cert=str(crt), tls_key=str(key), name="tls-upstream")).start_background()
+    try:
+        assert up.url.startswith("https://")
+        with gateway(spans, up.url) as gw:
+            r = httpx.post(
+                gw.url + "/v1/chat/completions", json={"model": "policy", "messages": MSGS}, timeout=30
+            )
+    finally:
+        up.stop()
+    assert r.status_code == 502
+    assert "certificate" in r.json()["error"]["message"].lower()
+    assert one_span(spans).attributes["error.type"] == "ConnectError"
