@@ -2,7 +2,8 @@
 
 Both parts run the same clients against the upstream directly and through the gateway in one run, so
 machine noise hits both paths alike; the gateway records spans exactly as in production, through a
-BatchSpanProcessor (exporting to memory here, so no collector is needed).
+BatchSpanProcessor (the sequential part exports to memory; the sweep's gateway process encodes each batch as
+the OTLP exporter does and drops it, ``gateway_rig.EncodingExporter``: no collector is needed).
 
 1. Sequential latency (``run``): non-streamed calls, interleaved call by call, through the gateway vs
    direct, to a scripted upstream that answers at once in vLLM's shape (``_shared.ScriptedUpstream``),
