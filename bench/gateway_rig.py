@@ -245,7 +245,12 @@ def serve_process(args: argparse.Namespace) -> int:
                 config = GatewayConfig(upstreams=[args.upstream])
             server = Gateway(("127.0.0.1", 0), config, provider).start_background()
         else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
-            from serving.gateway.workers import calm_gc, fork_workers
+            from serving.gateway.workers import fork_workers
+
+            try:
+                from serving.gateway.workers import tune_for_relaying
+            except ImportError:  # a checkout from before it
+                from serving.gateway.workers import calm_gc as tune_for_relaying
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
             provider, exporter = exporting_provider()  # after the fork: each process exports its own
@@ -259,7 +264,7 @@ def serve_process(args: argparse.Namespace) -> int:
                 upstream_for=arms,
             )
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
-            calm_gc()
+            tune_for_relaying()
     # wait as `tracerl gateway` waits (tracerl/signals.py): on an event, not by polling, whose wake-ups every
     # 50 ms took the GIL from the serving thread (6 % of the gateway's samples were its loop waiting for it)
     stop = threading.Event()

@@ -54,3 +54,22 @@ def test_an_https_upstream_with_an_untrusted_certificate_is_refused_with_a_502(s
     assert r.status_code == 502
     assert "certificate" in r.json()["error"]["message"].lower()
     assert one_span(spans).attributes["error.type"] == "ConnectError"
+
+
+def test_a_gateway_process_hands_the_gil_back_quickly_and_collects_young_objects_rarely():
+    """``tune_for_relaying`` (what ``tracerl gateway`` calls once serving): the switch interval bounds how long
+    the serving loop waits for the GIL while the span exporter encodes; the collector thresholds as calm_gc."""
+    import gc
+    import sys
+
+    from serving.gateway.workers import GIL_SWITCH_S, tune_for_relaying
+
+    before = sys.getswitchinterval(), gc.get_threshold()
+    try:
+        tune_for_relaying()
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S) and before[0] > GIL_SWITCH_S
+        assert gc.get_threshold()[0] == 20_000
+    finally:
+        sys.setswitchinterval(before[0])
+        gc.set_threshold(*before[1])
+        gc.unfreeze()
