@@ -280,6 +280,8 @@ class Gateway(ShellServer):
             return json.loads(raw).get(key) if status == 200 else None
         except (*TRANSPORT_ERRORS, ValueError, AttributeError):
             return None
+        except RuntimeError:  # aiohttp's "Session is closed": the server is stopping (a watch's renewal read)
+            return None
 
     # -- ASGI ------------------------------------------------------------------------------
 
