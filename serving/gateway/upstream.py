@@ -95,7 +95,11 @@ class UpstreamClient:
 
     def _open(self, **connector: object) -> aiohttp.ClientSession:
         conn = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, **connector)
-        session = aiohttp.ClientSession(connector=conn, timeout=self.timeout)
+        # no cookie jar: a cookie the upstream sets answers one client, and a shared jar would send it with
+        # every other client's calls (and filter the jar on each request)
+        session = aiohttp.ClientSession(
+            connector=conn, timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar()
+        )
         self._owners.append(asyncio.ensure_future(self._close_at_loop_end(session)))
         return session
 

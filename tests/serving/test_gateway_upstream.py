@@ -73,3 +73,27 @@ def test_a_gateway_process_hands_the_gil_back_quickly_and_collects_young_objects
         sys.setswitchinterval(before[0])
         gc.set_threshold(*before[1])
         gc.unfreeze()
+
+
+def test_a_cookie_the_upstream_sets_for_one_client_is_not_sent_with_the_next_clients_call(spans):
+    from .helpers import chat_answer, scripted_upstream
+
+    def handle(h, body):
+        h.send_json(200, chat_answer(body["model"]), headers={"Set-Cookie": "session=client-a; Path=/"})
+
+    up = scripted_upstream(handle)
+    try:
+        # by name: aiohttp's default jar keeps no cookie from an IP address, so 127.0.0.1 would hide a shared jar
+        with gateway(spans, up.url.replace("127.0.0.1", "localhost")) as gw:
+            for who in ("a", "b"):
+                r = httpx.post(
+                    gw.url + "/v1/chat/completions",
+                    json={"model": "policy", "messages": MSGS},
+                    headers={"X-Request-Id": who},
+                    timeout=30,
+                )
+                assert r.status_code == 200
+    finally:
+        up.stop()
+    assert [h.get("X-Request-Id") for h in up.handler_class.seen_headers] == ["a", "b"]
+    assert all("Cookie" not in h for h in up.handler_class.seen_headers), up.handler_class.seen_headers
