@@ -365,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--token-ms", type=float, default=25.0, help="ms between chunks (default: %(default)s)")
     ap.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=5,
+        help="prompt token ids the scripted upstream returns, so each span carries (and the gateway exports) "
+        "that many; agents' prompts run to thousands (default: %(default)s)",
+    )
+    ap.add_argument(
         "--workers",
         type=int,
         default=1,

@@ -82,7 +82,7 @@ def exporting_provider() -> tuple[TracerProvider, EncodingExporter]:
     return provider, exporter
 
 
-def streaming_upstream(tokens: int, token_ms: float) -> Any:
+def streaming_upstream(tokens: int, token_ms: float, prompt_tokens: int = 5) -> Any:
     """An engine stand-in that streams: ``tokens`` chat chunks ``token_ms`` apart, in vLLM 0.10.2+'s shape
     (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked;
     ``/weight_info`` and ``/is_paused`` as vLLM in dev mode, so the gateway reads versions as for a full reload),
@@ -93,6 +93,7 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
     from serving.asgi import ShellServer, dumps
 
     interval = token_ms / 1e3
+    prompt_ids = list(range(1, prompt_tokens + 1))  # what the gateway's span carries (and exports) per call
     ids = itertools.count(1)
     served: list[
         tuple[float, float]
@@ -165,7 +166,7 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
             await event(
                 {
                     **base,
-                    **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
+                    **({"prompt_token_ids": prompt_ids} if want_ids else {}),
                     "choices": [
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                     ],
@@ -193,9 +194,9 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
                         **base,
                         "choices": [],
                         "usage": {
-                            "prompt_tokens": 5,
+                            "prompt_tokens": prompt_tokens,
                             "completion_tokens": tokens,
-                            "total_tokens": 5 + tokens,
+                            "total_tokens": prompt_tokens + tokens,
                         },
                     }
                 )
@@ -225,7 +226,7 @@ def serve_process(args: argparse.Namespace) -> int:
     process prints how many spans it recorded."""
     worker = None
     if args.serve == "upstream":
-        server = streaming_upstream(args.tokens, args.token_ms).start_background()
+        server = streaming_upstream(args.tokens, args.token_ms, args.prompt_tokens).start_background()
         provider = exporter = None
     else:
         try:
@@ -297,6 +298,8 @@ def start_server(
         str(args.tokens),
         "--token-ms",
         str(args.token_ms),
+        "--prompt-tokens",
+        str(getattr(args, "prompt_tokens", 5)),
         "--upstream",
         upstream,
         "--canary",
@@ -336,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("serve", choices=["upstream", "gateway"], help="which server this process runs")
     ap.add_argument("--tokens", type=int, default=16, help="upstream: chunks per stream")
     ap.add_argument("--token-ms", type=float, default=25.0, help="upstream: ms between chunks")
+    ap.add_argument("--prompt-tokens", type=int, default=5, help="upstream: prompt token ids it returns")
     ap.add_argument("--upstream", default="", help="gateway: the upstream's URL")
     ap.add_argument("--canary", type=float, default=0.0, help="gateway: route this canary share (0: none)")
     ap.add_argument("--workers", type=int, default=1, help="gateway: processes on one port")
