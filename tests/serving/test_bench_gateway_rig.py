@@ -43,3 +43,15 @@ def test_the_sweeps_span_exporter_encodes_every_span_as_otlp_and_keeps_none():
         pass
     provider.force_flush()
     assert counted.spans == 1 and not hasattr(counted, "get_finished_spans")
+
+
+def test_the_wake_up_calibration_measures_cpu_per_wake_of_a_bare_loop():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tracerl_bench_gateway_wake", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    back_to_back = bench.wake_cpu_us(0, 500)
+    spaced = bench.wake_cpu_us(0.002, 20)
+    assert 0 < back_to_back < 200, back_to_back  # a few us on any machine; bounded loosely for a loaded one
+    assert spaced > 0
