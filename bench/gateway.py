@@ -2,7 +2,8 @@
 
 Both parts run the same clients against the upstream directly and through the gateway in one run, so
 machine noise hits both paths alike; the gateway records spans exactly as in production, through a
-BatchSpanProcessor (exporting to memory here, so no collector is needed).
+BatchSpanProcessor (the sequential part exports to memory; the sweep's gateway process encodes each batch as
+the OTLP exporter does and drops it, ``gateway_rig.EncodingExporter``: no collector is needed).
 
 1. Sequential latency (``run``): non-streamed calls, interleaved call by call, through the gateway vs
    direct, to a scripted upstream that answers at once in vLLM's shape (``_shared.ScriptedUpstream``),
@@ -28,7 +29,11 @@ oversubscribed the scheduler gives it about cores/load of one core (``gw %``), w
 thread-per-connection server (``--gateway-root`` of an older checkout) gets a share per thread.
 ``--workers N`` runs N gateway processes on one port, as ``tracerl gateway --workers N`` does. The
 CPU ms per call (``gw cpu``, all gateway processes together) is the figure that does not depend on
-the neighbours.
+the neighbours. At 1 client it is mostly wake-ups, not work: each chunk wakes an idle process, and on
+this VM an idle event loop pays 100-150 us of CPU per wake 25 ms apart against under 1 us back to
+back (``wake_cpu_us``, printed under the sweep), so a 16-chunk call costs the gateway 5-9 ms there
+against about 1 ms at 256 clients, and the upstream stand-in, which does almost nothing per chunk,
+shows a like ratio (3-5 ms against 0.4).
 
 3. Canary routing (``--canary FRACTION`` with the sweep): a third path, a gateway routing by
    ``--canary`` (both arms on the same upstream, so only the routing differs); each client is one
@@ -139,6 +144,25 @@ def run(calls: int, model_dir: str | None) -> dict[str, float]:
 
 
 # -- 2. the concurrency sweep ---------------------------------------------------------------------------
+
+
+def wake_cpu_us(interval_s: float, wakes: int) -> float:
+    """CPU microseconds a bare event loop (uvloop, as the servers run) spends per wake-up ``interval_s`` apart:
+    what an idle process pays per chunk whatever it does with it (the 1-client ``gw cpu``)."""
+    try:
+        import uvloop
+
+        run_loop: Any = uvloop.run
+    except ImportError:
+        run_loop = asyncio.run
+
+    async def sleeper() -> float:
+        t = time.process_time()
+        for _ in range(wakes):
+            await asyncio.sleep(interval_s)
+        return (time.process_time() - t) / wakes * 1e6
+
+    return run_loop(sleeper())
 
 
 class Phase:
@@ -364,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--token-ms", type=float, default=25.0, help="ms between chunks (default: %(default)s)")
     ap.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=5,
+        help="prompt token ids the scripted upstream returns, so each span carries (and the gateway exports) "
+        "that many; agents' prompts run to thousands (default: %(default)s)",
+    )
+    ap.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -395,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.sweep:
         print_sweep(sweep(args.sweep, args), args)
+        print(
+            f"a bare event loop here: {wake_cpu_us(args.token_ms / 1e3, 40):.0f} us CPU per wake-up "
+            f"{args.token_ms:g} ms apart, {wake_cpu_us(0, 2000):.1f} us back to back (the 1-client gw cpu "
+            "is mostly such wake-ups: two or more per chunk)"
+        )
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -106,8 +106,8 @@ def print_canary(rows: list[dict]) -> None:
 def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
     print(
         f"\nconcurrency sweep: streaming calls of {args.tokens} chunks {args.token_ms:g} ms apart "
-        f"(~{args.tokens * args.token_ms:g} ms each), {args.seconds:g} s per phase; "
-        f"gateway spans recorded: {rows[0]['spans'] if rows else {}}"
+        f"(~{args.tokens * args.token_ms:g} ms each), {getattr(args, 'prompt_tokens', 5)} prompt token ids, "
+        f"{args.seconds:g} s per phase; gateway spans exported: {rows[0]['spans'] if rows else {}}"
     )
     names = [k for k in ("gateway", "other", "canary") if rows and k in rows[0]]
     for name in names:

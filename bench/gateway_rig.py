@@ -4,7 +4,8 @@ streaming upstream (an engine stand-in on the gateway's own HTTP stack) and the 
 
 Each server runs in its own process, as in production: the gateway does not share a GIL with the engine
 or the clients. A process prints its URL, serves until SIGTERM, and a gateway process then prints how
-many spans it recorded (to memory, through a ``BatchSpanProcessor`` as in production).
+many spans it exported (through a ``BatchSpanProcessor`` as in production, to an exporter that encodes each
+batch as OTLP/gRPC's does and then drops it: ``EncodingExporter``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +31,12 @@ sys.path.insert(0, os.environ.get("BENCH_GATEWAY_ROOT") or str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from _shared import percentile  # noqa: E402
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import (  # noqa: E402
+    BatchSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 CONNECTIONS = 4096  # connection cap of both servers in the sweep, above its largest client count
@@ -44,7 +51,38 @@ def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
     return provider, exporter
 
 
-def streaming_upstream(tokens: int, token_ms: float) -> Any:
+class EncodingExporter(SpanExporter):
+    """What the OTLP exporter does with a batch short of the network: encode it (OTLP protobuf), count it,
+    let it go. The gateway process of the sweep exports through it, so it pays production's encoding CPU
+    (on the BatchSpanProcessor's thread, beside the serving loop) and frees its spans as production does;
+    an ``InMemorySpanExporter`` kept every span of the run, and the cyclic collector's passes over that
+    growing heap stopped the serving loop for up to 80 ms (10 passes, 330 ms in 9 s at 256 streams)."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.encoded_bytes = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+        self.encoded_bytes += len(encode_spans(spans).SerializeToString())
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def exporting_provider() -> tuple[TracerProvider, EncodingExporter]:
+    exporter = EncodingExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16)
+    )
+    return provider, exporter
+
+
+def streaming_upstream(tokens: int, token_ms: float, prompt_tokens: int = 5) -> Any:
     """An engine stand-in that streams: ``tokens`` chat chunks ``token_ms`` apart, in vLLM 0.10.2+'s shape
     (role chunk with ``prompt_token_ids``, ``token_ids`` and logprobs per chunk when asked, usage when asked;
     ``/weight_info`` and ``/is_paused`` as vLLM in dev mode, so the gateway reads versions as for a full reload),
@@ -55,6 +93,7 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
     from serving.asgi import ShellServer, dumps
 
     interval = token_ms / 1e3
+    prompt_ids = list(range(1, prompt_tokens + 1))  # what the gateway's span carries (and exports) per call
     ids = itertools.count(1)
     served: list[
         tuple[float, float]
@@ -127,7 +166,7 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
             await event(
                 {
                     **base,
-                    **({"prompt_token_ids": [1, 2, 3, 4, 5]} if want_ids else {}),
+                    **({"prompt_token_ids": prompt_ids} if want_ids else {}),
                     "choices": [
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                     ],
@@ -155,9 +194,9 @@ def streaming_upstream(tokens: int, token_ms: float) -> Any:
                         **base,
                         "choices": [],
                         "usage": {
-                            "prompt_tokens": 5,
+                            "prompt_tokens": prompt_tokens,
                             "completion_tokens": tokens,
-                            "total_tokens": 5 + tokens,
+                            "total_tokens": prompt_tokens + tokens,
                         },
                     }
                 )
@@ -187,7 +226,7 @@ def serve_process(args: argparse.Namespace) -> int:
     process prints how many spans it recorded."""
     worker = None
     if args.serve == "upstream":
-        server = streaming_upstream(args.tokens, args.token_ms).start_background()
+        server = streaming_upstream(args.tokens, args.token_ms, args.prompt_tokens).start_background()
         provider = exporter = None
     else:
         try:
@@ -200,17 +239,22 @@ def serve_process(args: argparse.Namespace) -> int:
             and importlib.util.find_spec("serving.gateway.workers") is None
         ):
             # a checkout from before --workers: one process, its own way
-            provider, exporter = recording_provider()
+            provider, exporter = exporting_provider()
             try:
                 config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
             except TypeError:  # older still: no connection cap
                 config = GatewayConfig(upstreams=[args.upstream])
             server = Gateway(("127.0.0.1", 0), config, provider).start_background()
         else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
-            from serving.gateway.workers import calm_gc, fork_workers
+            from serving.gateway.workers import fork_workers
+
+            try:
+                from serving.gateway.workers import tune_for_relaying
+            except ImportError:  # a checkout from before it
+                from serving.gateway.workers import calm_gc as tune_for_relaying
 
             worker = fork_workers(args.workers, "127.0.0.1", 0)
-            provider, exporter = recording_provider()  # after the fork: each process exports its own
+            provider, exporter = exporting_provider()  # after the fork: each process exports its own
             canary = getattr(args, "canary", 0.0)
             arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
             config = GatewayConfig(
@@ -221,20 +265,23 @@ def serve_process(args: argparse.Namespace) -> int:
                 upstream_for=arms,
             )
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
-            calm_gc()
-    got = []
-    signal.signal(signal.SIGTERM, lambda *_: got.append(1))
+            tune_for_relaying()
+    # wait as `tracerl gateway` waits (tracerl/signals.py): on an event, not by polling, whose wake-ups every
+    # 50 ms took the GIL from the serving thread and were counted as the gateway's CPU (py-spy: 10 % of its
+    # samples at one stream; 6 % of them at 256 streams were the loop waiting for the GIL, this thread's or
+    # the exporter's)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if worker is not None:
         worker.serving()
     if worker is None or worker.parent:
         print(server.url, flush=True)
-    while not got:
-        time.sleep(0.05)
+    stop.wait()
     try:
         server.stop()
         if provider is not None:
             provider.force_flush()
-            print(len(exporter.get_finished_spans()), flush=True)
+            print(exporter.spans, flush=True)
             provider.shutdown()
     finally:
         if worker is not None:
@@ -253,6 +300,8 @@ def start_server(
         str(args.tokens),
         "--token-ms",
         str(args.token_ms),
+        "--prompt-tokens",
+        str(getattr(args, "prompt_tokens", 5)),
         "--upstream",
         upstream,
         "--canary",
@@ -292,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("serve", choices=["upstream", "gateway"], help="which server this process runs")
     ap.add_argument("--tokens", type=int, default=16, help="upstream: chunks per stream")
     ap.add_argument("--token-ms", type=float, default=25.0, help="upstream: ms between chunks")
+    ap.add_argument("--prompt-tokens", type=int, default=5, help="upstream: prompt token ids it returns")
     ap.add_argument("--upstream", default="", help="gateway: the upstream's URL")
     ap.add_argument("--canary", type=float, default=0.0, help="gateway: route this canary share (0: none)")
     ap.add_argument("--workers", type=int, default=1, help="gateway: processes on one port")

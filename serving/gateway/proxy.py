@@ -218,6 +218,7 @@ class Gateway(ShellServer):
         self._rr = itertools.count()
         self._state: dict[str, UpstreamState] = {}
         self._state_lock: asyncio.Lock | None = None
+        self._renewing: dict[str, asyncio.Future[None]] = {}  # upstream -> its state's background read
         self._watches: dict[str, Watch] = {}
         self.plain_upstreams: set[str] = set()  # upstreams that refuse return_token_ids
         self.warned_no_ids: set[str] = set()
@@ -233,10 +234,29 @@ class Gateway(ShellServer):
     async def upstream_state(
         self, upstream: str, headers: dict[str, str], refresh: bool = False
     ) -> UpstreamState:
-        """The upstream's served names and weight version, cached ``models_ttl_s`` (stale on errors)."""
+        """The upstream's served names and weight version, cached ``models_ttl_s`` (stale on errors).
+
+        A state past 80 % of its time is read again in the background while it is still served, so under
+        steady traffic no call waits for the two reads (at one stream, every fifth call did: 2 s / 0.4 s)."""
         got = self._state.get(upstream)
-        if got is not None and not refresh and time.monotonic() - got.at < self.config.models_ttl_s:
-            return got
+        if got is not None and not refresh:
+            age = time.monotonic() - got.at
+            if age < self.config.models_ttl_s:
+                if age > 0.8 * self.config.models_ttl_s and upstream not in self._renewing:
+                    self._renewing[upstream] = asyncio.ensure_future(self._renew_state(upstream, headers))
+                return got
+        return await self._read_state(upstream, headers)
+
+    async def _renew_state(self, upstream: str, headers: dict[str, str]) -> None:
+        try:
+            await self._read_state(upstream, headers)
+        except RuntimeError:  # aiohttp's "Session is closed": the server is stopping
+            pass
+        finally:
+            self._renewing.pop(upstream, None)
+
+    async def _read_state(self, upstream: str, headers: dict[str, str]) -> UpstreamState:
+        """Read the upstream's served names and weight version (one read at a time, shared by the waiters)."""
         if self._state_lock is None:
             self._state_lock = asyncio.Lock()
         asked = time.monotonic()
@@ -279,6 +299,8 @@ class Gateway(ShellServer):
             status, _, raw = await self.client.get(url, headers)
             return json.loads(raw).get(key) if status == 200 else None
         except (*TRANSPORT_ERRORS, ValueError, AttributeError):
+            return None
+        except RuntimeError:  # aiohttp's "Session is closed": the server is stopping (a watch's renewal read)
             return None
 
     # -- ASGI ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 
 import aiohttp
 
@@ -61,6 +62,20 @@ class UpstreamClient:
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
         self._owners: list[asyncio.Future] = []
+        self._tls: ssl.SSLContext | None = None
+
+    def tls(self, url: str) -> ssl.SSLContext | bool:
+        """The TLS context of a request to ``url``: certifi's trust store (the one httpx used) for https,
+        built on the first https request; True (aiohttp's default, unused) for plain http. Building it
+        reads the whole CA bundle (about 20 ms of CPU), which a gateway in front of a local http engine
+        never needs, and which its first call used to pay."""
+        if not url.startswith("https:"):
+            return True
+        if self._tls is None:
+            import certifi
+
+            self._tls = ssl.create_default_context(cafile=certifi.where())
+        return self._tls
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -79,29 +94,31 @@ class UpstreamClient:
         return self._fresh
 
     def _open(self, **connector: object) -> aiohttp.ClientSession:
-        import certifi
-
-        tls = ssl.create_default_context(cafile=certifi.where())  # the trust store httpx used
-        conn = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, ssl=tls, **connector)
-        session = aiohttp.ClientSession(connector=conn, timeout=self.timeout)
+        conn = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, **connector)
+        # no cookie jar: a cookie the upstream sets answers one client, and a shared jar would send it with
+        # every other client's calls (and filter the jar on each request)
+        session = aiohttp.ClientSession(
+            connector=conn, timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar()
+        )
         self._owners.append(asyncio.ensure_future(self._close_at_loop_end(session)))
         return session
 
     async def get(self, url: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
         """A short GET read whole: (status, content type, body)."""
-        async with self.session.get(url, headers=headers) as r:
+        async with self.session.get(url, headers=headers, ssl=self.tls(url)) as r:
             return r.status, r.headers.get("Content-Type", "application/json"), await r.read()
 
     async def post(self, url: str, payload: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
         """A POST whose answer is not yet read: the caller reads it and calls ``release()`` (read to
         the end: the connection is kept) or ``close()`` (abandoned). Sent once more, on a new connection,
         when the upstream closed the connection before answering (module docstring)."""
+        tls = self.tls(url)
         try:
-            return await self.session.post(url, data=payload, headers=headers)
+            return await self.session.post(url, data=payload, headers=headers, ssl=tls)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             if isinstance(e, CONNECT_ERRORS):  # nothing was sent: the caller's failover decides
                 raise
-            return await self.fresh.post(url, data=payload, headers=headers)
+            return await self.fresh.post(url, data=payload, headers=headers, ssl=tls)
 
     @staticmethod
     async def _close_at_loop_end(session: aiohttp.ClientSession) -> None:
@@ -128,6 +145,9 @@ class ReadDeadlines:
         self.period = min(1.0, timeout_s / 4)
         self.waiting: dict[aiohttp.ClientResponse, float] = {}  # stream -> loop time its wait began
         self._task: asyncio.Task[None] | None = None
+        # the serving loop's clock, kept: get_running_loop() makes a getpid() system call on Python 3.11,
+        # and wait() runs once per chunk of every stream
+        self._clock: Callable[[], float] | None = None
 
     def take_over(self, resp: aiohttp.ClientResponse) -> bool:
         """Switch the connection's per-read timer off; False when there is none (the body is all in)."""
@@ -139,7 +159,10 @@ class ReadDeadlines:
 
     def wait(self, resp: aiohttp.ClientResponse) -> None:
         """The stream waits for the upstream from now."""
-        self.waiting[resp] = asyncio.get_running_loop().time()
+        clock = self._clock
+        if clock is None or self._task is None:  # (a new task may run on a new loop: tests start several)
+            clock = self._clock = asyncio.get_running_loop().time
+        self.waiting[resp] = clock()
         if self._task is None:
             self._task = asyncio.ensure_future(self._watch())
 

@@ -81,3 +81,28 @@ def test_a_fresh_observation_is_reused_before_sending_without_a_read():
         return up.reads
 
     assert asyncio.run(main()) == 1
+
+
+def test_while_calls_are_sent_the_observation_is_renewed_off_their_path_and_not_when_idle():
+    """One stream at a time: each call found the last read aging out (or still on its way) and waited a
+    round trip before it went. Renewed while calls are sent, the next one goes at once; idle, nothing reads."""
+
+    async def main() -> tuple[float, int, int, int]:
+        up = Upstream([(False, "1")], rtt_s=0.05)
+        watch = Watch(up.read, max_age_s=0.1, active_s=0.3)
+        await watch.before(time.monotonic() + 1)  # the first call waits for the first read
+        await asyncio.sleep(0.25)  # longer than max_age_s: without renewal the next call would wait 50 ms
+        renewed = up.reads  # before the next call asks
+        t = time.monotonic()
+        obs = await watch.before(time.monotonic() + 1)
+        waited = time.monotonic() - t
+        assert time.monotonic() - obs.at <= watch.max_age_s
+        await asyncio.sleep(0.6)  # past active_s with no call: renewal stops
+        idle_from = up.reads
+        await asyncio.sleep(0.3)
+        return waited, renewed, idle_from, up.reads
+
+    waited, renewed, idle_from, end = asyncio.run(main())
+    assert waited < 0.025, f"the call waited {waited * 1e3:.1f} ms for a read"
+    assert renewed >= 2, renewed  # read again in the background while calls were being sent
+    assert end == idle_from, "no reads once no call was sent for active_s"

@@ -154,7 +154,7 @@ def _gateway_config(cfg: GatewayCommandConfig, upstreams: list[str], upstream_fo
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
     from serving.gateway.proxy import Gateway, make_tracer_provider
-    from serving.gateway.workers import calm_gc, fork_workers
+    from serving.gateway.workers import fork_workers, tune_for_relaying
 
     upstreams, upstream_for, host, port = _routes(cfg)
     worker = fork_workers(cfg.workers, host, port)  # before any thread starts (the exporter's, the server's)
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         gw.start_background()
         worker.serving()
-        calm_gc()
+        tune_for_relaying()
         stop = stop_requested()  # before the ready line: a SIGTERM right after it must stop gracefully
         if worker.parent:
             procs = f" ({cfg.workers} processes)" if cfg.workers > 1 else ""
