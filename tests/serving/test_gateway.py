@@ -54,12 +54,12 @@ def test_chat_through_the_gateway_records_exact_ids_and_returns_only_what_was_as
     assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "policy"
     assert a["gen_ai.response.id"] == r.id and a["tracerl.upstream"] == embedded.url
     assert list(a["gen_ai.response.finish_reasons"]) == [r.choices[0].finish_reason]
-    assert list(a["tracerl.prompt_token_ids"]) == chat_prompt_ids(tokenizer, MSGS)
-    ids = list(a["tracerl.response_token_ids"])
+    assert json.loads(a["tracerl.prompt_token_ids"]) == chat_prompt_ids(tokenizer, MSGS)
+    ids = json.loads(a["tracerl.response_token_ids"])
     assert tokenizer.decode(ids, skip_special_tokens=True) == r.choices[0].message.content
     assert a["gen_ai.usage.input_tokens"] == r.usage.prompt_tokens and a["gen_ai.usage.output_tokens"] == len(ids)
-    assert list(a["tracerl.response_logprobs"]) == pytest.approx(
-        recompute_logprobs(reference_model, list(a["tracerl.prompt_token_ids"]), ids), abs=1e-4)
+    assert json.loads(a["tracerl.response_logprobs"]) == pytest.approx(
+        recompute_logprobs(reference_model, json.loads(a["tracerl.prompt_token_ids"]), ids), abs=1e-4)
     assert "tracerl.policy_version" not in a and span.status.status_code != StatusCode.ERROR
 
 
@@ -69,7 +69,7 @@ def test_fields_the_client_asked_for_are_kept(spans, embedded):
         r = client_for(gw).chat.completions.create(model="policy", messages=MSGS, max_tokens=4, logprobs=True,
                                                    extra_body={"return_token_ids": True})
     assert len(r.choices[0].logprobs.content) == 4 and len(r.choices[0].model_extra["token_ids"]) == 4
-    assert list(one_span(spans).attributes["tracerl.response_token_ids"]) == r.choices[0].model_extra["token_ids"]
+    assert json.loads(one_span(spans).attributes["tracerl.response_token_ids"]) == r.choices[0].model_extra["token_ids"]
 
 
 @pytest.mark.slow
@@ -88,7 +88,7 @@ def test_streaming_client_gets_a_clean_stream_and_the_span_gets_the_ids(spans, e
                 "gen_ai.response.finish_reasons"):
         assert s_stream.attributes[key] == s_plain.attributes[key], key
     assert s_stream.attributes["gen_ai.response.id"] == chunks[0].id
-    assert tokenizer.decode(list(s_stream.attributes["tracerl.response_token_ids"]), skip_special_tokens=True) == text
+    assert tokenizer.decode(json.loads(s_stream.attributes["tracerl.response_token_ids"]), skip_special_tokens=True) == text
 
 
 @pytest.mark.slow
@@ -98,10 +98,10 @@ def test_completions_and_n_choices(spans, embedded, tokenizer):
                                               seed=4)
     a = one_span(spans).attributes
     assert a["gen_ai.operation.name"] == "text_completion"
-    assert list(a["tracerl.prompt_token_ids"]) == tokenizer.encode("Hello", add_special_tokens=False)
+    assert json.loads(a["tracerl.prompt_token_ids"]) == tokenizer.encode("Hello", add_special_tokens=False)
     for i, key in ((0, "tracerl.response_token_ids"), (1, "tracerl.choices.1.response_token_ids")):
-        assert tokenizer.decode(list(a[key]), skip_special_tokens=True) == r.choices[i].text
-    assert len(a["tracerl.choices.1.response_logprobs"]) == 5 and r.choices[0].logprobs is None
+        assert tokenizer.decode(json.loads(a[key]), skip_special_tokens=True) == r.choices[i].text
+    assert len(json.loads(a["tracerl.choices.1.response_logprobs"])) == 5 and r.choices[0].logprobs is None
 
 
 @pytest.mark.slow
@@ -120,12 +120,12 @@ def test_streamed_completions_and_concurrent_clients(spans, embedded, tokenizer)
         with ThreadPoolExecutor(6) as pool:
             texts = list(pool.map(one, range(6)))
     got = wait_for(lambda: len(spans.get_finished_spans()) == 6 and spans.get_finished_spans())
-    by_prompt = {tokenizer.decode(list(s.attributes["tracerl.prompt_token_ids"])): s for s in got}
+    by_prompt = {tokenizer.decode(json.loads(s.attributes["tracerl.prompt_token_ids"])): s for s in got}
     for i, text in enumerate(texts):
         s = by_prompt[f"Count {i}"]
-        assert tokenizer.decode(list(s.attributes["tracerl.response_token_ids"]), skip_special_tokens=True) == text
+        assert tokenizer.decode(json.loads(s.attributes["tracerl.response_token_ids"]), skip_special_tokens=True) == text
         assert s.attributes["gen_ai.operation.name"] == "text_completion"
-        assert len(s.attributes["tracerl.response_logprobs"]) == len(s.attributes["tracerl.response_token_ids"])
+        assert len(json.loads(s.attributes["tracerl.response_logprobs"])) == len(json.loads(s.attributes["tracerl.response_token_ids"]))
 
 
 def test_span_is_a_child_of_the_incoming_traceparent_and_propagates_it_upstream(spans):
@@ -304,7 +304,7 @@ def test_upstream_failing_mid_stream_reaches_the_client_as_an_error_event(spans)
     finally:
         up.stop()
     span = one_span(spans)
-    assert span.attributes["error.type"] == "stream_error" and list(span.attributes["tracerl.response_token_ids"]) == [9]
+    assert span.attributes["error.type"] == "stream_error" and json.loads(span.attributes["tracerl.response_token_ids"]) == [9]
 
 
 def random_lora(tiny_model_dir, out, seed: int):

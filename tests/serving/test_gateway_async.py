@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import asyncio
 import importlib.util
 import socket
@@ -74,7 +76,7 @@ def test_hundreds_of_concurrent_streams_complete_on_a_few_threads(spans, bench, 
         gw.stop()
     assert [r for r in results if r is not None] == []
     got = wait_for(lambda: len(spans.get_finished_spans()) >= 300 and spans.get_finished_spans())
-    assert all(len(s.attributes["tracerl.response_token_ids"]) == 10 for s in got)
+    assert all(len(json.loads(s.attributes["tracerl.response_token_ids"])) == 10 for s in got)
     assert max(threads) < 40, f"a thread per connection would be 300+, got {max(threads)}"
 
 
@@ -96,7 +98,7 @@ def test_a_client_leaving_mid_stream_ends_the_upstream_call_and_marks_the_span(s
         span = wait_for(lambda: spans.get_finished_spans() and spans.get_finished_spans()[0], timeout=60)
         assert span.attributes["error.type"] == "client_disconnected"
         assert span.status.status_code == StatusCode.ERROR
-        assert 0 < len(span.attributes.get("tracerl.response_token_ids", [])) < 400, (
+        assert 0 < len(json.loads(span.attributes.get("tracerl.response_token_ids", "[]"))) < 400, (
             "the upstream call was cut short"
         )
         ok = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0).chat.completions.create(
@@ -245,4 +247,4 @@ def test_streamed_calls_end_with_done_and_reuse_one_upstream_connection(spans):
         up.stop()
     assert len(ports) == 5 and len(set(ports)) == 1, ports
     got = wait_for(lambda: len(spans.get_finished_spans()) == 5 and spans.get_finished_spans())
-    assert all(list(s.attributes["tracerl.response_token_ids"]) == [0, 1, 2] for s in got)
+    assert all(json.loads(s.attributes["tracerl.response_token_ids"]) == [0, 1, 2] for s in got)

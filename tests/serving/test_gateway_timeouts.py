@@ -55,7 +55,7 @@ def test_a_stream_whose_upstream_goes_quiet_past_the_timeout_ends_with_a_504_eve
         up.stop()
     span = one_span(spans)
     assert span.attributes["error.type"] == "ReadTimeout"
-    assert list(span.attributes["tracerl.response_token_ids"]) == [0]
+    assert json.loads(span.attributes["tracerl.response_token_ids"]) == [0]
 
 
 def test_the_read_timeout_bounds_each_wait_not_the_whole_stream(spans):
@@ -69,4 +69,4 @@ def test_the_read_timeout_bounds_each_wait_not_the_whole_stream(spans):
     assert text == "w0w1w2w3w4w5w6w7"
     span = one_span(spans)
     assert "error.type" not in span.attributes
-    assert list(span.attributes["tracerl.response_token_ids"]) == list(range(8))
+    assert json.loads(span.attributes["tracerl.response_token_ids"]) == list(range(8))

@@ -78,10 +78,30 @@ def test_record_and_span_attributes_of_a_chat_response_with_two_choices():
         "gen_ai.response.id": "chatcmpl-1", "tracerl.policy_version": 2,
         "gen_ai.response.finish_reasons": ["stop", "length"],
         "gen_ai.usage.input_tokens": 3, "gen_ai.usage.output_tokens": 3,
-        "tracerl.prompt_token_ids": [1, 2, 3], "tracerl.response_token_ids": [7, 8],
-        "tracerl.response_logprobs": [-0.1, -0.2],
-        "tracerl.choices.1.response_token_ids": [9], "tracerl.choices.1.response_logprobs": [-1.5],
+        "tracerl.prompt_token_ids": "[1,2,3]", "tracerl.response_token_ids": "[7,8]",
+        "tracerl.response_logprobs": "[-0.1,-0.2]",
+        "tracerl.choices.1.response_token_ids": "[9]", "tracerl.choices.1.response_logprobs": "[-1.5]",
     }
+
+
+def test_token_ids_and_logprobs_are_the_text_the_store_keeps_for_an_array():
+    """The gateway records ids and logprobs as one JSON string each (an array attribute costs the SDK and its
+    OTLP encoder per element); the collector stores an int/double array attribute as text, and that text must
+    be exactly this string, so spans from an older gateway (arrays) and this one read the same."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
+
+    from collector_exporter.otlp_arrow import any_to_text
+
+    ids, logprobs = [0, 7, 151642, 2**31 - 1], [-0.1, -1e-07, 0.0, -12.5, float("-inf"), -3.0000001]
+    response = {**CHAT_RESPONSE, "prompt_token_ids": ids, "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "x"}, "token_ids": ids,
+         "logprobs": {"content": [{"token": "t", "logprob": x} for x in logprobs]}}]}
+    attrs = span_attributes(record_from_response({"model": "policy"}, response, CHAT), "u")
+    as_ints = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=i) for i in ids]))
+    as_doubles = AnyValue(array_value=ArrayValue(values=[AnyValue(double_value=x) for x in logprobs]))
+    assert attrs["tracerl.prompt_token_ids"] == attrs["tracerl.response_token_ids"] == any_to_text(as_ints)
+    assert attrs["tracerl.response_logprobs"] == any_to_text(as_doubles)
+    assert json.loads(attrs["tracerl.response_logprobs"]) == logprobs
 
 
 def test_unknown_version_has_no_policy_version_attribute():
