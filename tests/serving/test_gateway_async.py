@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import asyncio
 import importlib.util
+import json
 import socket
 import sys
 import threading
