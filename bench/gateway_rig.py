@@ -42,13 +42,19 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 CONNECTIONS = 4096  # connection cap of both servers in the sweep, above its largest client count
 
 
-def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
+def _batched(exporter: SpanExporter) -> TracerProvider:
+    """A provider exporting through ``exporter`` in batches, as the gateway does in production."""
     provider = TracerProvider()
     provider.add_span_processor(
         BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16)
     )
-    return provider, exporter
+    return provider
+
+
+def recording_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    """Every span kept in memory (the sequential part reads them back)."""
+    exporter = InMemorySpanExporter()
+    return _batched(exporter), exporter
 
 
 class EncodingExporter(SpanExporter):
@@ -74,12 +80,9 @@ class EncodingExporter(SpanExporter):
 
 
 def exporting_provider() -> tuple[TracerProvider, EncodingExporter]:
+    """Every span encoded as OTLP and let go (the sweep)."""
     exporter = EncodingExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(
-        BatchSpanProcessor(exporter, schedule_delay_millis=200, max_queue_size=1 << 16)
-    )
-    return provider, exporter
+    return _batched(exporter), exporter
 
 
 def streaming_upstream(tokens: int, token_ms: float, prompt_tokens: int = 5) -> Any:
