@@ -35,6 +35,12 @@ Payload = bytes | Callable[[BinaryIO], None]
 """What to write: the bytes, or a function that writes them to a binary file (streamed locally)."""
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file written earlier (by this process or a killed one) to disk."""
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a rename or unlink in ``path`` durable (the directory entry itself is fsynced)."""
     fd = os.open(path, os.O_RDONLY)
@@ -95,10 +101,10 @@ def atomic_dir(final: Path, durable: bool = True) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{uuid.uuid4().hex[:8]}.", dir=final.parent))
     try:
         yield tmp
-        for f in tmp.rglob("*") if durable else ():
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
+        if durable:
+            for f in tmp.rglob("*"):
+                if f.is_file():
+                    fsync_file(f)
         os.replace(tmp, final)
     finally:
         if tmp.exists():

@@ -47,7 +47,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from store.atomic import atomic_dir, fsync_dir, write_atomic
+from store.atomic import atomic_dir, fsync_dir, fsync_file, write_atomic
 
 MANIFEST = "tracerl_checkpoint.json"
 PENDING = ".tracerl_checkpoint.pending.json"
@@ -131,9 +131,7 @@ def complete_checkpoint(path: Path) -> None:
         ) from e
     dirs = {path}
     for rel in pending["files"]:
-        f = path / rel
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+        fsync_file(path / rel)
         dirs.update(path / d for d in Path(rel).parents)  # "a/b.json": path/a, and path itself
     for d in sorted(dirs, reverse=True):  # deepest first: a directory's entries, then its own name
         fsync_dir(d)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from store.atomic import fsync_dir
+from store.atomic import fsync_dir, fsync_file
 from trainer.attention import resolve as resolve_attention
 from trainer.attention import use_attention
 from trainer.backends.base import StepCallback, TrainMetrics
@@ -350,8 +350,7 @@ class TorchBackend:
 def _fsync_files(path: Path) -> None:
     """Flush a file, or a directory's files, to disk before the rename that makes them visible."""
     for f in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+        fsync_file(f)
 
 
 class _NoProgress:
