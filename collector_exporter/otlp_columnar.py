@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import functools
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -217,31 +218,32 @@ def _empty_lists(n: int, type_: pa.ListType) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], type_.value_type))
 
 
-def _events(lists: pa.Array) -> pa.ListArray:
-    t = SPANS_SCHEMA.field("events").type
-    ev = pc.list_flatten(lists)
-    if not len(ev):
+def _list_column(
+    lists: pa.Array, name: str, columns: Callable[[pa.Array], dict[str, pa.Array]]
+) -> pa.ListArray:
+    """The ``name`` list<struct> column of SPANS_SCHEMA (events, links): ``columns`` of the flattened items."""
+    t = SPANS_SCHEMA.field(name).type
+    items = pc.list_flatten(lists)
+    if not len(items):
         return _empty_lists(len(lists), t)
-    cols = {
+    return _nested(lists, t.value_type, columns(items))
+
+
+def _event_columns(ev: pa.Array) -> dict[str, pa.Array]:
+    return {
         "name": _field(ev, "name"),
         "time_ns": pc.cast(_field(ev, "time_unix_nano"), pa.int64()),
         "attributes": attribute_map(_field(ev, "attributes")),
     }
-    return _nested(lists, t.value_type, cols)
 
 
-def _links(lists: pa.Array) -> pa.ListArray:
-    t = SPANS_SCHEMA.field("links").type
-    ln = pc.list_flatten(lists)
-    if not len(ln):
-        return _empty_lists(len(lists), t)
-    cols = {
+def _link_columns(ln: pa.Array) -> dict[str, pa.Array]:
+    return {
         "trace_id": hex_ids(_field(ln, "trace_id")),
         "span_id": hex_ids(_field(ln, "span_id")),
         "trace_state": _empty_to_null(_field(ln, "trace_state")),
         "attributes": attribute_map(_field(ln, "attributes")),
     }
-    return _nested(lists, t.value_type, cols)
 
 
 def _enum_names(codes: pa.Array, names: pa.Array, what: str) -> pa.Array:
@@ -371,8 +373,8 @@ def _spans_table(batch: pa.RecordBatch, received_at_ns: np.ndarray) -> tuple[pa.
         "resource_attributes": resource_attrs.take(resource_of_span),
         "scope_name": pc.fill_null(_field(scope, "name"), "").take(scope_of_span),
         "scope_version": _empty_to_null(_field(scope, "version")).take(scope_of_span),
-        "events": _events(_field(spans, "events")),
-        "links": _links(_field(spans, "links")),
+        "events": _list_column(_field(spans, "events"), "events", _event_columns),
+        "links": _list_column(_field(spans, "links"), "links", _link_columns),
         "dropped_attributes_count": pc.cast(_field(spans, "dropped_attributes_count"), pa.int32()),
         "dropped_events_count": pc.cast(_field(spans, "dropped_events_count"), pa.int32()),
         "dropped_links_count": pc.cast(_field(spans, "dropped_links_count"), pa.int32()),
