@@ -1,8 +1,8 @@
 """``tracerl gateway --workers N``: N gateway processes serving one port.
 
 One gateway process is one event loop, so it relays at most what one core can (about 1 ms of CPU
-per 16-chunk streamed call at 256 streams with 5-token prompts, 2.1 ms at 64 with 1000-token
-prompts, whose ids the span carries and the exporter encodes; measured with ``bench/gateway.py``).
+per 16-chunk streamed call at 256 streams, measured with ``bench/gateway.py``; 1.1 ms with 1000-token
+prompts, whose ids the span carries as one JSON string: 1.8 ms while they were int arrays).
 N processes bind the same port with ``SO_REUSEPORT`` and the kernel spreads client connections over
 them, so the gateway scales with cores the way vLLM's API server does with ``--api-server-count``.
 
@@ -103,14 +103,17 @@ GIL_SWITCH_S = 0.0005  # how long a thread may keep the GIL while another waits 
 def tune_for_relaying() -> None:
     """Tune a gateway process once it is serving: the collector (``calm_gc``) and the GIL handoff.
 
-    The span exporter's thread (``BatchSpanProcessor``) encodes each batch in Python (OTLP protobuf,
-    about 90 us a span), so while it exports it and the serving loop take turns on the GIL; with the
-    default switch interval each turn can keep the loop waiting 5 ms, and every stream's chunk that
-    arrived in that time waits with it. At 0.5 ms the loop gets the GIL back within 0.5 ms. Measured
-    (``bench/gateway.py --sweep 64 --prompt-tokens 1000``, this gateway against one with 5 ms in the
-    same run, load 0.4, two runs): p99 added 14.5 / 15.7 ms against 35.8 / 23.1 ms, CPU per call the
-    same. With the bench's 5-token prompts (spans cheap to encode) no difference shows. The extra
-    handoffs happen only while another thread wants the GIL, so an idle exporter costs nothing.
+    The span exporter's thread (``BatchSpanProcessor``) encodes each batch in Python (OTLP protobuf),
+    so while it exports it and the serving loop take turns on the GIL; with the default switch
+    interval each turn can keep the loop waiting 5 ms, and every stream's chunk that arrived in that
+    time waits with it. At 0.5 ms the loop gets the GIL back within 0.5 ms. Measured while the token
+    ids were int arrays (about 90 us a span to encode; one JSON string each since: ~28 us with
+    1000-token prompts, ``bench/gateway_spans.py``), with ``bench/gateway.py --sweep 64
+    --prompt-tokens 1000``, this gateway against one with 5 ms in the same run, load 0.4, two runs:
+    p99 added 14.5 / 15.7 ms against 35.8 / 23.1 ms, CPU per call the same. With the bench's 5-token
+    prompts (spans cheap to encode) no difference shows; with the string ids it is not re-measured.
+    The extra handoffs happen only while another thread wants the GIL, so an idle exporter costs
+    nothing.
     """
     calm_gc()
     sys.setswitchinterval(GIL_SWITCH_S)
