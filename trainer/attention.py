@@ -11,8 +11,8 @@ in fp32, forward and backward). Three paths here replace it, all exact:
   causally, plus its prefix's keys in full (a branch). A plain segment takes ``is_causal=True``, the
   memory-efficient (flash) kernel on CPU and CUDA; a branch gets an explicit mask of its own
   ``n x (prefix + n)`` only. On CUDA with a usable flash-attn, rows without a tree go through
-  ``flash_attn_varlen_func`` (what OpenRLHF does with packed samples). Works with autograd on CPU: the
-  default there.
+  ``flash_attn_varlen_func`` in one call (what OpenRLHF does with packed samples). Works with autograd
+  on CPU: the default there.
 - **flex** (``attn_implementation="flex_attention"``): PyTorch's FlexAttention with a ``BlockMask``
   built from the same unit and branch ids (``mask_mod``), one fused kernel for the whole row, tree
   included. Torch 2.13 has no FlexAttention *backward* on CPU (``NotImplementedError``), so flex trains
@@ -98,41 +98,72 @@ def flash_varlen() -> Any | None:
     return flash_attn_varlen_func
 
 
+def _row_pieces(x: torch.Tensor, row: Sequence[Segment], length: int) -> tuple[torch.Tensor, ...]:
+    """``x [1, heads, L, d]`` cut into the row's segments (which tile ``[0, end)`` in order) and the
+    padding after them, by one ``split``. Why not a slice per segment: each slice's backward fills a
+    zero tensor of the whole row and the engine adds them up, so a row of n segments wrote n full-size
+    gradients per layer; a split's backward is one concatenation."""
+    done = row[-1].end if row else 0
+    sizes = [s.end - s.start for s in row] + ([length - done] if done < length else [])
+    return x.split(sizes, dim=2)
+
+
 def _segment_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, scale: float | None
+    qs: torch.Tensor, own_k: torch.Tensor, own_v: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None,
+    scale: float | None,
 ) -> torch.Tensor:
-    """One segment of one row: q/k/v are ``[1, heads, L, d]``; returns ``[1, heads, n, d]``."""
-    qs = q[:, :, seg.start : seg.end]
-    own_k, own_v = k[:, :, seg.start : seg.end], v[:, :, seg.start : seg.end]
-    if not seg.has_prefix:
+    """One segment of one row: its queries and own keys/values ``[1, heads, n, d]``, and its shared
+    prefix's keys/values (a branch) or None; returns ``[1, heads, n, d]``."""
+    if prefix is None:
         return F.scaled_dot_product_attention(qs, own_k, own_v, is_causal=True, scale=scale, enable_gqa=True)
-    n, p = seg.end - seg.start, seg.prefix_end - seg.prefix_start
-    keys = torch.cat([k[:, :, seg.prefix_start : seg.prefix_end], own_k], dim=2)
-    values = torch.cat([v[:, :, seg.prefix_start : seg.prefix_end], own_v], dim=2)
-    mask = torch.ones(n, p + n, dtype=torch.bool, device=q.device)
+    n, p = qs.shape[2], prefix[0].shape[2]
+    keys = torch.cat([prefix[0], own_k], dim=2)
+    values = torch.cat([prefix[1], own_v], dim=2)
+    mask = torch.ones(n, p + n, dtype=torch.bool, device=qs.device)
     mask[:, p:] = torch.tril(mask[:, p:])
     return F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-def _flash_row(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], scale: float | None
+def _segments_row(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, row: Sequence[Segment], scale: float | None, groups: int
 ) -> torch.Tensor:
-    """A tree-free row through flash-attn varlen: ``[1, heads, L, d]`` in, ``[1, heads, n_real, d]`` out."""
+    """A row segment by segment (sdpa each; a branch sees its prefix): ``[1, heads, L, d]`` out, the
+    padding's output being its own value, as in the dense mask."""
+    length = q.shape[2]
+    qp, kp, vp = (_row_pieces(x, row, length) for x in (q, k, v))
+    index = {(s.start, s.end): j for j, s in enumerate(row)}
+    parts = []
+    for j, s in enumerate(row):
+        prefix = None
+        if s.has_prefix:
+            at = index.get((s.prefix_start, s.prefix_end))
+            prefix = (
+                (kp[at], vp[at]) if at is not None
+                else (k[:, :, s.prefix_start : s.prefix_end], v[:, :, s.prefix_start : s.prefix_end])
+            )
+        parts.append(_segment_attention(qp[j], kp[j], vp[j], prefix, scale))
+    if len(qp) > len(row):  # padding attends to itself only: its output is its value
+        parts.append(vp[-1].repeat_interleave(groups, dim=1))
+    return torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+
+
+def _varlen_row(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], scale: float | None,
+    groups: int,
+) -> torch.Tensor | None:
+    """A tree-free row through flash-attn's varlen kernel in one call, as OpenRLHF does with packed
+    samples: ``[1, heads, L, d]`` in and out; None where it does not apply."""
+    flash = flash_varlen() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
+    if flash is None or not segments or any(s.has_prefix for s in segments):
+        return None
     end = segments[-1].end
     cu = torch.tensor([0] + [s.end for s in segments], dtype=torch.int32, device=q.device)
     longest = max(s.end - s.start for s in segments)
-    out = flash_varlen()(
-        q[0, :, :end].transpose(0, 1),
-        k[0, :, :end].transpose(0, 1),
-        v[0, :, :end].transpose(0, 1),
-        cu,
-        cu,
-        longest,
-        longest,
-        softmax_scale=scale,
-        causal=True,
-    )
-    return out.transpose(0, 1)[None]
+    qt, kt, vt = (x[0, :, :end].transpose(0, 1) for x in (q, k, v))
+    out = flash(qt, kt, vt, cu, cu, longest, longest, softmax_scale=scale, causal=True).transpose(0, 1)[None]
+    if end < q.shape[2]:  # padding attends to itself only: its output is its value
+        out = torch.cat([out, v[:, :, end:].repeat_interleave(groups, dim=1)], dim=2)
+    return out
 
 
 def varlen_attention_forward(
@@ -155,20 +186,14 @@ def varlen_attention_forward(
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    length, groups = query.shape[2], query.shape[1] // key.shape[1]
+    groups = query.shape[1] // key.shape[1]
     rows = []
     for i, row in enumerate(segments):
         q, k, v = query[i : i + 1], key[i : i + 1], value[i : i + 1]
-        flash = flash_varlen() if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) else None
-        if flash is not None and row and not any(s.has_prefix for s in row):
-            parts = [_flash_row(q, k, v, row, scaling)]
-        else:
-            parts = [_segment_attention(q, k, v, s, scaling) for s in row]
-        done = row[-1].end if row else 0
-        if done < length:  # padding attends to itself only, as in the dense mask: its output is its value
-            parts.append(v[:, :, done:].repeat_interleave(groups, dim=1))
-        rows.append(torch.cat(parts, dim=2))
-    return torch.cat(rows, dim=0).transpose(1, 2).contiguous(), None
+        out = _varlen_row(q, k, v, row, scaling, groups)
+        rows.append(out if out is not None else _segments_row(q, k, v, row, scaling, groups))
+    out = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
+    return out.transpose(1, 2).contiguous(), None
 
 
 def unit_ids(
