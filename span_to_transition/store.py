@@ -117,14 +117,8 @@ def _convert_store_locked(
         o.rollout_id for o in outputs if not isinstance(o, str) and o.status == "excluded_no_reward"
     ]
     watermark = {r: statuses[r].last_received_ns for r in ready}
-    _record(
-        outputs,
-        watermark,
-        _files_of(pairs, excluded_now, [rel[f] for f in todo]),
-        rewards.reconvert,
-        ledger,
-        stats,
-    )
+    files_of_excluded = _files_of(pairs, excluded_now, [rel[f] for f in todo])
+    _record(outputs, watermark, files_of_excluded, rewards.reconvert, ledger, stats)
     known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
     stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
