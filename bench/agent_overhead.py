@@ -211,47 +211,73 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     ]
     added = []
     for r in results:
-        row = {}
-        for v in VARIANTS:
-            xs, runs = r.steady(v), r.of(v)
-            row[v] = {
-                "p50": statistics.median(xs),
-                "mean": statistics.fmean(xs),
-                "cpu": sum(x.loop_cpu for x in runs) / len(xs),
-                "fixed": statistics.median(x.fixed for x in runs),
-            }
-            lines.append(
-                f"{r.upstream:<9} {v:<13} {len(xs):>5} {row[v]['p50'] * 1e3:>8.3f} "
-                f"{row[v]['mean'] * 1e3:>8.3f} {percentile(xs, 0.9) * 1e3:>8.3f} "
-                f"{row[v]['cpu'] * 1e6:>11.0f} {row[v]['fixed'] * 1e3:>10.0f}"
-            )
+        row = {v: _figures(r, v) for v in VARIANTS}
+        lines += [_variant_line(r, v, row[v]) for v in VARIANTS]
         pairs = [
             statistics.median(b.latencies[1:]) - statistics.median(a.latencies[1:])
             for a, b in zip(r.of("plain"), r.of("instrumented"))
         ]
         added.append((r, row["plain"], row["instrumented"], pairs))
-
-    def pct(a: float, b: float) -> str:
-        return f"{(b - a) * 1e6:+6.0f} µs {(b / a - 1) * 100:+5.1f}%"
-
     lines += [
         "",
         "added by instrumentation (instrumented - plain):",
         f"{'upstream':<9} {'p50':>16} {'mean':>16} {'paired p50, range':>26} {'CPU/call':>10} "
         f"{'per process':>11} {'spans':>9} {'joined':>9}",
     ]
-    for r, p, i, pairs in added:
-        n = len(r.instrumented_ids())
-        paired = (
-            f"{statistics.median(pairs) * 1e6:+.0f} ({min(pairs) * 1e6:+.0f}..{max(pairs) * 1e6:+.0f}) µs"
-        )
-        lines.append(
-            f"{r.upstream:<9} {pct(p['p50'], i['p50']):>16} {pct(p['mean'], i['mean']):>16} {paired:>26} "
-            f"{(i['cpu'] - p['cpu']) * 1e6:>+7.0f} µs {(i['fixed'] - p['fixed']) * 1e3:>+8.0f} ms "
-            f"{r.spans_found:>4}/{n:<4} {r.joined:>4}/{n:<4}"
-        )
+    lines += [_added_line(*a) for a in added]
+    lines += _notes(results)
+    tiny = next((a for a in added if a[0].upstream == "tiny"), None)
+    if tiny:
+        lines += verdict(tiny, next((a for a in added if a[0].upstream == "scripted"), None))
+    return "\n".join(lines)
+
+
+def _figures(r: Result, variant: str) -> dict[str, float]:
+    """One variant's steady calls against one upstream: p50 and mean latency, CPU per call, per-process cost."""
+    xs, runs = r.steady(variant), r.of(variant)
+    return {
+        "p50": statistics.median(xs),
+        "mean": statistics.fmean(xs),
+        "p90": percentile(xs, 0.9),
+        "calls": len(xs),
+        "cpu": sum(x.loop_cpu for x in runs) / len(xs),
+        "fixed": statistics.median(x.fixed for x in runs),
+    }
+
+
+def _variant_line(r: Result, variant: str, f: dict[str, float]) -> str:
+    return (
+        f"{r.upstream:<9} {variant:<13} {f['calls']:>5} {f['p50'] * 1e3:>8.3f} "
+        f"{f['mean'] * 1e3:>8.3f} {f['p90'] * 1e3:>8.3f} "
+        f"{f['cpu'] * 1e6:>11.0f} {f['fixed'] * 1e3:>10.0f}"
+    )
+
+
+def _added_line(r: Result, p: dict[str, float], i: dict[str, float], pairs: list[float]) -> str:
+    """What instrumentation adds against one upstream, and how many of its calls reached the store."""
+
+    def pct(a: float, b: float) -> str:
+        return f"{(b - a) * 1e6:+6.0f} µs {(b / a - 1) * 100:+5.1f}%"
+
+    n = len(r.instrumented_ids())
+    paired = f"{statistics.median(pairs) * 1e6:+.0f} ({min(pairs) * 1e6:+.0f}..{max(pairs) * 1e6:+.0f}) µs"
+    return (
+        f"{r.upstream:<9} {pct(p['p50'], i['p50']):>16} {pct(p['mean'], i['mean']):>16} {paired:>26} "
+        f"{(i['cpu'] - p['cpu']) * 1e6:>+7.0f} µs {(i['fixed'] - p['fixed']) * 1e3:>+8.0f} ms "
+        f"{r.spans_found:>4}/{n:<4} {r.joined:>4}/{n:<4}"
+    )
+
+
+def _notes(results: list[Result]) -> list[str]:
+    """What the columns mean, the gateway span count, and the machine's load while the figures were taken."""
     total = sum(r.calls_total for r in results)
-    lines += [
+    load, cores = os.getloadavg()[:2], os.cpu_count() or 1
+    busy = (
+        ": BUSY, other processes competed for the cores, so wall-time figures are inflated and "
+        "noisy (extra CPU per call costs more wall time when cores are oversubscribed); CPU/call "
+        "is the steadier figure"
+    )
+    return [
         "",
         "paired p50: median over processes pairs of the p50 difference within a pair (the range is the noise)",
         "CPU/call: agent process CPU (all threads, exporter included) in the timed loop, per call",
@@ -260,22 +286,9 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
         "spans: timed instrumented calls whose response id arrived on an `openai.chat` span in the store; "
         "joined: of those, with the gateway's span as its child (W3C traceparent)",
         f"gateway spans in the store: {results[0].gateway_spans}/{total} calls (plain and warm-up too)",
-    ]
-    load, cores = os.getloadavg()[:2], os.cpu_count() or 1
-    lines.append(
         f"machine: {cores} cores, load average {load[0]:.1f} (1 min), {load[1]:.1f} (5 min)"
-        + (
-            ": BUSY, other processes competed for the cores, so wall-time figures are inflated and "
-            "noisy (extra CPU per call costs more wall time when cores are oversubscribed); CPU/call "
-            "is the steadier figure"
-            if max(load) > cores
-            else ""
-        )
-    )
-    tiny = next((a for a in added if a[0].upstream == "tiny"), None)
-    if tiny:
-        lines += verdict(tiny, next((a for a in added if a[0].upstream == "scripted"), None))
-    return "\n".join(lines)
+        + (busy if max(load) > cores else ""),
+    ]
 
 
 def verdict(tiny: tuple, scripted: tuple | None) -> list[str]:
