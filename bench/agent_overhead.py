@@ -7,9 +7,9 @@ turns, each call timed around ``client.chat.completions.create``) runs as a user
     instrumented  opentelemetry-instrument python _overhead_agent.py   (OpenLLMetry openai
                   instrumentation, OTEL_TRACES_EXPORTER=otlp to a real `tracerl collect`)
 
-Both variants call the same real tracerl gateway (serving.gateway.proxy.Gateway, exporting its own
-spans to the same collector) in front of the same upstream, with the same environment; only
-the command differs. The two alternate process by process over --reps repetitions (ABBA order)
+Both variants call the same real `tracerl gateway` (exporting its own spans to the same `tracerl
+collect`; the two started as ``tracerl demo`` starts them, by ``tracerl/stack.py``) in front of the
+same upstream, with the same environment; only the command differs. The two alternate process by process over --reps repetitions (ABBA order)
 so machine drift hits both alike. Two upstreams:
 
   tiny      the embedded CPU engine on the tiny model, generating --max-tokens tokens per call:
@@ -29,8 +29,9 @@ arrived as an `openai.chat` span carrying its response id, with the gateway's sp
 The 2 % target is judged by the larger of the direct tiny-engine figure and the scripted
 upstream's added µs over the tiny engine's p50 (see ``verdict``).
 
-Writes only under --out, by default bench/out/agent_overhead/ (the tiny model, built once, and
-the span store, replaced each run; query it with `tracerl sql --store bench/out/agent_overhead/store`).
+Writes only under --out, by default bench/out/agent_overhead/ (the tiny model, built once, the span
+store, replaced each run, and the collector's and gateway's logs in logs/; query the store with
+`tracerl sql --store bench/out/agent_overhead/store`).
 
     python bench/agent_overhead.py                     # both upstreams, ~60-90 s on 2 cores
     python bench/agent_overhead.py --upstream tiny --calls 100 --reps 8
@@ -42,8 +43,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,8 +57,8 @@ AGENT = HERE / "_overhead_agent.py"
 OUT = HERE / "out" / "agent_overhead"
 sys.path.insert(0, str(ROOT))
 
-from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider  # noqa: E402
 from store.location import parse_store  # noqa: E402
+from tracerl.stack import StackConfig, running_stack  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 from _shared import ScriptedUpstream, percentile  # noqa: E402
@@ -105,33 +104,6 @@ class Result:
         return {i for r in self.of("instrumented") for i in r.ids}
 
 
-def start_collector(store: Path) -> tuple[subprocess.Popen, str]:
-    """`tracerl collect` on free ports, as a user starts it; returns (process, OTLP/gRPC endpoint)."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    proc = subprocess.Popen(
-        [
-            str(BIN / "tracerl"),
-            "collect",
-            "--store",
-            str(store),
-            "--grpc",
-            f"127.0.0.1:{ports[0]}",
-            "--http",
-            f"127.0.0.1:{ports[1]}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    if not proc.stdout.readline():  # it prints one line once it listens
-        raise RuntimeError(f"tracerl collect exited ({proc.wait()}) before listening")
-    return proc, f"http://127.0.0.1:{ports[0]}"
-
-
 def agent_env(gateway_url: str, otlp: str, service: str, export_every_ms: int) -> dict[str, str]:
     """One environment for both variants (plain python ignores the OTEL_* variables)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_"))}
@@ -164,13 +136,14 @@ def run_agent(variant: str, calls: int, max_tokens: int, env: dict[str, str]) ->
     return Run(variant, out["latencies_s"], out["response_ids"], out["loop_cpu_s"], wall)
 
 
-def bench_upstream(name: str, upstream: Server, otlp: str, args: argparse.Namespace) -> Result:
-    """Warm up both variants once (untimed: page cache, engine), then --reps ABBA-ordered pairs of agent processes."""
-    provider = make_tracer_provider(otlp)
-    gateway = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider).start_background()
-    env = agent_env(gateway.url, otlp, f"overhead-agent-{name}", args.export_every_ms)
+def bench_upstream(name: str, upstream: Server, store: Path, args: argparse.Namespace) -> Result:
+    """`tracerl collect` and `tracerl gateway` in front of ``upstream`` (``tracerl/stack.py``); warm up both
+    variants once (untimed: page cache, engine), then --reps ABBA-ordered pairs of agent processes. Leaving the
+    stack stops the gateway first (it flushes its spans), then the collector (it drains its WAL into Parquet)."""
+    cfg = StackConfig(store=str(store), logs=Path(args.out) / "logs", server=upstream.url)
     res = Result(name)
-    try:
+    with running_stack(cfg) as stack:
+        env = agent_env(stack.urls.gateway, stack.urls.otlp, f"overhead-agent-{name}", args.export_every_ms)
         warm = [run_agent(v, args.warmup_calls, args.max_tokens, env) for v in VARIANTS if args.warmup_calls]
         for rep in range(args.reps):
             for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
@@ -180,9 +153,6 @@ def bench_upstream(name: str, upstream: Server, otlp: str, args: argparse.Namesp
                     f"p50 {statistics.median(res.runs[-1].latencies[1:]) * 1e3:.2f} ms",
                     file=sys.stderr,
                 )
-    finally:
-        gateway.stop()
-        provider.shutdown()  # flushes the gateway's spans to the collector
     res.calls_total = sum(len(r.latencies) for r in warm + res.runs)
     return res
 
@@ -241,47 +211,73 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     ]
     added = []
     for r in results:
-        row = {}
-        for v in VARIANTS:
-            xs, runs = r.steady(v), r.of(v)
-            row[v] = {
-                "p50": statistics.median(xs),
-                "mean": statistics.fmean(xs),
-                "cpu": sum(x.loop_cpu for x in runs) / len(xs),
-                "fixed": statistics.median(x.fixed for x in runs),
-            }
-            lines.append(
-                f"{r.upstream:<9} {v:<13} {len(xs):>5} {row[v]['p50'] * 1e3:>8.3f} "
-                f"{row[v]['mean'] * 1e3:>8.3f} {percentile(xs, 0.9) * 1e3:>8.3f} "
-                f"{row[v]['cpu'] * 1e6:>11.0f} {row[v]['fixed'] * 1e3:>10.0f}"
-            )
+        row = {v: _figures(r, v) for v in VARIANTS}
+        lines += [_variant_line(r, v, row[v]) for v in VARIANTS]
         pairs = [
             statistics.median(b.latencies[1:]) - statistics.median(a.latencies[1:])
             for a, b in zip(r.of("plain"), r.of("instrumented"))
         ]
         added.append((r, row["plain"], row["instrumented"], pairs))
-
-    def pct(a: float, b: float) -> str:
-        return f"{(b - a) * 1e6:+6.0f} µs {(b / a - 1) * 100:+5.1f}%"
-
     lines += [
         "",
         "added by instrumentation (instrumented - plain):",
         f"{'upstream':<9} {'p50':>16} {'mean':>16} {'paired p50, range':>26} {'CPU/call':>10} "
         f"{'per process':>11} {'spans':>9} {'joined':>9}",
     ]
-    for r, p, i, pairs in added:
-        n = len(r.instrumented_ids())
-        paired = (
-            f"{statistics.median(pairs) * 1e6:+.0f} ({min(pairs) * 1e6:+.0f}..{max(pairs) * 1e6:+.0f}) µs"
-        )
-        lines.append(
-            f"{r.upstream:<9} {pct(p['p50'], i['p50']):>16} {pct(p['mean'], i['mean']):>16} {paired:>26} "
-            f"{(i['cpu'] - p['cpu']) * 1e6:>+7.0f} µs {(i['fixed'] - p['fixed']) * 1e3:>+8.0f} ms "
-            f"{r.spans_found:>4}/{n:<4} {r.joined:>4}/{n:<4}"
-        )
+    lines += [_added_line(*a) for a in added]
+    lines += _notes(results)
+    tiny = next((a for a in added if a[0].upstream == "tiny"), None)
+    if tiny:
+        lines += verdict(tiny, next((a for a in added if a[0].upstream == "scripted"), None))
+    return "\n".join(lines)
+
+
+def _figures(r: Result, variant: str) -> dict[str, float]:
+    """One variant's steady calls against one upstream: p50 and mean latency, CPU per call, per-process cost."""
+    xs, runs = r.steady(variant), r.of(variant)
+    return {
+        "p50": statistics.median(xs),
+        "mean": statistics.fmean(xs),
+        "p90": percentile(xs, 0.9),
+        "calls": len(xs),
+        "cpu": sum(x.loop_cpu for x in runs) / len(xs),
+        "fixed": statistics.median(x.fixed for x in runs),
+    }
+
+
+def _variant_line(r: Result, variant: str, f: dict[str, float]) -> str:
+    return (
+        f"{r.upstream:<9} {variant:<13} {f['calls']:>5} {f['p50'] * 1e3:>8.3f} "
+        f"{f['mean'] * 1e3:>8.3f} {f['p90'] * 1e3:>8.3f} "
+        f"{f['cpu'] * 1e6:>11.0f} {f['fixed'] * 1e3:>10.0f}"
+    )
+
+
+def _added_line(r: Result, p: dict[str, float], i: dict[str, float], pairs: list[float]) -> str:
+    """What instrumentation adds against one upstream, and how many of its calls reached the store."""
+
+    def pct(a: float, b: float) -> str:
+        return f"{(b - a) * 1e6:+6.0f} µs {(b / a - 1) * 100:+5.1f}%"
+
+    n = len(r.instrumented_ids())
+    paired = f"{statistics.median(pairs) * 1e6:+.0f} ({min(pairs) * 1e6:+.0f}..{max(pairs) * 1e6:+.0f}) µs"
+    return (
+        f"{r.upstream:<9} {pct(p['p50'], i['p50']):>16} {pct(p['mean'], i['mean']):>16} {paired:>26} "
+        f"{(i['cpu'] - p['cpu']) * 1e6:>+7.0f} µs {(i['fixed'] - p['fixed']) * 1e3:>+8.0f} ms "
+        f"{r.spans_found:>4}/{n:<4} {r.joined:>4}/{n:<4}"
+    )
+
+
+def _notes(results: list[Result]) -> list[str]:
+    """What the columns mean, the gateway span count, and the machine's load while the figures were taken."""
     total = sum(r.calls_total for r in results)
-    lines += [
+    load, cores = os.getloadavg()[:2], os.cpu_count() or 1
+    busy = (
+        ": BUSY, other processes competed for the cores, so wall-time figures are inflated and "
+        "noisy (extra CPU per call costs more wall time when cores are oversubscribed); CPU/call "
+        "is the steadier figure"
+    )
+    return [
         "",
         "paired p50: median over processes pairs of the p50 difference within a pair (the range is the noise)",
         "CPU/call: agent process CPU (all threads, exporter included) in the timed loop, per call",
@@ -290,22 +286,9 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
         "spans: timed instrumented calls whose response id arrived on an `openai.chat` span in the store; "
         "joined: of those, with the gateway's span as its child (W3C traceparent)",
         f"gateway spans in the store: {results[0].gateway_spans}/{total} calls (plain and warm-up too)",
-    ]
-    load, cores = os.getloadavg()[:2], os.cpu_count() or 1
-    lines.append(
         f"machine: {cores} cores, load average {load[0]:.1f} (1 min), {load[1]:.1f} (5 min)"
-        + (
-            ": BUSY, other processes competed for the cores, so wall-time figures are inflated and "
-            "noisy (extra CPU per call costs more wall time when cores are oversubscribed); CPU/call "
-            "is the steadier figure"
-            if max(load) > cores
-            else ""
-        )
-    )
-    tiny = next((a for a in added if a[0].upstream == "tiny"), None)
-    if tiny:
-        lines += verdict(tiny, next((a for a in added if a[0].upstream == "scripted"), None))
-    return "\n".join(lines)
+        + (busy if max(load) > cores else ""),
+    ]
 
 
 def verdict(tiny: tuple, scripted: tuple | None) -> list[str]:
@@ -398,26 +381,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> list[Result]:
-    """Start the collector, bench each chosen upstream, stop the collector and check the store."""
+    """Bench each chosen upstream behind its own collector and gateway, all writing one store; then check it."""
     store = Path(args.out) / "store"
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
-    collector, otlp = start_collector(store)
     results = []
-    try:
-        for name in ("scripted", "tiny") if args.upstream == "both" else (args.upstream,):
-            upstream = (
-                tiny_upstream(args)
-                if name == "tiny"
-                else Server(("127.0.0.1", 0), ScriptedUpstream).start_background()
-            )
-            try:
-                results.append(bench_upstream(name, upstream, otlp, args))
-            finally:
-                upstream.stop()
-    finally:
-        collector.send_signal(signal.SIGTERM)  # graceful: drains the WAL into Parquet
-        collector.wait(timeout=60)
+    for name in ("scripted", "tiny") if args.upstream == "both" else (args.upstream,):
+        upstream = (
+            tiny_upstream(args)
+            if name == "tiny"
+            else Server(("127.0.0.1", 0), ScriptedUpstream).start_background()
+        )
+        try:
+            results.append(bench_upstream(name, upstream, store, args))
+        finally:
+            upstream.stop()
     count_spans(store, results)
     return results
 

@@ -222,9 +222,11 @@ _SIGNALS = {
 }
 
 
-def convert_record(
-    rec: Record, staged: dict[str, StagedKeys]
-) -> tuple[str, list[pa.Table], list[Quarantined], int]:
+Converted = tuple[str, list[pa.Table], list[Quarantined], int]
+"""(table name, tables of new rows, quarantined items, items seen before): what ``convert_record`` returns."""
+
+
+def convert_record(rec: Record, staged: dict[str, StagedKeys]) -> Converted:
     """One WAL record as (table name, tables of new rows, quarantined items, items seen before).
 
     The whole request is converted at once and its rows checked together (the fast path); when a
@@ -232,50 +234,58 @@ def convert_record(
     only itself and is quarantined with the reason ``storable.py`` gives for it."""
     signal = _SIGNALS.get(rec.kind)
     if signal is None:
-        return (
-            "unknown",
-            [],
-            [
-                Quarantined(
-                    "unknown",
-                    f"unknown WAL record kind {rec.kind}",
-                    int(rec.kind),
-                    rec.received_at_ns,
-                    rec.payload,
-                )
-            ],
-            0,
-        )
+        return _quarantined_whole("unknown", f"unknown WAL record kind {rec.kind}", rec)
     seen = staged[signal.table]
-    if signal.fast is not None:
-        mark = seen.mark()
-        fast = signal.fast(rec.payload, rec.received_at_ns, seen)
-        if fast is not None and signal.rows_storable(fast[0]):
-            return signal.table, [fast[0]], [], fast[1] - fast[0].num_rows
-        seen.roll_back(mark)
+    fast = _from_bytes(signal, rec, seen)
+    if fast is not None:
+        return fast
     try:
         msg = signal.parse(rec.payload)
         n_items = signal.count(msg)
     except Exception as e:  # passed the CRC yet does not parse: keep the bytes, say why
-        reason = f"record does not parse: {type(e).__name__}: {e}"
-        return (
-            signal.table,
-            [],
-            [Quarantined(signal.table, reason, rec.kind, rec.received_at_ns, rec.payload)],
-            0,
-        )
+        return _quarantined_whole(signal.table, f"record does not parse: {type(e).__name__}: {e}", rec)
+    table = _whole_request(signal, msg, rec, seen)
+    if table is not None:
+        return signal.table, [table], [], n_items - table.num_rows
+    return _item_by_item(signal, msg, rec, seen)
+
+
+def _quarantined_whole(table: str, why: str, rec: Record) -> Converted:
+    """The whole record kept as it arrived, with the reason no item of it could be converted."""
+    return table, [], [Quarantined(table, why, int(rec.kind), rec.received_at_ns, rec.payload)], 0
+
+
+def _from_bytes(signal: _Signal, rec: Record, seen: StagedKeys) -> Converted | None:
+    """The record straight from its bytes (``signal.fast``), when the signal has that path and every row
+    it gives is storable; otherwise None, with the keys it staged rolled back."""
+    if signal.fast is None:
+        return None
+    mark = seen.mark()
+    fast = signal.fast(rec.payload, rec.received_at_ns, seen)
+    if fast is not None and signal.rows_storable(fast[0]):
+        return signal.table, [fast[0]], [], fast[1] - fast[0].num_rows
+    seen.roll_back(mark)
+    return None
+
+
+def _whole_request(signal: _Signal, msg: object, rec: Record, seen: StagedKeys) -> pa.Table | None:
+    """The parsed request converted at once, or None (keys rolled back) when a row is not storable or
+    conversion fails: the caller then goes item by item, which names the bad ones."""
     mark = seen.mark()
     try:
         table = signal.to_table(msg, rec.received_at_ns, seen)
-        storable = signal.rows_storable(table)
-    except (OverflowError, pa.ArrowInvalid):  # a value its column cannot hold: named item by item below
-        storable = False
+        if signal.rows_storable(table):
+            return table
+    except (OverflowError, pa.ArrowInvalid):  # a value its column cannot hold: named item by item
+        pass
     except Exception:
         log.exception("converting a %s record failed; retrying item by item", signal.table)
-        storable = False
-    if storable:
-        return signal.table, [table], [], n_items - table.num_rows
     seen.roll_back(mark)
+    return None
+
+
+def _item_by_item(signal: _Signal, msg: object, rec: Record, seen: StagedKeys) -> Converted:
+    """Each item of the request alone: the storable ones converted, the others quarantined with their reason."""
     tables, bad, dups = [], [], 0
     for item, one in signal.split(msg):
         why = signal.problem(item)

@@ -57,7 +57,7 @@ class RewardRow:
 
 
 def reward_rows(table: pa.Table, new_files: Iterable[int] = ()) -> list[RewardRow]:
-    """The rows of a rewards table read with a ``_file`` column (``store._read_numbered``)."""
+    """The rows of a rewards table read with a ``_file`` column (``store_read.read_numbered``)."""
     new = set(new_files)
     cols = [
         "reward_id",

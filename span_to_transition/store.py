@@ -22,7 +22,6 @@ import contextlib
 import time
 from collections.abc import Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -37,7 +36,8 @@ from span_to_transition.identity import assign_rollouts, link_rollouts
 from span_to_transition.ledger import Ledger, row_settings, settings_note
 from span_to_transition.records import Reward
 from span_to_transition.stats import MAX_PROBLEMS, ConvertStats
-from span_to_transition.tree import END_MARKER, RolloutStatus, decide_completion
+from span_to_transition.store_read import read_files, read_numbered, relative, rollout_statuses, table_files
+from span_to_transition.tree import RolloutStatus, decide_completion
 from span_to_transition.workers import Packed, WriteTo, Written, convert_parallel
 from store.lease import CONVERTER_LOCK, hold
 from store.location import StoreLocation
@@ -50,7 +50,6 @@ __all__ = [
     "spans_from_table",
 ]
 """The pass, and the names other packages and tests import from here (their homes are the modules above)."""
-
 
 
 def convert_store(
@@ -88,15 +87,17 @@ def _convert_store_locked(
     old_transition_files = table_files(layout, "transitions")
     ledger, converted, conversion = _open_ledger(layout, old_transition_files, config, rebuild, stats)
     span_files = table_files(layout, "spans")
-    rel = {f: _relative(layout, "spans", f) for f in span_files}
-    rewards = _read_rewards(layout, ledger, converted, rebuild, span_files, rel, config.reward_rule().may_count)
+    rel = {f: relative(layout, "spans", f) for f in span_files}
+    rewards = _read_rewards(
+        layout, ledger, converted, rebuild, span_files, rel, config.reward_rule().may_count
+    )
     todo = _files_to_read(layout, span_files, rel, ledger, rewards)
     stats.span_files_read = len(todo)
     if not todo:
         _nothing_to_read(layout, ledger, converted, rewards, stats, confirm)
         return _finish(stats, ledger, t0)
 
-    spans = _read_numbered(layout, todo, SPANS_SCHEMA)
+    spans = read_numbered(layout, todo, SPANS_SCHEMA)
     lap = stats.lap("read", t0)
     spans = _assign(spans, ledger, config, stats)
     statuses = rollout_statuses(spans)
@@ -116,7 +117,8 @@ def _convert_store_locked(
         o.rollout_id for o in outputs if not isinstance(o, str) and o.status == "excluded_no_reward"
     ]
     watermark = {r: statuses[r].last_received_ns for r in ready}
-    _record(outputs, watermark, _files_of(pairs, excluded_now, [rel[f] for f in todo]), rewards.reconvert, ledger, stats)
+    files_of_excluded = _files_of(pairs, excluded_now, [rel[f] for f in todo])
+    _record(outputs, watermark, files_of_excluded, rewards.reconvert, ledger, stats)
     known = set(converted) | set(ledger.converted) | set(ledger.excluded) | set(statuses)
     stats.rewards_unjoined, stats.unjoined_samples = count_unjoined(rewards, known, ledger)
 
@@ -149,7 +151,11 @@ def _nothing_to_read(
 
 
 def _remember_waiting_files(
-    pairs: pa.Table, ready: list[str], statuses: dict[str, RolloutStatus], rel_files: list[str], ledger: Ledger
+    pairs: pa.Table,
+    ready: list[str],
+    statuses: dict[str, RolloutStatus],
+    rel_files: list[str],
+    ledger: Ledger,
 ) -> None:
     """Late spans of an excluded rollout must be read again if it is retried: add their files to its entry."""
     ready_set = set(ready)
@@ -163,19 +169,27 @@ def _assign(spans: pa.Table, ledger: Ledger, config: ConvertConfig, stats: Conve
     """Every span's rollout (``assign_rollouts``: its trace's, a linked or content-joined trace's), the
     ledger's trace map updated; content-join ties and near-misses counted and named."""
     joins = ContentJoin()
-    spans, ledger.traces = assign_rollouts(spans, ledger.traces, config.follow_links, config.rollout_key, joins)
+    spans, ledger.traces = assign_rollouts(
+        spans, ledger.traces, config.follow_links, config.rollout_key, joins
+    )
     stats.content_ties += len(joins.ties)
     stats.content_near_misses += len(joins.near_misses)
     stats.problems.extend(
         f"gateway span {g} matches no single agent call by content ({what}); its trace joins no rollout and the "
-        "call stays retokenized" for what, ids in (("a tie: several calls, or another gateway span", joins.ties),
-                                                   ("a near-miss: request or response only", joins.near_misses))
-        for g in ids)
+        "call stays retokenized"
+        for what, ids in (
+            ("a tie: several calls, or another gateway span", joins.ties),
+            ("a near-miss: request or response only", joins.near_misses),
+        )
+        for g in ids
+    )
     stats.spans_read = len(spans)
     return spans
 
 
-def _mark_files_done(pairs: pa.Table, statuses: dict[str, RolloutStatus], todo: list[str], rel: dict[str, str], ledger: Ledger) -> None:
+def _mark_files_done(
+    pairs: pa.Table, statuses: dict[str, RolloutStatus], todo: list[str], rel: dict[str, str], ledger: Ledger
+) -> None:
     """A span file is done when none of its rollouts is still pending (neither converted nor excluded)."""
     pending = [r for r in statuses if r not in ledger.converted and r not in ledger.excluded]
     rollout_col = pairs.column("rollout_id")
@@ -210,7 +224,7 @@ def _open_ledger(
     converted (the ledger's, plus any with rows the ledger lost: never converted twice), and this
     pass's ``conversion`` number."""
     ledger = Ledger.load(layout)
-    existing = _read(layout, transition_files, TRANSITIONS_SCHEMA, ["rollout_id", "conversion"])
+    existing = read_files(layout, transition_files, TRANSITIONS_SCHEMA, ["rollout_id", "conversion"])
     conversion = int(pc.max(existing.column("conversion")).as_py() or 0) + 1
     settings = row_settings(config)
     if rebuild:  # every rollout again, from every span file; the trace -> rollout pairs stay known
@@ -237,9 +251,9 @@ def _read_rewards(
     """The rewards rows that count, joined to their rollouts (``feedback.join_feedback``); only those
     ``counts`` accepts (``--reward-from``) retry or reconvert a rollout."""
     reward_files = table_files(layout, "rewards")
-    reward_rel = [_relative(layout, "rewards", f) for f in reward_files]
+    reward_rel = [relative(layout, "rewards", f) for f in reward_files]
     new_reward_file = [r not in ledger.reward_files for r in reward_rel]
-    reward_table = _read_numbered(layout, reward_files, REWARDS_SCHEMA)
+    reward_table = read_numbered(layout, reward_files, REWARDS_SCHEMA)
     rows = reward_rows(reward_table, (i for i, new in enumerate(new_reward_file) if new))
 
     def scan(all_files: bool) -> list[pa.Table]:
@@ -359,7 +373,7 @@ def _convert_ready(
     sel = sel.drop_columns(["_file"])
     trace_ids = pc.unique(sel.column("trace_id"))
     logs = logs_from_table(
-        _read(
+        read_files(
             layout,
             table_files(layout, "logs"),
             LOGS_SCHEMA,
@@ -453,68 +467,3 @@ def _finish(stats: ConvertStats, ledger: Ledger, t0: float) -> ConvertStats:
     stats.late_spans_total = sum(len(v) for v in ledger.late.values())
     stats.seconds = time.perf_counter() - t0
     return stats
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the store
-
-
-def table_files(loc: StoreLocation, table: str) -> list[str]:
-    """The Parquet files of one table (files being written, named ``.*``, are not yet part of it)."""
-    return loc.files(table)
-
-
-def _relative(layout: StoreLocation, table: str, path: str) -> str:
-    """``path`` relative to its table's directory: how the ledger names span and reward files."""
-    return path[len(layout.table(table)) + 1 :]
-
-
-def _read(
-    layout: StoreLocation,
-    files: list[str],
-    schema: pa.Schema,
-    columns: list[str] | None = None,
-    filter: pc.Expression | None = None,
-) -> pa.Table:
-    if not files:
-        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
-    dataset = ds.dataset(files, schema=schema, format="parquet", filesystem=layout.fs)
-    return dataset.to_table(columns=columns, filter=filter)
-
-
-def _read_numbered(layout: StoreLocation, files: list[str], schema: pa.Schema) -> pa.Table:
-    """Every row of ``files``, with ``_file``: the index in ``files`` of the file it came from."""
-    parts = [schema.empty_table().append_column("_file", pa.array([], pa.int32()))]
-    for i, f in enumerate(files):
-        t = pq.read_table(f, schema=schema, filesystem=layout.fs)
-        parts.append(t.append_column("_file", pa.array(np.full(len(t), i, dtype=np.int32))))
-    return pa.concat_tables(parts)
-
-
-def rollout_statuses(table: pa.Table) -> dict[str, RolloutStatus]:
-    """Per-rollout completion inputs, computed with Arrow group-bys (no per-span Python)."""
-    marker = pc.fill_null(
-        pc.equal(pc.map_lookup(table.column("attributes"), END_MARKER, "first"), "true"), False
-    )
-    t = pa.table(
-        {
-            "rollout_id": pc.coalesce(table.column("rollout_id"), table.column("trace_id")),
-            "trace_id": table.column("trace_id"),
-            "is_root": pc.is_null(table.column("parent_span_id")),
-            "rx": pc.cast(table.column("received_at"), pa.int64()),
-            "marker": marker,
-        }
-    )
-    per_trace = t.group_by(["rollout_id", "trace_id"]).aggregate(
-        [("is_root", "any"), ("rx", "max"), ("marker", "any")]
-    )
-    per_rollout = per_trace.group_by("rollout_id").aggregate(
-        [("trace_id", "count"), ("is_root_any", "sum"), ("rx_max", "max"), ("marker_any", "any")]
-    )
-    d = per_rollout.to_pydict()
-    return {
-        r: RolloutStatus(r, n, int(k or 0), rx, bool(m))
-        for r, n, k, rx, m in zip(
-            d["rollout_id"], d["trace_id_count"], d["is_root_any_sum"], d["rx_max_max"], d["marker_any_any"]
-        )
-    }

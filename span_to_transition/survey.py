@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from schemas.attributes import CONTENT_RECORDED, GATEWAY_FLAG, REWARD
 from schemas.tables import SPANS_SCHEMA
@@ -27,7 +26,7 @@ from span_to_transition.identity import assign_rollouts
 from span_to_transition.ledger import Ledger
 from span_to_transition.records import LogEvent, Span, as_bool
 from span_to_transition.rewards import AUTO, UNNAMED
-from span_to_transition.store import rollout_statuses, table_files
+from span_to_transition.store_read import read_files, relative, rollout_statuses, table_files
 from span_to_transition.survey_training import TrainingFacts, gather_training
 from span_to_transition.tokens import is_gateway
 from span_to_transition.tree import decide_completion
@@ -78,13 +77,16 @@ class StoreFacts:
     reward_samples: dict[str, Span] = field(default_factory=dict)  # spelling -> one span carrying it
     gateway_spans: int = 0
     gateway_roots: int = 0  # gateway spans with no parent: the agent did not propagate traceparent
-    gateway_content_off: int = 0  # gateway spans that record no request/response (gateway --no-record-content)
+    # gateway spans that record no request/response (gateway --no-record-content)
+    gateway_content_off: int = 0
     transitions: int = 0
     token_sources: dict[str, int] = field(default_factory=dict)
     untrainable: list[Untrainable] = field(default_factory=list)  # malformed chat, by reason
-    transitions_without_agent: int = 0  # converted calls no agent span, resource attribute or chain span named
+    # converted calls no agent span, resource attribute or chain span named
+    transitions_without_agent: int = 0
     agents_setting: str | None = None  # the --agents the rows were converted with
-    content_join: ContentJoin | None = None  # root gateway spans joined by content, and the ties / near-misses
+    # root gateway spans joined by content, and the ties / near-misses
+    content_join: ContentJoin | None = None
     pending: list[Pending] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # rollouts the ledger holds as excluded (no reward)
     quiet_s: float = ConvertConfig.quiet_s  # the completion settings pending rollouts are judged by
@@ -308,16 +310,11 @@ def _pending(
     layout: StoreLocation, ledger: Ledger, quiet_s: float, max_wait_s: float, now_ns: int, follow_links: bool
 ) -> list[Pending]:
     """Rollouts the next convert pass would leave pending, with the wait each is on (the pass's own rules)."""
-    files = [
-        f
-        for f in table_files(layout, "spans")
-        if f[len(layout.table("spans")) + 1 :] not in ledger.files_done
-    ]
+    files = [f for f in table_files(layout, "spans") if relative(layout, "spans", f) not in ledger.files_done]
     if not files:
         return []
-    spans = ds.dataset(files, schema=SPANS_SCHEMA, format="parquet", filesystem=layout.fs).to_table(
-        columns=[*SPAN_COLUMNS, "links"]  # (all a content join of gateway traces reads)
-    )
+    # (all a content join of gateway traces reads)
+    spans = read_files(layout, files, SPANS_SCHEMA, columns=[*SPAN_COLUMNS, "links"])
     statuses = rollout_statuses(assign_rollouts(spans, dict(ledger.traces), follow_links)[0])
     quiet_ns, wait_ns = int(quiet_s * 1e9), int(max_wait_s * 1e9)
     out = []

@@ -1,7 +1,8 @@
 """The stack a loop runs against: ``tracerl collect``, ``tracerl serve`` and ``tracerl gateway``, healthy.
 
 One home for their command lines and their readiness checks, used by ``tracerl demo``, the examples'
-drivers (examples/production_service/run.py, examples/sql_agent/train_real.py) and the tests that
+drivers (examples/production_service/run.py, examples/sql_agent/train_real.py), the benches
+(bench/round.py; bench/agent_overhead.py, with its own upstream as ``server``) and the tests that
 start the same processes, so a flag the three need together (the gateway exporting to the
 collector's gRPC port, in front of the server) is written once. The processes are real ``tracerl``
 commands, each in its own session with a log file (``tracerl.supervisor.Child``); they are stopped in

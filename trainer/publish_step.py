@@ -72,22 +72,7 @@ def publish_round(
     ``rolled_back`` when the gate failed) under the lease; prune old checkpoints to ``keep_checkpoints``.
     Returns the written row."""
     k = row["round"]
-    v = row["parent_version"] if row.get("parent_version") is not None else k
-    prev = read_rounds(loc).get(v - 1) if v > 0 else None
-    previous = served_weights(
-        ckpts.ensure_local(v) if prev and prev["checkpoint_path"] else None,
-        bool(prev and prev["adapter"]),
-        base_model,
-    )
-    req = PublishRequest(
-        name=version_name(served_name, k + 1),
-        version=k + 1,
-        checkpoint_path=ckpts.ensure_local(k + 1),
-        adapter=bool(row["adapter"]),
-        base_model=base_model,
-        previous=previous,
-        serving_version=v,
-    )
+    req = _publish_request(loc, ckpts, row, base_model, served_name)
     t = time.perf_counter()
     verdict = publisher(req)  # raises on failure: the round stays 'trained' and the next run retries
     timings = json.loads(row["timings"] or "{}")
@@ -96,22 +81,53 @@ def publish_round(
         t = time.perf_counter()
         durable()
         timings["durable_wait"] = time.perf_counter() - t
-    # a canary serves beside its parent until `tracerl promote` decides (loop/canary.py); one that fails the
-    # eval gate (loop/gate.py) never reaches live traffic: rolled back, the next round trains from v
-    status = "canary" if canary else "published"
     if verdict is not None:
         log(f"round {k}: {req.name}: {verdict.describe()}")
-        status = status if verdict.passed else "rolled_back"
-        row = {**row, "canary": json.dumps(verdict.record())}
-    row = {**row, "status": status, "published_at": now_utc(), "timings": json.dumps(timings)}
+    row = _published_row(row, verdict, canary, timings)
     held.confirm()
     write_round(loc, row)
-    log(
-        f"round {k}: {'rolled back' if status == 'rolled_back' else 'published'} {req.name} from {req.checkpoint_path}"
-    )
+    what = "rolled back" if row["status"] == "rolled_back" else "published"
+    log(f"round {k}: {what} {req.name} from {req.checkpoint_path}")
     if keep_checkpoints:
-        for gone in ckpts.prune(keep_checkpoints, protect=frozenset({v})):
+        for gone in ckpts.prune(keep_checkpoints, protect=frozenset({req.serving_version})):
             log(
                 f"round {k}: removed old checkpoint {ckpts.name(gone)} (--keep-checkpoints {keep_checkpoints})"
             )
     return row
+
+
+def _publish_request(
+    loc: StoreLocation, ckpts: CheckpointStore, row: dict[str, Any], base_model: Path, served_name: str
+) -> PublishRequest:
+    """What round ``row`` publishes: its checkpoint as ``policy@k+1``, beside the full weights serving its
+    parent version now (``previous``, restored if a reload fails; the base model for version 0)."""
+    k = row["round"]
+    v = row["parent_version"] if row.get("parent_version") is not None else k
+    prev = read_rounds(loc).get(v - 1) if v > 0 else None
+    previous = served_weights(
+        ckpts.ensure_local(v) if prev and prev["checkpoint_path"] else None,
+        bool(prev and prev["adapter"]),
+        base_model,
+    )
+    return PublishRequest(
+        name=version_name(served_name, k + 1),
+        version=k + 1,
+        checkpoint_path=ckpts.ensure_local(k + 1),
+        adapter=bool(row["adapter"]),
+        base_model=base_model,
+        previous=previous,
+        serving_version=v,
+    )
+
+
+def _published_row(
+    row: dict[str, Any], verdict: GateVerdict | None, canary: bool, timings: dict[str, float]
+) -> dict[str, Any]:
+    """The round's manifest row once the engine took the policy. A canary serves beside its parent until
+    `tracerl promote` decides (loop/canary.py); one that fails the eval gate (loop/gate.py) never reaches
+    live traffic: ``rolled_back``, and the next round trains from its parent."""
+    status = "canary" if canary else "published"
+    if verdict is not None:
+        status = status if verdict.passed else "rolled_back"
+        row = {**row, "canary": json.dumps(verdict.record())}
+    return {**row, "status": status, "published_at": now_utc(), "timings": json.dumps(timings)}

@@ -21,10 +21,10 @@ def dated(rows: list[dict], at) -> list[dict]:
     return [{**r, "started_at": at + timedelta(milliseconds=i)} for i, r in enumerate(rows)]
 
 
-def renamed(rows: list[dict], reward: float | None = None) -> list[dict]:
-    """The rows as new rollouts (ids of their own), scoring ``reward`` when given."""
+def renamed(rows: list[dict], reward: float | None = None, prefix: str = "w-") -> list[dict]:
+    """The rows as new rollouts (ids of their own: ``prefix`` + the old id), scoring ``reward`` when given."""
     score = {} if reward is None else {"reward": reward, "rollout_reward": reward}
-    return [{**r, "rollout_id": "w-" + r["rollout_id"], **score} for r in rows]
+    return [{**r, "rollout_id": prefix + r["rollout_id"], **score} for r in rows]
 
 
 def test_rolled_back_round_is_kept_and_the_next_round_trains_from_the_serving_version(
@@ -132,7 +132,11 @@ def test_a_candidate_failing_the_eval_gate_never_becomes_a_canary_and_the_next_r
     assert (row["parent_version"], json.loads(row["canary"])["gate"]["passed"]) == (1, True)
     # the canary's decision keeps the gate's numbers beside its own
     at = row["published_at"]
-    write_rows(store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5), 1.0), at + timedelta(seconds=1)))
+    # the serving arm's rollouts are new ones: with the ids of round 2's training rows, each would have begun
+    # when those did, before the canary was published, and fall out of its window when round 2 took over 1 s
+    write_rows(
+        store, dated(renamed(make_rollouts(1, n_tasks=8, per_task=5), 1.0, "s-"), at + timedelta(seconds=1))
+    )
     write_rows(store, dated(renamed(make_rollouts(3, n_tasks=6, per_task=5), 0.0), at + timedelta(seconds=1)))
     assert promote_once(parse_store(store), log=print).status == "rolled_back"
     rec = json.loads(read_rounds(parse_store(store))[2]["canary"])
