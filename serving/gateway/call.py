@@ -194,15 +194,20 @@ class Stream:
         (not line by line) batches the events that queued up while the gateway was busy, so under load it
         makes fewer, larger writes instead of falling behind. The stream's end (``[DONE]`` with whatever
         arrived with it) goes out in the same write as the end of the response, once the upstream's answer
-        was read to its end. One loop, sending through ``send`` itself: every chunk of every stream passes
-        here, and the async generator, ``stream_out`` and ``LastChunk`` layers it went through before cost
-        a few microseconds per chunk (``bench/gateway.py``). uvicorn drops writes to a closed connection
-        silently, so a disconnect is watched for on ``receive`` and checked before each write.
+        was read to its end; so do the last token's events, once every choice has its ``finish_reason``
+        (what follows, the usage chunk and ``[DONE]``, comes at once): one write (a system call that wakes
+        the client, ~15 us here) per call fewer.
+
+        One loop, sending through ``send`` itself: every chunk of every stream passes here, and the async
+        generator, ``stream_out`` and ``LastChunk`` layers it went through before cost a few microseconds
+        per chunk. uvicorn drops writes to a closed connection silently, so a disconnect is watched for on
+        ``receive`` and checked before each write.
         """
         watcher = asyncio.ensure_future(_disconnected(receive))
         try:
             await send(_STREAM_START)
-            tail = SSE_DONE
+            tail = b""
+            held = b""  # events after every choice's finish_reason: they go out with the end of the stream
             rest = b""
             resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
             try:
@@ -216,28 +221,30 @@ class Stream:
                         self.read_all = True
                         break
                     payloads, rest = sse_payloads(rest + data if rest else data)
-                    out: list[bytes] = []
+                    out = [held]
                     for raw in payloads:
                         if raw == b"[DONE]":
                             await self._drain()
-                            tail = b"".join([*out, SSE_DONE])
+                            held = b"".join(out)
                             break
                         out.append(self._relay(raw))
                     else:
                         body = b"".join(out)
-                        if body:
+                        if not self.unfinished:  # the answer is complete: only usage and [DONE] are to come
+                            held = body
+                        elif body:
                             if watcher.done():
                                 return False
+                            held = b""
                             await send({"type": "http.response.body", "body": body, "more_body": True})
                         continue
                     break
             except TRANSPORT_ERRORS as e:
                 self.failure = transport_failure(self.call.upstream, e, "broke the stream")
-                failed = error_body(self.failure.message, self.failure.err_type, self.failure.status)
-                tail = sse_event(failed) + SSE_DONE
+                tail = sse_event(error_body(self.failure.message, self.failure.err_type, self.failure.status))
             if watcher.done():
                 return False
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            await send({"type": "http.response.body", "body": held + tail + SSE_DONE, "more_body": False})
             return True
         finally:
             watcher.cancel()
