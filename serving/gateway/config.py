@@ -14,11 +14,11 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-# Spans exported per batch at most (the SDK's default is 512). The exporter encodes a batch on its own
-# thread with the GIL held, taking turns with the serving loop every switch interval (workers.py), so while
-# it encodes the loop runs at about half speed and every stream's chunk that arrives then waits longer:
-# a smaller batch is a shorter slowdown, more often, for the same encoding work.
-EXPORT_BATCH_SPANS = 64
+# Spans exported per batch at most: the SDK's default. The exporter encodes a batch on its own thread with the
+# GIL held, taking turns with the serving loop every switch interval (workers.py), so while it encodes the loop
+# runs at about half speed; batches of 64 were tried against 512 at 256 streams in one run (load 0.8): p99
+# +30.4 ms against +31.1, CPU per call 1.04 ms against 1.05, no difference, so the default stays.
+EXPORT_BATCH_SPANS = 512
 
 
 def span_processor(
