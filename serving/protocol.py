@@ -50,6 +50,7 @@ TEXT_COMPLETION = "text_completion"
 # URL path -> gen_ai.operation.name
 OPERATIONS = {"/v1/chat/completions": CHAT, "/v1/completions": TEXT_COMPLETION}
 
+
 def latest_version_name(model: str | None, served: list[str]) -> str | None:
     """The newest ``{model}@k`` among served names, or None (then the request goes as it is).
 
@@ -203,18 +204,29 @@ def _choice_text(choice: Mapping[str, Any], operation: str) -> str:
 
 def record_from_response(request: Mapping[str, Any], resp: Mapping[str, Any], operation: str) -> CallRecord:
     """Build the call record from a non-streaming upstream response (before stripping)."""
-    rec = CallRecord(operation=operation, request_model=request.get("model"),
-                     response_model=resp.get("model"), response_id=resp.get("id"),
-                     prompt_token_ids=list(resp.get("prompt_token_ids") or []),
-                     request_messages=_messages(request, operation))
+    rec = CallRecord(
+        operation=operation,
+        request_model=request.get("model"),
+        response_model=resp.get("model"),
+        response_id=resp.get("id"),
+        prompt_token_ids=list(resp.get("prompt_token_ids") or []),
+        request_messages=_messages(request, operation),
+    )
     for i, ch in enumerate(resp.get("choices") or []):
         if ch.get("prompt_token_ids") and not rec.prompt_token_ids:  # completions: per choice
             rec.prompt_token_ids = list(ch["prompt_token_ids"])
-        rec.choices.append(ChoiceRecord(
-            index=int(ch.get("index", i)), token_ids=list(ch.get("token_ids") or []),
-            logprobs=_choice_logprobs(ch, operation), text=_choice_text(ch, operation),
-            finish_reason=ch.get("finish_reason"),
-            tool_calls=list((ch.get("message") or {}).get("tool_calls") or []) if operation == CHAT else []))
+        rec.choices.append(
+            ChoiceRecord(
+                index=int(ch.get("index", i)),
+                token_ids=list(ch.get("token_ids") or []),
+                logprobs=_choice_logprobs(ch, operation),
+                text=_choice_text(ch, operation),
+                finish_reason=ch.get("finish_reason"),
+                tool_calls=list((ch.get("message") or {}).get("tool_calls") or [])
+                if operation == CHAT
+                else [],
+            )
+        )
     rec.choices.sort(key=lambda c: c.index)
     _set_usage(rec, resp.get("usage"))
     return rec
@@ -248,36 +260,64 @@ def _set_usage(rec: CallRecord, usage: Any) -> None:
 
 
 class StreamAccumulator:
-    """Fold streamed chunks into one ``CallRecord`` (delta ids, logprobs and text per choice)."""
+    """Fold streamed chunks into one ``CallRecord`` (delta ids, logprobs and text per choice).
+
+    ``add`` runs for every chunk of every relayed stream, so it does only what the chunk holds: the
+    record's first id and model, each choice's ids, logprobs and text piece (joined once, in ``finish``,
+    rather than copying the text so far per token), tool-call fragments and finish reason."""
 
     def __init__(self, request: Mapping[str, Any], operation: str) -> None:
-        self.record = CallRecord(operation=operation, request_model=request.get("model"),
-                                 request_messages=_messages(request, operation))
+        self.record = CallRecord(
+            operation=operation,
+            request_model=request.get("model"),
+            request_messages=_messages(request, operation),
+        )
         self._choices: dict[int, ChoiceRecord] = {}
+        self._texts: dict[int, list[str]] = {}
+        self._chat = operation == CHAT
 
     def add(self, chunk: Mapping[str, Any]) -> None:
         rec = self.record
-        rec.response_id = rec.response_id or chunk.get("id")
-        rec.response_model = rec.response_model or chunk.get("model")
-        if chunk.get("prompt_token_ids") and not rec.prompt_token_ids:
+        if not rec.response_id:
+            rec.response_id = chunk.get("id")
+        if not rec.response_model:
+            rec.response_model = chunk.get("model")
+        if not rec.prompt_token_ids and chunk.get("prompt_token_ids"):
             rec.prompt_token_ids = list(chunk["prompt_token_ids"])
-        for ch in chunk.get("choices") or []:
-            idx = int(ch.get("index", 0))
-            c = self._choices.setdefault(idx, ChoiceRecord(index=idx))
+        for ch in chunk.get("choices") or ():
+            idx = ch.get("index", 0)
+            c = self._choices.get(idx)
+            if c is None:
+                idx = int(idx)
+                c = self._choices.get(idx)
+                if c is None:
+                    c = self._choices[idx] = ChoiceRecord(index=idx)
+                    self._texts[idx] = []
             # Completions put prompt_token_ids on the choice of the first chunk (chat: top level).
-            if ch.get("prompt_token_ids") and not rec.prompt_token_ids:
+            if not rec.prompt_token_ids and ch.get("prompt_token_ids"):
                 rec.prompt_token_ids = list(ch["prompt_token_ids"])
-            c.token_ids.extend(ch.get("token_ids") or [])
-            c.logprobs.extend(_choice_logprobs(ch, rec.operation))
-            c.text += _choice_text(ch, rec.operation)
-            if rec.operation == CHAT:
-                _merge_tool_call_deltas(c.tool_calls, (ch.get("delta") or {}).get("tool_calls"))
+            ids = ch.get("token_ids")
+            if ids:
+                c.token_ids.extend(ids)
+            if ch.get("logprobs"):
+                c.logprobs.extend(_choice_logprobs(ch, rec.operation))
+            if self._chat:
+                delta = ch.get("delta")
+                text = (ch.get("message") or delta or {}).get("content")
+                if delta and delta.get("tool_calls"):
+                    _merge_tool_call_deltas(c.tool_calls, delta["tool_calls"])
+            else:
+                text = ch.get("text")
+            if text:
+                self._texts[c.index].append(text)
             if ch.get("finish_reason"):
                 c.finish_reason = ch["finish_reason"]
         if chunk.get("usage"):
             _set_usage(rec, chunk["usage"])
 
     def finish(self) -> CallRecord:
+        for i, c in self._choices.items():
+            c.text = "".join(self._texts[i])
         self.record.choices = [self._choices[i] for i in sorted(self._choices)]
         return self.record
 
@@ -336,9 +376,13 @@ def span_attributes(
         first = rec.choices[0]
         attrs[REQUEST_MESSAGES] = json.dumps(rec.request_messages, ensure_ascii=False)
         attrs[RESPONSE_MESSAGE] = json.dumps(
-            {"role": "assistant", "content": first.text or None, **({"tool_calls": first.tool_calls}
-                                                                    if first.tool_calls else {})},
-            ensure_ascii=False)
+            {
+                "role": "assistant",
+                "content": first.text or None,
+                **({"tool_calls": first.tool_calls} if first.tool_calls else {}),
+            },
+            ensure_ascii=False,
+        )
     for c in rec.choices:
         prefix = choice_prefix(c.index)
         if c.token_ids:
@@ -477,12 +521,16 @@ def parse_hermes_tool_calls(text: str) -> ParsedToolCalls:
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return ParsedToolCalls(content=text, tool_calls=[])
         args = obj.get("arguments", {})
-        calls.append({
-            "id": f"chatcmpl-tool-{secrets.token_hex(16)}",
-            "type": "function",
-            "function": {"name": obj["name"],
-                         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)},
-        })
+        calls.append(
+            {
+                "id": f"chatcmpl-tool-{secrets.token_hex(16)}",
+                "type": "function",
+                "function": {
+                    "name": obj["name"],
+                    "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+                },
+            }
+        )
     content = text[: text.find("<tool_call>")]
     return ParsedToolCalls(content=content if content.strip() else None, tool_calls=calls)
 
@@ -505,4 +553,4 @@ def split_tool_stream(held: str, text: str, final: bool) -> tuple[str, str, list
         return buf[:cut], buf[cut:], None
     tag = "<tool_call>"
     keep = next((k for k in range(min(len(tag) - 1, len(buf)), 0, -1) if buf.endswith(tag[:k])), 0)
-    return buf[: len(buf) - keep], buf[len(buf) - keep:], None
+    return buf[: len(buf) - keep], buf[len(buf) - keep :], None

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from opentelemetry import trace
@@ -19,14 +18,7 @@ from opentelemetry.trace import Status, StatusCode
 from starlette.responses import Response
 
 from schemas.attributes import POLICY_VERSION_AMBIGUOUS, POLICY_VERSION_CANDIDATES, parse_policy_version
-from serving.asgi import (
-    LastChunk,
-    Receive,
-    Scope,
-    Send,
-    json_response,
-    stream_out,
-)
+from serving.asgi import Receive, Scope, Send, json_response
 from serving.gateway.canary import (
     ARM_ATTRIBUTE,
     Arm,
@@ -175,7 +167,7 @@ class Stream:
         call = self.call
         completed = False
         try:
-            completed = await stream_out(receive, send, self._events())
+            completed = await self._relay_all(receive, send)
         finally:
             if self.deadlines is not None:
                 self.deadlines.done(self.resp)
@@ -195,43 +187,67 @@ class Stream:
             finally:
                 call.end()
 
-    async def _events(self) -> AsyncIterator[bytes]:
-        """The client's stream: every event that has arrived is cleaned and sent on in one write.
+    async def _relay_all(self, receive: Receive, send: Send) -> bool:
+        """Relay the upstream's events to the client as they come; False when the client left first.
 
-        Reading whole network reads (not line by line) batches the events that queued up while the
-        gateway was busy, so under load it makes fewer, larger writes instead of falling behind. The
-        stream's end (``[DONE]`` with whatever arrived with it) is one ``LastChunk``: it goes out in the
-        same write as the end of the response, once the upstream's answer was read to its end.
+        Every event that has arrived is cleaned and sent on in one write: reading whole network reads
+        (not line by line) batches the events that queued up while the gateway was busy, so under load it
+        makes fewer, larger writes instead of falling behind. The stream's end (``[DONE]`` with whatever
+        arrived with it) goes out in the same write as the end of the response, once the upstream's answer
+        was read to its end; so do the last token's events, once every choice has its ``finish_reason``
+        (what follows, the usage chunk and ``[DONE]``, comes at once): one write (a system call that wakes
+        the client, ~15 us here) per call fewer.
+
+        One loop, sending through ``send`` itself: every chunk of every stream passes here, and the async
+        generator, ``stream_out`` and ``LastChunk`` layers it went through before cost a few microseconds
+        per chunk. uvicorn drops writes to a closed connection silently, so a disconnect is watched for on
+        ``receive`` and checked before each write.
         """
-        rest = b""
-        resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
+        watcher = asyncio.ensure_future(_disconnected(receive))
         try:
-            while True:
-                if deadlines is not None:
-                    deadlines.wait(resp)
-                data = await read()
-                if deadlines is not None:
-                    deadlines.done(resp)
-                if not data:
+            await send(_STREAM_START)
+            tail = b""
+            held = b""  # events after every choice's finish_reason: they go out with the end of the stream
+            rest = b""
+            resp, read, deadlines = self.resp, self.resp.content.readany, self.deadlines
+            try:
+                while True:
+                    if deadlines is not None:
+                        deadlines.wait(resp)
+                    data = await read()
+                    if deadlines is not None:
+                        deadlines.done(resp)
+                    if not data:
+                        self.read_all = True
+                        break
+                    payloads, rest = sse_payloads(rest + data if rest else data)
+                    out = [held]
+                    for raw in payloads:
+                        if raw == b"[DONE]":
+                            await self._drain()
+                            held = b"".join(out)
+                            break
+                        out.append(self._relay(raw))
+                    else:
+                        body = b"".join(out)
+                        if not self.unfinished:  # the answer is complete: only usage and [DONE] are to come
+                            held = body
+                        elif body:
+                            if watcher.done():
+                                return False
+                            held = b""
+                            await send({"type": "http.response.body", "body": body, "more_body": True})
+                        continue
                     break
-                payloads, rest = sse_payloads(rest + data)
-                out: list[bytes] = []
-                for raw in payloads:
-                    payload = raw.decode("utf-8", "replace")
-                    if payload == "[DONE]":
-                        await self._drain()
-                        yield LastChunk(b"".join([*out, SSE_DONE]))
-                        return
-                    out.append(self._relay(payload))
-                if out:
-                    yield b"".join(out)
-            self.read_all = True
-        except TRANSPORT_ERRORS as e:
-            self.failure = transport_failure(self.call.upstream, e, "broke the stream")
-            failed = error_body(self.failure.message, self.failure.err_type, self.failure.status)
-            yield LastChunk(sse_event(failed) + SSE_DONE)
-            return
-        yield LastChunk(SSE_DONE)
+            except TRANSPORT_ERRORS as e:
+                self.failure = transport_failure(self.call.upstream, e, "broke the stream")
+                tail = sse_event(error_body(self.failure.message, self.failure.err_type, self.failure.status))
+            if watcher.done():
+                return False
+            await send({"type": "http.response.body", "body": held + tail + SSE_DONE, "more_body": False})
+            return True
+        finally:
+            watcher.cancel()
 
     async def _drain(self) -> None:
         """Read the upstream's answer to its end after ``[DONE]``, so its connection goes back to the pool
@@ -247,11 +263,12 @@ class Stream:
             return
         self.read_all = True
 
-    def _relay(self, payload: str) -> bytes:
+    def _relay(self, raw: bytes) -> bytes:
         """One upstream event -> what the client gets (b"" for the usage chunk it did not ask for)."""
         upstream = self.call.upstream
+        payload = raw.decode("utf-8", "replace")
         try:
-            chunk = json.loads(payload)
+            chunk = loads(payload)
         except json.JSONDecodeError:
             chunk = error_body(
                 f"upstream {upstream} sent a stream event that is not JSON: {payload[:200]!r}",
@@ -276,6 +293,32 @@ class Stream:
                 self.version_read = asyncio.ensure_future(self.call.read_version())
         out = strip_chunk(chunk, self.call.wants)
         return sse_event(out) if out is not None else b""
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (uvicorn's ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+_STREAM_START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+}
+_scan = json.JSONDecoder().scan_once
+
+
+def loads(text: str) -> Any:
+    """``json.loads(text)``, taking the event's one JSON value straight from the C scanner: the decoder's
+    Python layers around it (``loads``, ``decode``, ``raw_decode``, two whitespace matches) are a fifth of
+    the parse of a token's chunk. Anything but one bare value (whitespace, extra data, an error) goes
+    through ``json.loads``, which says what is wrong as before."""
+    try:
+        obj, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    return obj if end == len(text) else json.loads(text)
 
 
 def transport_failure(upstream: str, e: BaseException, doing: str) -> UpstreamFailure:

@@ -39,16 +39,12 @@ import hmac
 import itertools
 import json
 import logging
-import os
 import time
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
 import aiohttp
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.datastructures import Headers
@@ -77,6 +73,10 @@ from serving.gateway.canary import (
     session_from_baggage,
 )
 from serving.gateway.canary_admin import canary_endpoint
+from serving.gateway.config import GatewayConfig, normalise_upstream
+from serving.gateway.config import (
+    make_tracer_provider as make_tracer_provider,  # imported from here by the CLI
+)
 from serving.gateway.upstream import (
     CONNECT_ERRORS,
     TRANSPORT_ERRORS,
@@ -102,56 +102,6 @@ GATEWAY_TOKEN_HEADER = "X-Tracerl-Gateway-Token"
 # Client headers forwarded upstream; everything else (Host, Content-Length, hop-by-hop) is ours.
 _FORWARD = ("Authorization", "OpenAI-Organization", "OpenAI-Project", "X-Request-Id", "User-Agent")
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-
-@dataclass
-class GatewayConfig:
-    """Settings of one gateway process."""
-
-    upstreams: list[str] = field(default_factory=list)
-    token: str | None = None
-    upstream_api_key: str | None = None
-    timeout_s: float = 600.0
-    connect_timeout_s: float = 5.0
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_connections: int = 1024  # client connections; as many upstream connections at most
-    tls_cert: str | None = None  # PEM chain; with tls_key the gateway speaks HTTPS only
-    tls_key: str | None = None
-    latest_alias: bool = True  # "policy" -> newest "policy@k" the upstream serves
-    models_ttl_s: float = 2.0  # how long a /v1/models answer is trusted for the alias
-    version_max_age_s: float = 0.25  # a weight-version read this fresh is reused before sending a call
-    reuse_port: bool = False  # other processes serve the same port (--workers, serving/gateway/workers.py)
-    canary: float | None = None  # the candidate's share of new rollouts (canary.py); needs upstream_for
-    upstream_for: dict[str, str] = field(default_factory=dict)  # "policy@5" -> URL: the canary's two arms
-    record_content: bool = True  # chat spans carry the request messages and response (the content join)
-
-
-def normalise_upstream(url: str) -> str:
-    """``http://host:8000/v1/`` and ``http://host:8000`` both -> ``http://host:8000``."""
-    u = url.strip().rstrip("/")
-    if u.endswith("/v1"):
-        u = u[:-3]
-    parts = urlsplit(u)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"upstream {url!r} is not an http(s) URL; use e.g. http://127.0.0.1:8000")
-    return u
-
-
-def make_tracer_provider(otlp_endpoint: str, service_name: str = "tracerl-gateway") -> TracerProvider:
-    """A provider exporting with BatchSpanProcessor + OTLP/gRPC, separate from any global one."""
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-    insecure = otlp_endpoint.startswith("http://") or "://" not in otlp_endpoint
-    # process.pid tells the spans of --workers processes apart (each exports its own)
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name, "process.pid": os.getpid()})
-    )
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=otlp_endpoint, insecure=insecure), schedule_delay_millis=500
-        )
-    )
-    return provider
 
 
 @dataclass

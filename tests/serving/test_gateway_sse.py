@@ -19,6 +19,7 @@ STREAMS = {
         ': keep-alive\n\nevent: delta\ndata: {"a":\ndata:  1}\nid: 7\n\n\n\ndata: [DONE]\n\n'
     ),
     "no blank line at the end": 'data: {"a":1}\n\ndata: {"b"',
+    "one event": 'data:  {"a":1}\n\n',
 }
 
 
@@ -50,6 +51,7 @@ def test_every_way_a_stream_is_cut_into_reads_gives_the_events_a_line_reader_giv
 
 def test_a_lone_cr_ends_a_line_and_a_cr_at_the_end_of_a_read_waits_for_the_next():
     assert sse_payloads(b'data: {"a":1}\r\rdata: 2\r\n\r\n')[0] == [b'{"a":1}', b"2"]
+    assert sse_payloads(b"data: x\rdata: y\n\n") == ([b"x\ny"], b"")  # one read, one event: two lines
     payloads, rest = sse_payloads(b'data: {"a":1}\r\n\r')
     assert payloads == [] and rest.endswith(b"\r")
     assert sse_payloads(rest + b"\ndata: 2\r\n\r\n")[0] == [b'{"a":1}', b"2"]
