@@ -117,6 +117,7 @@ class RoundDone:
     batch_convert_s: float = (
         0.0  # the conversion its producer did once the batch was stored (Batch.convert_s)
     )
+    trained_at: float = 0.0  # monotonic end of its training (its span in LoopResult.train_spans)
 
 
 @dataclass
@@ -287,7 +288,15 @@ def one_round(
         return NoSignal(version=state.k, records=batch.records, stopping=action == "stop")
     row = record_round(plan, stages, state.k, outcome)
     return RoundDone(
-        state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2, t1 - t0, batch.convert_s
+        state.k,
+        row,
+        time.perf_counter() - t0,
+        batch.seconds,
+        t2 - t1,
+        t3 - t2,
+        t1 - t0,
+        batch.convert_s,
+        trained_at=result.train_spans[-1][1],
     )
 
 

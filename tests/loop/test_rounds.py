@@ -140,6 +140,10 @@ def test_a_batch_without_signal_samples_the_same_policy_again():
     assert quiet[0].records == fake.batches[0]
     assert result.version == 2
     assert [c[1] for c in fake.calls if c[0] == "batch"] == [0, 1, 2]  # one batch more than rounds
+    # each recorded round ends with the span of the training that recorded it, not the one that found
+    # no signal (the bench's rate after round 0 is measured between these)
+    assert len(result.train_spans) == 3
+    assert [d.trained_at for d in result.rounds] == [result.train_spans[1][1], result.train_spans[2][1]]
 
 
 def test_three_batches_without_signal_in_a_row_stop_the_loop():
