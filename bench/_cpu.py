@@ -8,8 +8,8 @@ trained: the ratio asynchronous rounds can reach is bounded by the on-policy win
 
 The sampler reads ``psutil`` every ``every_s`` seconds: the bench process's own CPU time (the
 trainer trains in it), its reaped children's (the agents: the rollout driver waits for each one), and
-every live descendant's (vLLM's API server, engine core and worker, the gateway, the collector, the
-agents running now). A process that exits between two samples moves from "live" to "reaped" with all
+every live descendant's with its own reaped children (vLLM's API server, engine core and worker, the
+gateway, the collector, the agents running now, the driver's fork server and the agents it forked). A process that exits between two samples moves from "live" to "reaped" with all
 its time, so the totals stay monotonic. The arithmetic (``window_cpu``) is a pure function.
 """
 
@@ -28,8 +28,14 @@ def group_of(cmdline: Sequence[str], name: str) -> str:
     text = " ".join(cmdline)
     if "vllm" in text.lower() or name.startswith("VLLM"):
         return GROUPS[2]
-    if "opentelemetry-instrument" in text or any(a.endswith("agent.py") for a in cmdline):
-        return GROUPS[1]  # an agent process, before or after opentelemetry-instrument exec'd python
+    if (
+        "opentelemetry-instrument" in text
+        or "forkserver" in text
+        or any(a.endswith("agent.py") for a in cmdline)
+    ):
+        # an agent process, before or after opentelemetry-instrument exec'd python; or the driver's fork
+        # server (--launcher fork) and the agents forked from it, which keep its command line
+        return GROUPS[1]
     return GROUPS[3]
 
 
@@ -99,7 +105,10 @@ class CpuSampler:
             try:
                 with p.oneshot():
                     c = p.cpu_times()
-                    seconds[group_of(p.cmdline(), p.name())] += c.user + c.system
+                    # with its reaped children: the fork server's agents are its children, not ours
+                    seconds[group_of(p.cmdline(), p.name())] += (
+                        c.user + c.system + c.children_user + c.children_system
+                    )
             except psutil.Error:  # exited between the listing and the read: counted once reaped
                 continue
         return CpuSample(time.time(), seconds)

@@ -245,6 +245,12 @@ def main() -> int:
         "--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)"
     )
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument(
+        "--launcher",
+        default="fork",
+        choices=["fork", "exec"],
+        help="how the demo's agents start (tracerl demo --launcher): exec measures the fresh-process start",
+    )
     args = ap.parse_args()
 
     from tracerl.demo import run_demo
@@ -266,6 +272,7 @@ def main() -> int:
             heldout_samples=args.heldout_samples,
             max_staleness=int(k),
             train_threads=int(threads) if threads else None,
+            launcher=args.launcher,
         )
         with LoadSampler() as load, CpuSampler() as cpu:
             run = run_demo(cfg)

@@ -39,6 +39,8 @@ def test_group_of_tells_the_loops_processes_apart() -> None:
     assert group_of(["VLLM::Worker"], "VLLM::Worker") == VLLM
     assert group_of(["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"], "python") == VLLM
     assert group_of(["/v/bin/python", "/repo/examples/demo/sql_agent.py"], "python") == AGENTS
+    fork_server = ["/v/bin/python", "-c", "from multiprocessing.forkserver import main; main(3, 4, [])"]
+    assert group_of(fork_server, "python") == AGENTS  # --launcher fork: the server and the agents it forks
     assert (
         group_of(["/v/bin/python", "/v/bin/opentelemetry-instrument", "python", "x.py"], "python") == AGENTS
     )
