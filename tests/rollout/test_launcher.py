@@ -168,3 +168,45 @@ def test_forks_started_and_reaped_from_many_threads_keep_their_own_exit_codes(tm
     with ThreadPoolExecutor(12) as pool:
         got = list(pool.map(one, range(24)))
     assert all(want == code for want, code in got), got
+
+
+@pytest.mark.slow
+def test_tracerl_rollout_launcher_fork_runs_the_agents_and_refuses_an_unknown_launcher(
+    tmp_path: Path,
+) -> None:
+    from tracerl_testing import BIN, tracerl
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "answer": str(i)}) + "\n" for i in range(3)))
+    proc = tracerl(
+        "rollout",
+        "--tasks",
+        str(tasks),
+        "--store",
+        str(tmp_path / "store"),
+        "--collector",
+        "",
+        "--launcher",
+        "fork",
+        "--",
+        str(BIN / "python"),
+        FAKE,
+        timeout=60,
+    )
+    assert "3 rollouts: 3 ok" in proc.stdout
+    bad = tracerl(
+        "rollout",
+        "--tasks",
+        str(tasks),
+        "--store",
+        str(tmp_path / "s2"),
+        "--collector",
+        "",
+        "--launcher",
+        "spawn",
+        "--",
+        str(BIN / "python"),
+        FAKE,
+        check=False,
+    )
+    assert bad.returncode == 2 and "--launcher" in bad.stderr
