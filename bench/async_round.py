@@ -45,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench._cpu import CpuSampler, cpu_bound, window_cpu  # noqa: E402
 from bench._phases import Agent, covered, phases  # noqa: E402
 
 DEFAULT_MODEL = ROOT / ".models" / "smollm2-135m-instruct"
@@ -83,11 +84,29 @@ def store_timeline(store: Path) -> tuple[list[Agent], list[Agent], list[dict]]:
     return train, heldout, list(read_rounds(loc).values())
 
 
-def measure(run, clock: float) -> dict:
-    """The figures of one demo run (a ``tracerl.demo.DemoRun``); ``clock``: wall minus monotonic time."""
+def after_first_round(run) -> dict:
+    """Samples per minute from round 0's end to the last round's: round 0 trains beside policy@0's
+    held-out evaluation in every mode (~60-80 s of engine work that no schedule shortens), so over a few
+    rounds it dilutes the whole window's ratio; this is the rate the rounds after it ran at."""
+    rounds = run.loop_rounds
+    if len(rounds) < 2:
+        return {}
+    seconds = rounds[-1].trained_at - rounds[0].trained_at
+    samples = sum(r.row["n_transitions"] or 0 for r in rounds[1:])
+    return {
+        "samples": samples,
+        "seconds": round(seconds, 1),
+        "samples_per_min": round(samples / (seconds / 60.0), 2) if seconds > 0 else None,
+    }
+
+
+def measure(run, clock: float, cpu_samples: list | None = None) -> dict:
+    """The figures of one demo run (a ``tracerl.demo.DemoRun``); ``clock``: wall minus monotonic time;
+    ``cpu_samples``: the run's ``CpuSampler.samples``."""
     lo = min(s for s, _ in run.rollout_spans)
     hi = max(e for _, e in run.train_spans)
     window = hi - lo
+    cpu = window_cpu(cpu_samples or [], lo + clock, hi + clock)
     before = next((h for k, h in run.heldout if k == 0), None)
     after = max(run.heldout, key=lambda kh: kh[0]) if run.heldout else None
     train, heldout, manifest = store_timeline(run.store)
@@ -113,6 +132,9 @@ def measure(run, clock: float) -> dict:
         "heldout_after": after[1].success if after else None,
         "heldout_n": after[1].n if after else None,
         "round_seconds": [round(r.seconds, 1) for r in run.rounds],
+        "after_round_0": after_first_round(run),
+        "cpu_s": {g: round(v, 1) for g, v in cpu.items()},
+        "cpu": cpu_bound(cpu, window, run.samples, os.cpu_count() or 1),
         "phases": {label: round(v, 2) for label, v in split.rows()},
         # the trainer's seconds per micro-batch by thread limit, then count (loop/threads.py)
         "thread_means": {lim: {n: round(v, 2) for n, v in m.items()} for lim, m in run.thread_means.items()},
@@ -173,6 +195,38 @@ def print_split(results: dict[str, dict]) -> None:
         print(f"{label:<36}" + "".join(f"{r['phases'].get(label, 0.0):>10.2f}" for r in results.values()))
 
 
+def print_cpu(results: dict[str, dict], base: str) -> None:
+    """CPU-seconds per part of the loop in each mode's window, and what they bound: no schedule brings a
+    window below its CPU work over the cores, so samples per minute cannot pass samples / floor."""
+    groups = [g for g in next(iter(results.values()))["cpu_s"] if g != "total"]
+    if not groups:
+        return
+    print(f"\n{'CPU-seconds in the window':<46}" + "".join(f"{m:>10}" for m in results))
+    for g in [*groups, "total"]:
+        print(f"{g:<46}" + "".join(f"{r['cpu_s'].get(g, 0.0):>10.1f}" for r in results.values()))
+    for label, key in (
+        ("cores used (cpu / window)", "cores_used"),
+        ("CPU-s per sample trained", "cpu_s_per_sample"),
+        ("floor: cpu / cores (s)", "floor_s"),
+    ):
+        print(f"{label:<46}" + "".join(f"{r['cpu'][key]:>10}" for r in results.values()))
+    b = results[base]
+    for k, r in results.items():
+        floor = r["cpu"]["floor_s"]
+        if k != base and floor and b["samples_per_min"]:
+            print(
+                f"mode {k}: at its own CPU work per sample, the best ratio over mode {base} is "
+                f"{r['samples'] / (floor / 60.0) / b['samples_per_min']:.2f} (window at its floor, {floor:.0f} s)"
+            )
+    for k, r in results.items():
+        a = r["after_round_0"]
+        if a and b["after_round_0"].get("samples_per_min"):
+            print(
+                f"after round 0, mode {k}: {a['samples']} samples in {a['seconds']} s, {a['samples_per_min']} "
+                f"samples/min, ratio {a['samples_per_min'] / b['after_round_0']['samples_per_min']:.2f}"
+            )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -191,6 +245,12 @@ def main() -> int:
         "--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)"
     )
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument(
+        "--launcher",
+        default="fork",
+        choices=["fork", "exec"],
+        help="how the demo's agents start (tracerl demo --launcher): exec measures the fresh-process start",
+    )
     args = ap.parse_args()
 
     from tracerl.demo import run_demo
@@ -212,10 +272,11 @@ def main() -> int:
             heldout_samples=args.heldout_samples,
             max_staleness=int(k),
             train_threads=int(threads) if threads else None,
+            launcher=args.launcher,
         )
-        with LoadSampler() as load:
+        with LoadSampler() as load, CpuSampler() as cpu:
             run = run_demo(cfg)
-        results[mode] = measure(run, time.time() - time.monotonic())
+        results[mode] = measure(run, time.time() - time.monotonic(), cpu.samples)
         results[mode]["load"] = load.summary(*window_of(run, time.time() - time.monotonic()))
         print(json.dumps(results[mode]), flush=True)
 
@@ -233,6 +294,7 @@ def main() -> int:
             f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
         )
     print_split(results)
+    print_cpu(results, modes[0])
     for k, r in results.items():
         print(f"load average (1 min) during mode {k}'s window: {r['load']}")
     for k, r in results.items():

@@ -117,6 +117,7 @@ class RoundDone:
     batch_convert_s: float = (
         0.0  # the conversion its producer did once the batch was stored (Batch.convert_s)
     )
+    trained_at: float = 0.0  # monotonic end of its training (its span in LoopResult.train_spans)
 
 
 @dataclass
@@ -195,6 +196,15 @@ def thread_budget(
     if where is not Beside.NEXT_BATCH:
         return Training(threads=limit(), publish=publish)
     return Training(threads=plan.shared_threads, publish=True, threads_now=limit)
+
+
+def held_by_evaluation(b: int, k: int, evaluating: bool) -> bool:
+    """Batch ``b`` waits while policy@0's held-out evaluation is planned or running, unless it is the batch
+    round ``k`` trains on now. The evaluation is the engine's work beside round 0, and round 0 publishes
+    only once it is done: a batch run ahead beside it only shares the engine with it (both at the server's
+    batch size), so it delays the evaluation, hence round 0, by about what it gets done (round 0 took
+    81.6 s instead of 68.8 s on-policy, bench/async_round.py with the fork launcher, load 7)."""
+    return evaluating and b > k
 
 
 def after_training(status: str, streak: int, limit: int) -> tuple[str, int]:
@@ -276,6 +286,7 @@ def one_round(
     if state.background is not None and stages.heldout is not None and not state.heldout_started:
         state.pending = state.background.submit(stages.heldout, 0)
         state.heldout_started = True
+        state.pending.add_done_callback(lambda _f: ahead.changed())  # a batch held for it may start
     tt = time.monotonic()
     outcome = train_round(plan, stages, ahead, state)
     result.train_spans.append((tt, time.monotonic()))
@@ -287,7 +298,15 @@ def one_round(
         return NoSignal(version=state.k, records=batch.records, stopping=action == "stop")
     row = record_round(plan, stages, state.k, outcome)
     return RoundDone(
-        state.k, row, time.perf_counter() - t0, batch.seconds, t2 - t1, t3 - t2, t1 - t0, batch.convert_s
+        state.k,
+        row,
+        time.perf_counter() - t0,
+        batch.seconds,
+        t2 - t1,
+        t3 - t2,
+        t1 - t0,
+        batch.convert_s,
+        trained_at=result.train_spans[-1][1],
     )
 
 
@@ -306,7 +325,17 @@ def run_rounds(
     state = _State(wanted=plan.rounds, chooser=ThreadChooser() if plan.measure_threads else None)
     if stages.heldout is not None:
         state.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out")
-    ahead = BatchesAhead(stages.rollouts, plan.lead, wanted=lambda b: b < state.wanted)
+
+    def evaluating() -> bool:  # policy@0's held-out evaluation is still to start, or running
+        if stages.heldout is None:
+            return False
+        return not state.heldout_started or (state.pending is not None and not state.pending.done())
+
+    ahead = BatchesAhead(
+        stages.rollouts,
+        plan.lead,
+        wanted=lambda b: b < state.wanted and not held_by_evaluation(b, state.k, evaluating()),
+    )
     try:
         while state.k < plan.rounds:
             done = one_round(plan, stages, ahead, state, result)

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -54,20 +55,41 @@ def _prepare_store(store: Path, explicit: bool) -> None:
     """A fresh store; the previous demo's store at the default place (marked by the demo) is replaced."""
     if store.exists() and any(store.iterdir()):
         if explicit or not (store / MARKER).exists():
-            raise UsageError(f"store {store} already holds data (the demo trains from policy@0 in a fresh store); "
-                             f"remove it, or pass --store (or --workdir) with a new directory")
+            raise UsageError(
+                f"store {store} already holds data (the demo trains from policy@0 in a fresh store); "
+                f"remove it, or pass --store (or --workdir) with a new directory"
+            )
         _say(f"replacing the previous demo's store {store}")
         shutil.rmtree(store)
     store.mkdir(parents=True, exist_ok=True)
-    (store / MARKER).write_text("written by `tracerl demo`; a later demo with the same --workdir replaces it\n")
+    (store / MARKER).write_text(
+        "written by `tracerl demo`; a later demo with the same --workdir replaces it\n"
+    )
+
+
+def passive_omp() -> bool:
+    """Make training's OpenMP threads sleep at a barrier instead of spinning (``OMP_WAIT_POLICY=PASSIVE``,
+    unless set), before torch loads its OpenMP runtime, which reads the variable once; True if it applies.
+
+    Why: the demo trains on 2 cores shared with the engine and the agents, and a spinning thread burns the
+    core another process needs. A 2-thread micro-batch took 19-44 s against 1.9-2.2 s on 1 thread
+    (bench/async_round.py, load 11-12: the thread chooser's first try of 2 threads cost a round ~20-40 s),
+    and a 2-thread step of a 4-layer MLP burned 0.62-0.73 CPU-s against 0.26 on 1 thread; with PASSIVE,
+    0.26 on either (same machine, load 11-14)."""
+    if "torch" in sys.modules:  # too late for this process: its runtime read the variable already
+        return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE"
 
 
 def _model(cfg: DemoConfig, workdir: Path) -> Path:
     if cfg.model:
         model = Path(cfg.model).expanduser().resolve()
         if not (model / "config.json").exists():
-            raise UsageError(f"--model {model} has no config.json; point it at a HF model directory, or leave "
-                             "--model out to build one")
+            raise UsageError(
+                f"--model {model} has no config.json; point it at a HF model directory, or leave "
+                "--model out to build one"
+            )
         return model
     if not cfg.tiny:
         from tracerl.cli import main
@@ -97,8 +119,10 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     from tracerl.demo_tasks import letter_task, sql_task
 
     if not (DEMO_DIR / "agent.py").exists():
-        raise RuntimeError(f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
-                           "checkout (pip install -e .)")
+        raise RuntimeError(
+            f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
+            "checkout (pip install -e .)"
+        )
     cfg = cfg.resolved()
     workdir = Path(cfg.workdir).expanduser().resolve()
     if not cfg.tiny:
@@ -117,10 +141,13 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     grpc_port = pick_port(cfg.grpc_port, "--grpc-port", taken)
     gateway_port = pick_port(cfg.gateway_port, "--gateway-port", taken)
     serve_port = None if cfg.server else pick_port(cfg.serve_port, "--serve-port", taken)
-    _say(f"ports on 127.0.0.1: collector gRPC {grpc_port}, HTTP {http_port}; gateway {gateway_port}"
-         + ("" if cfg.server else f"; tracerl serve {serve_port}"))
+    _say(
+        f"ports on 127.0.0.1: collector gRPC {grpc_port}, HTTP {http_port}; gateway {gateway_port}"
+        + ("" if cfg.server else f"; tracerl serve {serve_port}")
+    )
     _prepare_store(store, explicit=bool(cfg.store))
     workdir.mkdir(parents=True, exist_ok=True)
+    passive_omp()  # before _quiet_transformers imports torch
     _quiet_transformers()
     model = _model(cfg, workdir)
     logs = workdir / "logs"
@@ -128,8 +155,17 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
     children = Children()
     with interrupt_on_signals():
         try:
-            _loop(cfg, run, children, model=model, store=store, workdir=workdir, logs=logs, task=task,
-                  ports=(serve_port, gateway_port, grpc_port, http_port))
+            _loop(
+                cfg,
+                run,
+                children,
+                model=model,
+                store=store,
+                workdir=workdir,
+                logs=logs,
+                task=task,
+                ports=(serve_port, gateway_port, grpc_port, http_port),
+            )
         finally:
             with shielded():
                 if children.items:
@@ -148,36 +184,76 @@ GATEWAY_MODELS_TTL_S = 0.5  # the demo's gateway trusts the server's model list 
 PUBLISH_SETTLE_S = GATEWAY_MODELS_TTL_S + 0.1
 
 
-def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, store: Path, workdir: Path,
-          logs: Path, task: DemoTask, ports: tuple[int | None, int, int, int]) -> None:
+def _loop(
+    cfg: DemoConfig,
+    run: DemoRun,
+    children: Children,
+    *,
+    model: Path,
+    store: Path,
+    workdir: Path,
+    logs: Path,
+    task: DemoTask,
+    ports: tuple[int | None, int, int, int],
+) -> None:
     """Start the processes, run the rounds (``loop.rounds.run_rounds``), then evaluate and plot."""
     # the real demo's agents mostly wait on the model: a whole round at once is one batch of the server
-    concurrency = cfg.concurrency or (cfg.rollouts_per_round if task.name == "sql" else 2 * (os.cpu_count() or 1))
-    server_url = _start_processes(cfg, children, model=model, store=store, logs=logs, ports=ports,
-                                  concurrency=concurrency)
+    concurrency = cfg.concurrency or (
+        cfg.rollouts_per_round if task.name == "sql" else 2 * (os.cpu_count() or 1)
+    )
+    server_url = _start_processes(
+        cfg, children, model=model, store=store, logs=logs, ports=ports, concurrency=concurrency
+    )
     for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
         if batch:
             (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
     real = task.name == "sql"
     # training alone has the machine (the engine idles between rounds); beside agents it shares it
-    plan = LoopPlan(rounds=cfg.rounds, lead=cfg.max_staleness,
-                    alone_threads=cfg.train_threads if cfg.train_threads is not None
-                    else (os.cpu_count() or 1) if real else cfg.threads,
-                    shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
-                    settle_s=PUBLISH_SETTLE_S, report_hint=f"tracerl report --store {store}",
-                    measure_threads=cfg.train_threads is None)
-    parts = DemoStages.build(cfg, run, children, task=task, store=store, logs=logs, model=model,
-                              server_url=server_url, ports=ports, concurrency=concurrency, plan=plan)
-    print(f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
-          f"samples), {concurrency} agents at a time; model {model}\n", flush=True)
+    plan = LoopPlan(
+        rounds=cfg.rounds,
+        lead=cfg.max_staleness,
+        alone_threads=cfg.train_threads
+        if cfg.train_threads is not None
+        else (os.cpu_count() or 1)
+        if real
+        else cfg.threads,
+        shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
+        settle_s=PUBLISH_SETTLE_S,
+        report_hint=f"tracerl report --store {store}",
+        measure_threads=cfg.train_threads is None,
+    )
+    parts = DemoStages.build(
+        cfg,
+        run,
+        children,
+        task=task,
+        store=store,
+        logs=logs,
+        model=model,
+        server_url=server_url,
+        ports=ports,
+        concurrency=concurrency,
+        plan=plan,
+    )
+    print(
+        f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
+        f"samples), {concurrency} agents at a time; model {model}\n",
+        flush=True,
+    )
     evaluate = bool(task.heldout) and cfg.final_eval
     if parts.judge is not None:
-        print("--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
-              "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
-              flush=True)
+        print(
+            "--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
+            "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
+            flush=True,
+        )
     print(TABLE_HEADER, flush=True)
-    result = run_rounds(plan, parts.stages(evaluate), on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
-                        on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None))
+    result = run_rounds(
+        plan,
+        parts.stages(evaluate),
+        on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
+        on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None),
+    )
     run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
     run.loop_rounds, run.thread_means = result.rounds, result.thread_means
     run.judge_total = parts.judge_total()
@@ -195,8 +271,11 @@ def _loop(cfg: DemoConfig, run: DemoRun, children: Children, *, model: Path, sto
     try:
         from trainer.report import plot, round_rows
 
-        run.plot = plot(round_rows(parse_store(store)), workdir / "reward-curve.png",
-                        heldout=[(k, h.success, h.n) for k, h in run.heldout])
+        run.plot = plot(
+            round_rows(parse_store(store)),
+            workdir / "reward-curve.png",
+            heldout=[(k, h.success, h.n) for k, h in run.heldout],
+        )
     except Exception as e:  # a missing matplotlib must not hide a finished run
         _say(f"no plot ({type(e).__name__}: {e})")
 
@@ -256,7 +335,8 @@ def _quiet_transformers() -> None:
     with contextlib.suppress(Exception):
         import torch
 
-        if not torch.cuda.is_available():  # what DeepSpeed (imported by transformers) picks anyway, minus its warning
+        # what DeepSpeed (imported by transformers) picks anyway, minus its warning
+        if not torch.cuda.is_available():
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
     with contextlib.suppress(Exception):
         from transformers.utils import logging as hf_logging
@@ -264,7 +344,9 @@ def _quiet_transformers() -> None:
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
     # peft 0.21 asks transformers 5 for a renamed property on every LoRA model load: once per round
-    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
 
 
 def http_ok_quiet(url: str) -> bool:
@@ -272,4 +354,3 @@ def http_ok_quiet(url: str) -> bool:
         return http_ok(url)
     except Exception:
         return False
-

@@ -44,9 +44,17 @@ def demo_judge(cfg: DemoConfig, store: Path, server_url: str, task: DemoTask) ->
     in one call, and no settling wait (a round is judged once all of it is stored)."""
     from judge.config import JudgeSettings
 
-    return JudgeSettings(store=str(store), judge_url=f"{server_url}/v1", judge_model="policy", mode="group",
-                         group_wait_s=0.0, max_group=task.group, judge_concurrency=max(1, task.per_round),
-                         judge_timeout_s=cfg.timeout_s, max_tokens=cfg.judge_max_tokens)
+    return JudgeSettings(
+        store=str(store),
+        judge_url=f"{server_url}/v1",
+        judge_model="policy",
+        mode="group",
+        group_wait_s=0.0,
+        max_group=task.group,
+        judge_concurrency=max(1, task.per_round),
+        judge_timeout_s=cfg.timeout_s,
+        max_tokens=cfg.judge_max_tokens,
+    )
 
 
 @dataclass
@@ -64,14 +72,28 @@ class DemoStages:
     convert_cfg: ConvertConfig
     settings: TrainSettings
     publisher: Publisher
-    abort: threading.Event = field(default_factory=threading.Event)  # kills running agents (rollouts run in threads)
+    abort: threading.Event = field(
+        default_factory=threading.Event
+    )  # kills running agents (rollouts run in threads)
     judge: JudgeSettings | None = None  # --reward judge: who judges each round (the served model, directly)
     judged_ids: list[str] = field(default_factory=list)  # every round's rollouts the judge was asked about
 
     @classmethod
-    def build(cls, cfg: DemoConfig, run: DemoRun, children: Children, *, task: DemoTask, store: Path, logs: Path,
-              model: Path, server_url: str, ports: tuple[int | None, int, int, int], concurrency: int,
-              plan: LoopPlan) -> DemoStages:
+    def build(
+        cls,
+        cfg: DemoConfig,
+        run: DemoRun,
+        children: Children,
+        *,
+        task: DemoTask,
+        store: Path,
+        logs: Path,
+        model: Path,
+        server_url: str,
+        ports: tuple[int | None, int, int, int],
+        concurrency: int,
+        plan: LoopPlan,
+    ) -> DemoStages:
         from rollout.rewards import load_reward_fn
         from span_to_transition.convert import ConvertConfig
         from trainer.config import TrainSettings
@@ -80,27 +102,59 @@ class DemoStages:
         _, gateway_port, grpc_port, http_port = ports
         real = task.name == "sql"
         loc = parse_store(store)
-        driver = dict(command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
-                      concurrency=concurrency, collector=f"http://127.0.0.1:{http_port}",
-                      otlp=f"http://127.0.0.1:{grpc_port}", gateway=f"http://127.0.0.1:{gateway_port}/v1",
-                      reward_fn=load_reward_fn(task.reward), timeout_s=cfg.timeout_s, retries=0, store=loc,
-                      base_env=agent_env(cfg))
-        settings = TrainSettings(store=str(store), model=str(model), server=server_url, min_rollouts=2, lr=cfg.lr,
-                                 epochs=cfg.epochs, steps_per_epoch=cfg.steps_per_epoch, lora_rank=cfg.lora_rank,
-                                 lora_targets=LORA_TARGETS[task.name], tasks=task.train_tasks_regex,
-                                 # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
-                                 max_prompt_tokens=512 if real else 256, max_response_tokens=64,
-                                 pack_tokens=640 if real else 512, progress=False, threads=plan.alone_threads,
-                                 estimator=cfg.estimator, max_staleness=plan.lead,
-                                 # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
-                                 # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
-                                 bf16=bool(cfg.model) or real)
+        driver = dict(
+            command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
+            concurrency=concurrency,
+            collector=f"http://127.0.0.1:{http_port}",
+            otlp=f"http://127.0.0.1:{grpc_port}",
+            gateway=f"http://127.0.0.1:{gateway_port}/v1",
+            reward_fn=load_reward_fn(task.reward),
+            timeout_s=cfg.timeout_s,
+            retries=0,
+            store=loc,
+            base_env=agent_env(cfg),
+            launcher=cfg.launcher,
+        )
+        settings = TrainSettings(
+            store=str(store),
+            model=str(model),
+            server=server_url,
+            min_rollouts=2,
+            lr=cfg.lr,
+            epochs=cfg.epochs,
+            steps_per_epoch=cfg.steps_per_epoch,
+            lora_rank=cfg.lora_rank,
+            lora_targets=LORA_TARGETS[task.name],
+            tasks=task.train_tasks_regex,
+            # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
+            max_prompt_tokens=512 if real else 256,
+            max_response_tokens=64,
+            pack_tokens=640 if real else 512,
+            progress=False,
+            threads=plan.alone_threads,
+            estimator=cfg.estimator,
+            max_staleness=plan.lead,
+            # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
+            # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
+            bf16=bool(cfg.model) or real,
+        )
         convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
         # --reward judge: a round's rollouts wait, unrewarded, for the judge; the grader's reward never trains
         if cfg.reward == "judge":
             convert_cfg = ConvertConfig(quiet_s=0.0, workers=1, reward_from="judge", missing_reward="keep")
-        return cls(cfg, run, children, task, loc, logs, driver, convert_cfg, settings, server_publisher(server_url),
-                   judge=demo_judge(cfg, store, server_url, task) if cfg.reward == "judge" else None)
+        return cls(
+            cfg,
+            run,
+            children,
+            task,
+            loc,
+            logs,
+            driver,
+            convert_cfg,
+            settings,
+            server_publisher(server_url),
+            judge=demo_judge(cfg, store, server_url, task) if cfg.reward == "judge" else None,
+        )
 
     def stages(self, evaluate: bool) -> Stages:
         """``loop.rounds.Stages``; with policy@0's held-out evaluation beside round 0 when ``evaluate``."""
@@ -113,14 +167,22 @@ class DemoStages:
         # agents that may run beside training yield the CPU to it (training bounds a round on 2 cores; the
         # agents have slack): a training batch when batches run ahead, and the held-out evaluations
         nice = AGENT_NICE if self.cfg.max_staleness else 0
-        return Stages(rollouts=lambda b: self.rollouts(f"round batch {b}", self.task.round_tasks(b),
-                                                       convert=self.judge is None, nice=nice),
-                      convert=self.convert, train=self.train, round_row=self.round_row,
-                      alive=self.children.check_alive, abort=self.abort,
-                      heldout=self.heldout_rollouts if evaluate else None, score_heldout=self.score_heldout)
+        return Stages(
+            rollouts=lambda b: self.rollouts(
+                f"round batch {b}", self.task.round_tasks(b), convert=self.judge is None, nice=nice
+            ),
+            convert=self.convert,
+            train=self.train,
+            round_row=self.round_row,
+            alive=self.children.check_alive,
+            abort=self.abort,
+            heldout=self.heldout_rollouts if evaluate else None,
+            score_heldout=self.score_heldout,
+        )
 
-    def rollouts(self, label: str, batch: list[dict], n: int | None = None, convert: bool = False,
-                 nice: int = 0) -> Batch:
+    def rollouts(
+        self, label: str, batch: list[dict], n: int | None = None, convert: bool = False, nice: int = 0
+    ) -> Batch:
         """One batch of agent runs (``tracerl rollout``'s driver), until all its spans are stored; with
         ``convert``, then converted (``Batch.converted``)."""
         from rollout.driver import Driver, run_rollouts
@@ -129,8 +191,13 @@ class DemoStages:
 
         t0 = time.perf_counter()
         tasks = parse_tasks([json.dumps(t) for t in batch], source=f"the demo's {label} tasks")
-        driver = Driver(tasks=tasks, n=self.task.group if n is None else n,
-                        progress=None if label.startswith("held-out") else False, nice=nice, **self.driver)
+        driver = Driver(
+            tasks=tasks,
+            n=self.task.group if n is None else n,
+            progress=None if label.startswith("held-out") else False,
+            nice=nice,
+            **self.driver,
+        )
         with open(os.devnull, "w") as quiet:
             records, _ = run_rollouts(driver, out=quiet, abort=self.abort)
         self.children.check_alive()
@@ -139,11 +206,20 @@ class DemoStages:
             tail = next((r.stderr_tail for r in records if r.stderr_tail), "")
             raise RuntimeError(f"{label}: all {s.total} agent runs failed; the last lines of one:\n{tail}")
         if s.unposted_rewards:
-            raise RuntimeError(f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
-                               f"see {self.logs / 'collect.log'}")
-        ids = [r.rollout_id for r in records if r.status == "ok"]  # a run that failed may have sent no root span
-        wait_for_round(self.loc, ids, sum(bool(r.reward_posted) for r in records), self.cfg.wait_s,
-                       self.children.check_alive)
+            raise RuntimeError(
+                f"{label}: {s.unposted_rewards} rewards could not be posted to the collector; "
+                f"see {self.logs / 'collect.log'}"
+            )
+        ids = [
+            r.rollout_id for r in records if r.status == "ok"
+        ]  # a run that failed may have sent no root span
+        wait_for_round(
+            self.loc,
+            ids,
+            sum(bool(r.reward_posted) for r in records),
+            self.cfg.wait_s,
+            self.children.check_alive,
+        )
         if not convert:
             return Batch(records, time.perf_counter() - t0)
         t1 = time.perf_counter()
@@ -177,9 +253,12 @@ class DemoStages:
         """One ``tracerl train --once`` (``loop.rounds.Training`` says its threads and whether it publishes)."""
         from trainer.rounds import run_once
 
-        return run_once(dataclasses.replace(self.settings, threads=training.threads),
-                        publisher=self.publisher if training.publish else None, log=lambda _msg: None,
-                        threads_now=training.threads_now)
+        return run_once(
+            dataclasses.replace(self.settings, threads=training.threads),
+            publisher=self.publisher if training.publish else None,
+            log=lambda _msg: None,
+            threads_now=training.threads_now,
+        )
 
     def round_row(self, k: int) -> dict[str, Any] | None:
         from trainer.manifest import read_rounds
@@ -198,13 +277,19 @@ class DemoStages:
         records, run = batch.records, self.run
         convert_store(self.loc, self.convert_cfg)
         stored = store_rewards(self.loc, [r.rollout_id for r in records])
-        h = held_out_summary({r.task_id: stored.get(r.rollout_id, 0.0) for r in records})  # no reward: failed, 0
+        h = held_out_summary(
+            {r.task_id: stored.get(r.rollout_id, 0.0) for r in records}
+        )  # no reward: failed, 0
         run.heldout.append((k, h))
         answers = store_answers(self.loc, [r.rollout_id for r in records])
-        run.answers[k] = {r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records}
-        print(f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
-              f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {batch.seconds:.0f}s)",
-              flush=True)
+        run.answers[k] = {
+            r.task_id: (answers.get(r.rollout_id, ""), stored.get(r.rollout_id, 0.0)) for r in records
+        }
+        print(
+            f"held-out  policy@{k}: success {h.success:.3f}  mean reward {h.mean_reward:.3f}  SQL runs "
+            f"{h.runs:.3f}  in-group reward variance {h.group_variance:.4f}  ({h.n} rollouts, {batch.seconds:.0f}s)",
+            flush=True,
+        )
         return h
 
     def final_eval(self, k: int) -> None:
@@ -216,5 +301,8 @@ class DemoStages:
         stored = store_rewards(self.loc, ids)
         self.run.final_reward = sum(stored.values()) / len(stored) if stored else None
         convert_store(self.loc, self.convert_cfg)  # queryable like the rounds' rollouts (never trained on)
-        print(f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
-              f"{self.run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {batch.seconds:>7.1f}", flush=True)
+        print(
+            f"{'eval':>5}  {'policy@' + str(k):>9}  {len(ids):>8}  "
+            f"{self.run.final_reward:>11.3f}  {'-':>8}  {'-':>7}  {batch.seconds:>7.1f}",
+            flush=True,
+        )

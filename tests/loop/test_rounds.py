@@ -7,6 +7,7 @@ loop's checks run against what it would read from a real store.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from loop.rounds import (
     beside,
     check_converted,
     check_published,
+    held_by_evaluation,
     run_rounds,
     thread_budget,
 )
@@ -140,6 +142,10 @@ def test_a_batch_without_signal_samples_the_same_policy_again():
     assert quiet[0].records == fake.batches[0]
     assert result.version == 2
     assert [c[1] for c in fake.calls if c[0] == "batch"] == [0, 1, 2]  # one batch more than rounds
+    # each recorded round ends with the span of the training that recorded it, not the one that found
+    # no signal (the bench's rate after round 0 is measured between these)
+    assert len(result.train_spans) == 3
+    assert [d.trained_at for d in result.rounds] == [result.train_spans[1][1], result.train_spans[2][1]]
 
 
 def test_three_batches_without_signal_in_a_row_stop_the_loop():
@@ -182,6 +188,32 @@ def test_with_lead_1_the_next_batch_runs_while_the_round_trains():
     assert result.version == 2
     assert fake.started_while_training == [1]  # batch 1 ran beside round 0; batch 2 was not wanted
     assert fake.threads_seen == [1, 8]  # round 0 beside batch 1's agents; round 1 alone (no batch 2)
+
+
+def test_a_batch_ahead_waits_while_policy_0s_held_out_evaluation_is_planned_or_running():
+    assert held_by_evaluation(1, 0, evaluating=True)  # beside round 0: the evaluation has the engine
+    assert not held_by_evaluation(0, 0, evaluating=True)  # the batch round 0 trains on is never held
+    assert not held_by_evaluation(1, 0, evaluating=False)
+    assert not held_by_evaluation(2, 1, evaluating=False)
+
+
+def test_with_lead_1_the_next_batch_starts_once_the_held_out_evaluation_is_done():
+    """A slow evaluation beside round 0: batch 1 starts after its last rollout, not beside it (then it
+    only shares the engine with it), and the rounds still train both batches."""
+    fake = FakeStages(signal=[True, True])
+
+    def slow_heldout(k: int) -> str:
+        fake.calls.append(("heldout", k))
+        time.sleep(0.5)
+        fake.calls.append(("heldout done", k))
+        return f"eval of policy@{k}"
+
+    stages = fake.stages(heldout=True)
+    stages.heldout = slow_heldout
+    result = run_rounds(LoopPlan(rounds=2, lead=1, alone_threads=8, shared_threads=1), stages)
+    assert result.version == 2
+    assert fake.calls.index(("heldout done", 0)) < fake.calls.index(("batch", 1))
+    assert fake.calls.count(("score", 0)) == 1
 
 
 def test_a_failed_batch_stops_the_loop_with_its_error():
