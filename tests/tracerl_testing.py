@@ -11,6 +11,16 @@ from pathlib import Path
 BIN = Path(sys.executable).parent
 
 
+def alive(pid: int) -> bool:
+    """The process is running (a zombie waiting for its reaper counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

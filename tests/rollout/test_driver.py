@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tracerl_testing import BIN, tracerl
+from tracerl_testing import BIN, alive, tracerl
 
 from collector_exporter.testing import running_collector
 from rollout.agent_env import parse_resource_attributes
@@ -93,16 +93,8 @@ def test_hanging_agent_times_out_and_its_whole_process_group_is_killed(tmp_path)
     hung = next(r for r in records(tmp_path / "store") if r["task_id"] == "h")
     assert hung["status"] == "timeout" and 1.5 <= hung["duration_s"] < 5
     for pid in json.loads(pids.read_text()).values():
-        assert not _alive(pid), f"process {pid} of the timed-out agent survived"
+        assert not alive(pid), f"process {pid} of the timed-out agent survived"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def test_bad_task_line_stops_the_run_before_any_agent_starts_and_names_the_line(tmp_path):
@@ -206,7 +198,7 @@ def test_ctrl_c_stops_the_driver_and_leaves_no_agent_behind(tmp_path, sigint):
     assert driver.wait(timeout=15) == 130
     for i in range(2):
         for pid in json.loads((tmp_path / f"pids{i}.json").read_text()).values():
-            assert not _alive(pid), f"process {pid} survived the interrupted driver"
+            assert not alive(pid), f"process {pid} survived the interrupted driver"
     (path,) = (tmp_path / "store" / "rollouts").glob("driver-*.jsonl")
     assert path.read_text() == "", "interrupted rollouts must not be recorded as if they had finished"
 

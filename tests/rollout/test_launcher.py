@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tracerl_testing import alive
 
 from collector_exporter.testing import running_collector
 from rollout.agent_env import agent_env
@@ -87,17 +88,8 @@ def test_a_forked_agent_that_hangs_is_killed_with_the_processes_it_started(tmp_p
     assert res.status == "timeout"
     time.sleep(0.3)
     for pid in json.loads(out.read_text()).values():
-        assert not _alive(pid), f"process {pid} of the timed-out agent survived"
+        assert not alive(pid), f"process {pid} of the timed-out agent survived"
 
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper is dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 @pytest.mark.slow
