@@ -89,6 +89,22 @@ async def read_json(request: Request) -> dict[str, Any]:
     return parse_json(await request.body())
 
 
+async def client_gone(receive: Receive) -> None:
+    """Returns when the client has gone (uvicorn's ``http.disconnect``). uvicorn drops writes to a closed
+    connection silently, so a streamed response watches for this on ``receive`` beside its writes."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def stream_start(status: int = 200, content_type: str = "text/event-stream") -> dict[str, Any]:
+    """The ASGI message that starts a streamed (chunked, uncached) response."""
+    return {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache")],
+    }
+
+
 class LastChunk(bytes):
     """The last bytes of a ``stream_out`` stream: sent together with the end of the response (one write
     instead of two); the stream is not read past it."""
@@ -109,19 +125,9 @@ async def stream_out(
     ends the response with it.
     """
 
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.ensure_future(client_gone(receive))
     try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache")],
-            }
-        )
+        await send(stream_start(status, content_type))
         async for data in chunks:
             if watcher.done():
                 return False

@@ -18,7 +18,7 @@ from opentelemetry.trace import Status, StatusCode
 from starlette.responses import Response
 
 from schemas.attributes import POLICY_VERSION_AMBIGUOUS, POLICY_VERSION_CANDIDATES, parse_policy_version
-from serving.asgi import Receive, Scope, Send, json_response
+from serving.asgi import Receive, Scope, Send, client_gone, json_response, stream_start
 from serving.gateway.canary import (
     ARM_ATTRIBUTE,
     Arm,
@@ -203,7 +203,7 @@ class Stream:
         per chunk. uvicorn drops writes to a closed connection silently, so a disconnect is watched for on
         ``receive`` and checked before each write.
         """
-        watcher = asyncio.ensure_future(_disconnected(receive))
+        watcher = asyncio.ensure_future(client_gone(receive))
         try:
             await send(_STREAM_START)
             tail = b""
@@ -295,17 +295,7 @@ class Stream:
         return sse_event(out) if out is not None else b""
 
 
-async def _disconnected(receive: Receive) -> None:
-    """Returns when the client has gone (uvicorn's ``http.disconnect``)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-_STREAM_START = {
-    "type": "http.response.start",
-    "status": 200,
-    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
-}
+_STREAM_START = stream_start()  # built once: every relayed stream starts with it
 _scan = json.JSONDecoder().scan_once
 
 
