@@ -285,14 +285,11 @@ class StreamAccumulator:
         if not rec.prompt_token_ids and chunk.get("prompt_token_ids"):
             rec.prompt_token_ids = list(chunk["prompt_token_ids"])
         for ch in chunk.get("choices") or ():
-            idx = ch.get("index", 0)
+            idx = int(ch.get("index", 0))
             c = self._choices.get(idx)
             if c is None:
-                idx = int(idx)
-                c = self._choices.get(idx)
-                if c is None:
-                    c = self._choices[idx] = ChoiceRecord(index=idx)
-                    self._texts[idx] = []
+                c = self._choices[idx] = ChoiceRecord(index=idx)
+                self._texts[idx] = []
             # Completions put prompt_token_ids on the choice of the first chunk (chat: top level).
             if not rec.prompt_token_ids and ch.get("prompt_token_ids"):
                 rec.prompt_token_ids = list(ch["prompt_token_ids"])
@@ -302,12 +299,8 @@ class StreamAccumulator:
             if ch.get("logprobs"):
                 c.logprobs.extend(_choice_logprobs(ch, rec.operation))
             if self._chat:
-                delta = ch.get("delta")
-                text = (ch.get("message") or delta or {}).get("content")
-                if delta and delta.get("tool_calls"):
-                    _merge_tool_call_deltas(c.tool_calls, delta["tool_calls"])
-            else:
-                text = ch.get("text")
+                _merge_tool_call_deltas(c.tool_calls, (ch.get("delta") or {}).get("tool_calls"))
+            text = _choice_text(ch, rec.operation)
             if text:
                 self._texts[c.index].append(text)
             if ch.get("finish_reason"):
