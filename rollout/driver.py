@@ -213,8 +213,7 @@ def _run_forked(
         try:
             status = "ok" if proc.wait(timeout_s) == 0 else "failed"
         except subprocess.TimeoutExpired:
-            _kill_group(proc)  # type: ignore[arg-type]
-            proc.kill()
+            _kill_group(proc)  # type: ignore[arg-type]  (the fork too, set up or not: see _kill_group)
             proc.wait()
             status = "timeout"
     finally:

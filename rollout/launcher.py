@@ -174,7 +174,7 @@ def _server() -> Any:
 
 @dataclass
 class ForkRun:
-    """One forked agent's files and process; ``start`` then ``finish``."""
+    """One forked agent's files and process; ``start`` then ``output``."""
 
     plan: ForkPlan
     env: dict[str, str]
@@ -193,8 +193,12 @@ class ForkRun:
             args=(self.plan, self.env, str(d / "stdin"), str(d / "stdout"), str(d / "stderr")),
             daemon=False,
         )
-        with _REAP:
-            p.start()
+        try:
+            with _REAP:
+                p.start()
+        except BaseException:
+            self.tmp.cleanup()  # no agent, so no ``output`` call to remove its files
+            raise
         self.proc = Forked(p)
         return self.proc
 
