@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test starts a python process (make test-fast runs none)
+
 CHECK = "import os, sys; {pre}from tracerl.demo import passive_omp; print(passive_omp(), os.environ.get('OMP_WAIT_POLICY'))"
 
 
