@@ -46,7 +46,7 @@ class Result:
     @property
     def path(self) -> str:
         """The attention path and its flags as printed, e.g. ``varlen+ac+compile``."""
-        return "+".join((self.attention, *self.flags))
+        return "+".join((self.attention, *(f for f in self.flags if f != "profile")))
 
 
 def varied_samples(total: int, vocab: int, row_tokens: int, seed: int = 0) -> list[Sample]:
@@ -131,9 +131,11 @@ def stepper(
     device: torch.device,
     checkpointing: bool = False,
     compiled: bool = False,
+    whole_layers: bool = True,
 ) -> Any:
     """One optimizer step over ``batches``: ``TorchBackend.train`` (ours, with activation checkpointing
-    and compiled blocks as ``--activation-checkpointing``/``--compile-blocks`` turn them on) or the bare loop."""
+    and compiled blocks as ``--activation-checkpointing``/``--compile-blocks`` turn them on; ``whole_layers``
+    False compiles the layers' parts, as under activation checkpointing) or the bare loop."""
     from trainer.backends.torch_backend import TorchBackend, checkpoint_activations, compile_blocks
     from trainer.config import TrainSettings
 
@@ -141,7 +143,7 @@ def stepper(
         if checkpointing:
             checkpoint_activations(model)
         if compiled:
-            compile_blocks(model)
+            compile_blocks(model, whole_layers=whole_layers and not checkpointing)
         settings = TrainSettings(
             lr=1e-6,
             progress=False,
@@ -178,7 +180,9 @@ def run_config(
         lora = weights == "lora"
         model = build(shape, lora, attention, device)
         moved = [b.to(device) for b in batches]
-        step = stepper(loop, model, lora, attention, moved, device, "ac" in flags, "compile" in flags)
+        step = stepper(
+            loop, model, lora, attention, moved, device, "ac" in flags, "compile" in flags, "parts" not in flags
+        )
         times = []
         for i in range(repeats + 1):
             sync()
@@ -188,7 +192,7 @@ def run_config(
             if i:  # the first is a warm-up (flex compiles there)
                 times.append(time.perf_counter() - t)
         res.step_s = min(times)
-        if profile:
+        if profile or "profile" in flags:
             print_profile(step, device)
         res.tokens_per_s = sum(b.n_tokens for b in batches) / res.step_s
         res.mfu = model_flops(model, batches, lora) / res.step_s / (peak_tflops * 1e12)
@@ -218,14 +222,15 @@ def print_profile(step: Any, device: torch.device, top: int = 25) -> None:
 
 
 def parse_config(text: str) -> tuple[str, str, str, tuple[str, ...]]:
-    """``weights:loop:attention[:flag...]``, flags ``ac`` (activation checkpointing) and ``compile``
-    (compiled norms and MLPs), ours only."""
+    """``weights:loop:attention[:flag...]``, flags ``ac`` (activation checkpointing), ``compile`` (compiled
+    decoder layers), ``parts`` (compile the layers' parts instead, as under ``ac``), ours only; ``profile``
+    (one more step under the profiler)."""
     parts = text.strip().split(":")
     if (
         len(parts) < 3
         or parts[0] not in ("full", "lora")
         or parts[1] not in ("ours", "bare")
-        or not set(parts[3:]) <= {"ac", "compile"}
+        or not set(parts[3:]) <= {"ac", "compile", "parts", "profile"}
     ):
         raise SystemExit(
             f"bad --configs entry {text!r}: use weights:loop:attention[:ac], e.g. lora:ours:varlen:ac"

@@ -175,8 +175,9 @@ def main() -> None:
     p.add_argument(
         "--configs",
         default="",
-        help="CUDA/smoke: only these, comma-separated weights:loop:attention[:ac][:compile] "
-        "(e.g. full:ours:varlen,lora:ours:varlen:ac; ac = --activation-checkpointing, compile = --compile-blocks)",
+        help="CUDA/smoke: only these, comma-separated weights:loop:attention[:ac][:compile][:parts][:profile] "
+        "(e.g. full:ours:varlen,lora:ours:varlen:ac; ac = --activation-checkpointing, compile = --compile-blocks, "
+        "parts = compile the layers' parts rather than whole layers, profile = one more step under the profiler)",
     )
     p.add_argument(
         "--profile", action="store_true", help="CUDA/smoke: one more step per config under torch.profiler"

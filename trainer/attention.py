@@ -10,9 +10,9 @@ in fp32, forward and backward). Three paths here replace it, all exact:
   branch after it) and each segment attends with ``scaled_dot_product_attention`` to its own keys,
   causally, plus its prefix's keys in full (a branch). A plain segment takes ``is_causal=True``, the
   memory-efficient (flash) kernel on CPU and CUDA; a branch gets an explicit mask of its own
-  ``n x (prefix + n)`` only. On CUDA with a usable flash-attn, rows without a tree go through
-  ``flash_attn_varlen_func`` in one call (what OpenRLHF does with packed samples). Works with autograd
-  on CPU: the default there.
+  ``n x (prefix + n)`` only. On CUDA, rows without a tree go through one varlen kernel call instead:
+  ``flash_attn_varlen_func`` where flash-attn is installed (what OpenRLHF does with packed samples),
+  else torch's own ``varlen_attn``. Works with autograd on CPU: the default there.
 - **flex** (``attn_implementation="flex_attention"``): PyTorch's FlexAttention with a ``BlockMask``
   built from the same unit and branch ids (``mask_mod``), one fused kernel for the whole row, tree
   included. Torch 2.13 has no FlexAttention *backward* on CPU (``NotImplementedError``), so flex trains
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 ATTENTION_MODES = ("auto", "dense", "varlen", "flex")
 VARLEN_IMPL = "tracerl_varlen"
 FLEX_IMPL = "flex_attention"
-SEGMENTS_KWARG = "tracerl_segments"  # forwarded by transformers' **kwargs down to the attention function
+SEGMENTS_KWARG = "tracerl_segments"  # a SegmentLayout, forwarded by transformers' **kwargs to the attention function
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,20 @@ def batch_segments(
     return [row_segments(row_spans, rows[i]) for i, row_spans in enumerate(spans)]
 
 
+class SegmentLayout:
+    """Every row's segments, as the model's forward hands them down to the attention function.
+
+    A plain object on purpose, not a list: ``torch.compile`` guards on the length of a list it is given,
+    so a compiled decoder layer (``--compile-blocks``) re-traced for every packed layout. It does not look
+    inside an object that only the attention function reads, and that function runs eagerly behind a
+    graph break (``torch.compiler.disable``), so one graph serves every layout."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[list[Segment]]) -> None:
+        self.rows = rows
+
+
 @functools.cache
 def flash_varlen() -> Any | None:
     """flash-attn's ``flash_attn_varlen_func`` when it can really run (CUDA torch and the package's
@@ -96,6 +110,45 @@ def flash_varlen() -> Any | None:
     except Exception:
         return None
     return flash_attn_varlen_func
+
+
+@functools.cache
+def torch_varlen() -> Any | None:
+    """PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (the flash-attention varlen kernel built into
+    CUDA torch, no extra package), adapted to one call ``(q, k, v, cu, longest, scale)`` on ``[T, H, d]``
+    tensors; None where it is missing or its signature is not one we know.
+
+    Why adapted: the API is young and moved between releases. torch 2.13 says causal with
+    ``window_size=(-1, 0)`` and GQA with ``enable_gqa``; older ones take ``is_causal``, and without
+    ``enable_gqa`` the kernel takes fewer key/value heads as they are (flash-attention's GQA)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    import inspect
+
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        causal: dict[str, Any] = {"is_causal": True}
+    elif "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    else:
+        return None
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
+             scale: float | None) -> torch.Tensor | None:
+        kwargs = dict(causal)
+        if scale is not None and abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+            if "scale" not in params:
+                return None
+            kwargs["scale"] = scale
+        if q.shape[1] != k.shape[1] and "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
+
+    return call
 
 
 def _row_pieces(x: torch.Tensor, row: Sequence[Segment], length: int) -> tuple[torch.Tensor, ...]:
@@ -151,21 +204,31 @@ def _varlen_row(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[Segment], scale: float | None,
     groups: int,
 ) -> torch.Tensor | None:
-    """A tree-free row through flash-attn's varlen kernel in one call, as OpenRLHF does with packed
-    samples: ``[1, heads, L, d]`` in and out; None where it does not apply."""
-    flash = flash_varlen() if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else None
-    if flash is None or not segments or any(s.has_prefix for s in segments):
+    """A tree-free row through one varlen kernel call (flash-attn's, else torch's own on CUDA), as
+    OpenRLHF does with packed samples: ``[1, heads, L, d]`` in and out; None where no kernel applies."""
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16) or not segments:
+        return None
+    if any(s.has_prefix for s in segments):
         return None
     end = segments[-1].end
     cu = torch.tensor([0] + [s.end for s in segments], dtype=torch.int32, device=q.device)
     longest = max(s.end - s.start for s in segments)
     qt, kt, vt = (x[0, :, :end].transpose(0, 1) for x in (q, k, v))
-    out = flash(qt, kt, vt, cu, cu, longest, longest, softmax_scale=scale, causal=True).transpose(0, 1)[None]
+    flash = flash_varlen()
+    if flash is not None:
+        out = flash(qt, kt, vt, cu, cu, longest, longest, softmax_scale=scale, causal=True)
+    else:
+        kernel = torch_varlen()
+        out = kernel(qt, kt, vt, cu, longest, scale) if kernel is not None else None
+        if out is None:
+            return None
+    out = out.transpose(0, 1)[None]
     if end < q.shape[2]:  # padding attends to itself only: its output is its value
         out = torch.cat([out, v[:, :, end:].repeat_interleave(groups, dim=1)], dim=2)
     return out
 
 
+@torch.compiler.disable
 def varlen_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -178,17 +241,17 @@ def varlen_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature (``query`` ``[B, H, L, d]``, ``key``/``value``
     ``[B, KV, L, d]``) -> ``([B, L, H, d], None)``. Without ``tracerl_segments`` (one right-padded sample
-    per row) it is plain causal sdpa."""
+    per row) it is plain causal sdpa. Never traced by ``torch.compile``: see ``SegmentLayout``."""
     if dropout:
         raise ValueError("the varlen attention path has no dropout; load the model with attention dropout 0")
-    segments: list[list[Segment]] | None = kwargs.get(SEGMENTS_KWARG)
-    if segments is None:
+    layout: SegmentLayout | None = kwargs.get(SEGMENTS_KWARG)
+    if layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     groups = query.shape[1] // key.shape[1]
     rows = []
-    for i, row in enumerate(segments):
+    for i, row in enumerate(layout.rows):
         q, k, v = query[i : i + 1], key[i : i + 1], value[i : i + 1]
         out = _varlen_row(q, k, v, row, scaling, groups)
         rows.append(out if out is not None else _segments_row(q, k, v, row, scaling, groups))

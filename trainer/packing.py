@@ -42,6 +42,7 @@ from trainer.attention import (
     FLEX_IMPL,
     SEGMENTS_KWARG,
     VARLEN_IMPL,
+    SegmentLayout,
     batch_segments,
     flex_block_mask,
     unit_ids,
@@ -248,7 +249,7 @@ def model_attention_inputs(model: Any, batch: Batch) -> dict[str, Any]:
     a ``BlockMask`` for ``flex_attention`` (``trainer/attention.py``), else the dense mask."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if impl == VARLEN_IMPL:
-        return {"attention_mask": None, SEGMENTS_KWARG: batch_segments(batch.sample_spans, batch.branch_ids)}
+        return {"attention_mask": None, SEGMENTS_KWARG: SegmentLayout(batch_segments(batch.sample_spans, batch.branch_ids))}
     if impl == FLEX_IMPL:
         return {"attention_mask": flex_block_mask(batch.sample_spans, batch.branch_ids)}
     return {"attention_mask": model_attention_mask(model, batch)}

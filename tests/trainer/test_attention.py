@@ -146,3 +146,44 @@ def test_flex_scores_as_dense_on_cpu(tiny_model_dir):
     for f, d, b in zip(flex, dense, batches, strict=True):
         real = b.weights > 0
         torch.testing.assert_close(f[real], d[real], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen kernels run on CUDA only")
+@pytest.mark.parametrize("kernel", ["torch", "flash-attn"])
+def test_one_varlen_call_matches_segment_by_segment_on_cuda(kernel):
+    """A tree-free row through one varlen kernel call gives the per-segment sdpa's output and
+    gradients (bf16, GQA 6:1, trailing padding): the fast path on CUDA changes no number beyond bf16's
+    rounding."""
+    import trainer.attention as attention
+
+    if kernel == "torch" and attention.torch_varlen() is None:
+        pytest.skip("this torch has no usable torch.nn.attention.varlen")
+    if kernel == "flash-attn" and attention.flash_varlen() is None:
+        pytest.skip("flash-attn is not installed with its CUDA build")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    row = [Segment(0, 700), Segment(700, 1500), Segment(1500, 1530)]
+    shape = (1, 12, 1600, 128), (1, 2, 1600, 128)
+    q = torch.randn(shape[0], generator=g, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(shape[1], generator=g, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(2))
+    weight = torch.randn(shape[0], generator=g, device="cuda", dtype=torch.bfloat16)
+
+    def run(fast: bool):
+        original = attention.flash_varlen
+        if kernel == "torch":
+            attention.flash_varlen = lambda: None
+        try:
+            out = (attention._varlen_row(q, k, v, row, 128**-0.5, 6) if fast
+                   else attention._segments_row(q, k, v, row, 128**-0.5, 6))
+        finally:
+            attention.flash_varlen = original
+        assert out is not None
+        grads = torch.autograd.grad((out.float() * weight).sum(), (q, k, v))
+        return out.detach().float(), [x.float() for x in grads]
+
+    fast_out, fast_grads = run(True)
+    ref_out, ref_grads = run(False)
+    torch.testing.assert_close(fast_out, ref_out, rtol=2e-2, atol=2e-2)
+    for a, b in zip(fast_grads, ref_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2)
+    assert ref_grads[0].abs().sum() > 0

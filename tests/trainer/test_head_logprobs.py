@@ -125,24 +125,38 @@ def test_activation_checkpointing_keeps_less_and_gives_the_same_gradients(tiny_m
         torch.testing.assert_close(grads_on[name], g, rtol=1e-7, atol=1e-10, msg=name)
 
 
-def test_compiled_blocks_give_the_same_loss_and_gradients(tiny_model_dir, tokenizer):
-    """``--compile-blocks``: the norms and MLPs run as torch.compile graphs (inductor, dynamic shapes);
-    values and gradients match eager to float precision, across two batches of different row lengths
-    (one graph reused, not one per shape), full weights and the backend's own switch."""
+@pytest.mark.parametrize(
+    "attention,whole", [("dense", True), ("varlen", True), ("varlen", False)], ids=["dense-layers", "varlen-layers", "varlen-parts"]
+)
+def test_compiled_blocks_give_the_same_loss_and_gradients(tiny_model_dir, tokenizer, attention, whole):
+    """``--compile-blocks``: whole decoder layers (or, as under activation checkpointing, their norms, MLPs
+    and attention modules) run as torch.compile graphs (inductor, dynamic shapes); values and gradients
+    match eager to float precision, and batches of other row lengths and packed layouts reuse the graphs
+    (a layout dynamo guarded on would re-trace every batch: ``trainer.attention.SegmentLayout``)."""
+    from torch._dynamo.utils import counters
+
+    from trainer.attention import use_attention
     from trainer.backends.policy_model import load_policy
     from trainer.backends.torch_backend import compile_blocks
     from trainer.config import TrainSettings
 
     torch._dynamo.reset()
     batches = make_batches(_mixed(tokenizer), 48, tokenizer.pad_token_id, share_prefix=True)
-    assert len({b.input_ids.shape[-1] for b in batches}) > 1  # rows of more than one length
+    others = make_batches(_mixed(tokenizer)[2:], 40, tokenizer.pad_token_id, share_prefix=True)
+    assert len({b.input_ids.shape[-1] for b in batches + others}) > 2  # rows of more than one length
     runs = []
     for on in (False, True):
         model, _ = load_policy(TrainSettings(), tiny_model_dir, None, dtype=torch.float32)
+        use_attention(model, attention)
+        layers = model.config.num_hidden_layers
         if on:
-            assert compile_blocks(model) == 3 * model.config.num_hidden_layers + 1  # 2 norms + MLP a layer, final norm
+            assert compile_blocks(model, whole_layers=whole) == (layers + 1 if whole else 4 * layers + 1)
         model.train()
         runs.append(_loss_and_grads(model, batches))
+        if on:
+            graphs = counters["stats"]["unique_graphs"]
+            _loss_and_grads(model, others)
+            assert counters["stats"]["unique_graphs"] == graphs, "another layout re-traced a compiled block"
     (loss_off, grads_off), (loss_on, grads_on) = runs
     torch.testing.assert_close(loss_on, loss_off, rtol=1e-5, atol=1e-6)
     assert grads_on.keys() == grads_off.keys() and grads_off

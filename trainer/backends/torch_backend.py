@@ -81,18 +81,38 @@ def checkpoint_activations(model: Any) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def compile_blocks(model: Any) -> int:
-    """``torch.compile`` (dynamic shapes) every norm and MLP module of the model in place; returns how many.
+def compile_blocks(model: Any, whole_layers: bool = True) -> int:
+    """``torch.compile`` (dynamic shapes) the model's decoder blocks in place; returns how many modules.
 
-    Why these and not whole layers: their ops are elementwise chains around the matmuls (RMSNorm's
-    upcast, square, mean, rsqrt, scale; SwiGLU's silu and product) that run one kernel each in eager
-    mode, in the forward and again in the backward pass; on one H200 they took as much time as the
-    matmuls of a 1.5B model (``bench/attention_memory.py --profile``). Attention stays eager: the packed
-    rows' segment layout changes every batch, which a compiled graph would re-trace."""
+    Why: around the matmuls a decoder layer is a chain of elementwise ops (RMSNorm's upcast, square,
+    mean, rsqrt, scale; rotary embeddings; SwiGLU; residual adds; autocast's casts) that run one kernel
+    each in eager mode, forward and backward; on one H200 they took as long as the matmuls of a 1.5B model
+    (``bench/attention_memory.py --profile``).
+
+    ``whole_layers``: each decoder layer is one graph, all of the above fused. The attention kernel stays
+    eager behind a graph break, and the packed layout it reads is an object dynamo does not guard on
+    (``trainer.attention.SegmentLayout``), so one graph serves every packed layout. Without it (what
+    ``--activation-checkpointing`` needs: a graph break inside a checkpointed layer would run the layer
+    eagerly) the norms and MLPs compile one by one, and the attention modules around their kernel too
+    (not under flex, whose block mask dynamo would guard on)."""
+    from trainer.attention import FLEX_IMPL
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    flex = getattr(base.config, "_attn_implementation", None) == FLEX_IMPL
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     n = 0
-    for module in model.modules():
-        name = type(module).__name__
-        if name.endswith(("RMSNorm", "MLP")):
+    if whole_layers and layers and not flex:
+        for layer in layers:
+            layer.compile(dynamic=True)
+            n += 1
+        parts: tuple[str, ...] = ("Norm",)  # the final norm, outside the layers
+        inner = {id(sub) for layer in layers for sub in layer.modules()}
+        modules = [m for m in model.modules() if id(m) not in inner]
+    else:
+        parts = ("RMSNorm", "MLP") if flex else ("RMSNorm", "MLP", "Attention")
+        modules = list(model.modules())
+    for module in modules:
+        if type(module).__name__.endswith(parts):
             module.compile(dynamic=True)
             n += 1
     return n
@@ -149,7 +169,9 @@ class TorchBackend:
         self.rank, self.world = rank_world()
         self.loss_config = loss_config(settings)
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        # CUDA: one fused kernel for the whole update (foreach launches one per op per parameter group)
+        fused = {"fused": True} if params and all(p.is_cuda for p in params) else {}
+        self.optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay, **fused)
         self.served_dtype = served_dtype(device, settings.bf16)
         self.defer_resume_state = False
 
@@ -171,7 +193,7 @@ class TorchBackend:
         if settings.activation_checkpointing:
             checkpoint_activations(model)
         if settings.compile_blocks:
-            compile_blocks(model)
+            compile_blocks(model, whole_layers=not settings.activation_checkpointing)
         model.to(device).train()
         if rank_world()[1] > 1:
             broadcast_trainable(model)
