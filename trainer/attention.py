@@ -12,11 +12,12 @@ in fp32, forward and backward). Three paths here replace it, all exact:
   memory-efficient (flash) kernel on CPU and CUDA; a branch gets an explicit mask of its own
   ``n x (prefix + n)`` only. On CUDA, rows without a tree go through one varlen kernel call instead:
   ``flash_attn_varlen_func`` where flash-attn is installed (what OpenRLHF does with packed samples),
-  else torch's own ``varlen_attn``. Works with autograd on CPU: the default there.
+  else torch's own ``varlen_attn``. Works with autograd on CPU. The default everywhere.
 - **flex** (``attn_implementation="flex_attention"``): PyTorch's FlexAttention with a ``BlockMask``
   built from the same unit and branch ids (``mask_mod``), one fused kernel for the whole row, tree
   included. Torch 2.13 has no FlexAttention *backward* on CPU (``NotImplementedError``), so flex trains
-  on CUDA only; on CPU it can score (no grad). The default on CUDA.
+  on CUDA only; on CPU it can score (no grad). Opt-in: on one H200 it trained slower than varlen
+  (``--attention auto`` picks varlen everywhere; see ``resolve``).
 - **dense**: the explicit mask (the reference, and the fallback).
 
 ``tests/trainer/test_attention.py`` checks the logprobs and gradients of varlen (and flex's forward)
@@ -297,12 +298,14 @@ def register() -> None:
 
 
 def resolve(mode: str, device: torch.device) -> str:
-    """``--attention auto``: flex on CUDA (one fused kernel, the tree included), varlen on CPU (flex has
-    no backward there). An explicit flex on CPU is refused for training with the reason."""
+    """``--attention auto``: varlen on CPU and CUDA. On one H200 (1.5B model, 45.8k tokens in 3 rows,
+    ``--compile-blocks``) varlen trained at 48.5k tok/s against flex's 37.6k (``bench/gpu_checks.sh``,
+    session 15); on CPU flex has no backward. An explicit flex on CPU is refused for training with the
+    reason."""
     if mode not in ATTENTION_MODES:
         raise ValueError(f"unknown attention mode {mode!r}; choose one of {', '.join(ATTENTION_MODES)}")
     if mode == "auto":
-        return "flex" if device.type == "cuda" else "varlen"
+        return "varlen"
     if mode == "flex" and device.type != "cuda":
         raise ValueError(
             "--attention flex trains on CUDA only: torch's FlexAttention has no backward on CPU; "
