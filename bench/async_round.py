@@ -227,6 +227,30 @@ def print_cpu(results: dict[str, dict], base: str) -> None:
             )
 
 
+def print_summary(results: dict[str, dict], modes: list[str]) -> None:
+    """The modes side by side (ratio against the first), where each window went, CPU, load, the ratios."""
+    base = results[modes[0]]
+    print(
+        f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
+        f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}"
+    )
+    for k, r in results.items():
+        ratio = r["samples_per_min"] / base["samples_per_min"] if base["samples_per_min"] else float("nan")
+        r["ratio"] = round(ratio, 3)
+        print(
+            f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
+            f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
+            f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
+        )
+    print_split(results)
+    print_cpu(results, modes[0])
+    for k, r in results.items():
+        print(f"load average (1 min) during mode {k}'s window: {r['load']}")
+    for k, r in results.items():
+        if k != modes[0]:
+            print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -242,7 +266,9 @@ def main() -> int:
         help="SmolLM2 directory (default: .models/smollm2-135m-instruct, else built per run)",
     )
     ap.add_argument(
-        "--workdir", default=None, help="where each mode's store and logs go (default: a temp dir)"
+        "--workdir",
+        default=None,
+        help="where each mode's store and logs go, kept (default: a temp dir, ~3 GB, removed at the end)",
     )
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument(
@@ -252,12 +278,18 @@ def main() -> int:
         help="how the demo's agents start (tracerl demo --launcher): exec measures the fresh-process start",
     )
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if args.workdir:
+        return _run(args, modes, Path(args.workdir))
+    with tempfile.TemporaryDirectory(prefix="tracerl-async-bench-") as work:
+        return _run(args, modes, Path(work))
 
+
+def _run(args: argparse.Namespace, modes: list[str], work: Path) -> int:
+    """Each mode's demo in ``work``, then the tables."""
     from tracerl.demo import run_demo
     from tracerl.demo_config import DemoConfig
 
-    modes = args.modes.split(",")
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="tracerl-async-bench-"))
     results: dict[str, dict] = {}
     for mode in modes:
         k, _, threads = mode.partition(":")
@@ -280,26 +312,7 @@ def main() -> int:
         results[mode]["load"] = load.summary(*window_of(run, time.time() - time.monotonic()))
         print(json.dumps(results[mode]), flush=True)
 
-    base = results[modes[0]]
-    print(
-        f"\n{'mode':>9}  {'rounds':>6}  {'samples':>7}  {'window s':>8}  {'samples/min':>11}  {'ratio':>5}  "
-        f"{'engine idle':>11}  {'trainer idle':>12}  {'held-out before -> after':>24}"
-    )
-    for k, r in results.items():
-        ratio = r["samples_per_min"] / base["samples_per_min"] if base["samples_per_min"] else float("nan")
-        r["ratio"] = round(ratio, 3)
-        print(
-            f"{k:>9}  {r['rounds']:>6}  {r['samples']:>7}  {r['window_s']:>8.1f}  {r['samples_per_min']:>11.2f}  "
-            f"{ratio:>5.2f}  {r['engine_idle']:>11.3f}  {r['trainer_idle']:>12.3f}  "
-            f"{r['heldout_before']:>11.3f} -> {r['heldout_after']:.3f} (n={r['heldout_n']})"
-        )
-    print_split(results)
-    print_cpu(results, modes[0])
-    for k, r in results.items():
-        print(f"load average (1 min) during mode {k}'s window: {r['load']}")
-    for k, r in results.items():
-        if k != modes[0]:
-            print(f"RATIO samples_per_min staleness {k} / {modes[0]}: {r['ratio']:.2f} (target >= 1.4)")
+    print_summary(results, modes)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -105,11 +105,6 @@ def stream_start(status: int = 200, content_type: str = "text/event-stream") -> 
     }
 
 
-class LastChunk(bytes):
-    """The last bytes of a ``stream_out`` stream: sent together with the end of the response (one write
-    instead of two); the stream is not read past it."""
-
-
 async def stream_out(
     receive: Receive,
     send: Send,
@@ -121,8 +116,7 @@ async def stream_out(
 
     uvicorn drops writes to a closed connection silently, so a disconnect is watched for on
     ``receive`` and checked before each chunk (what a broken pipe on write used to tell us).
-    ``chunks`` is closed either way, so its ``finally`` runs (span end, upstream close). A ``LastChunk``
-    ends the response with it.
+    ``chunks`` is closed either way, so its ``finally`` runs (span end, upstream close).
     """
 
     watcher = asyncio.ensure_future(client_gone(receive))
@@ -131,9 +125,6 @@ async def stream_out(
         async for data in chunks:
             if watcher.done():
                 return False
-            if isinstance(data, LastChunk):  # the rest of the stream, and its end, in one write
-                await send({"type": "http.response.body", "body": bytes(data), "more_body": False})
-                return True
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
         if watcher.done():

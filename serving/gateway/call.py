@@ -199,7 +199,7 @@ class Stream:
         the client, ~15 us here) per call fewer.
 
         One loop, sending through ``send`` itself: every chunk of every stream passes here, and the async
-        generator, ``stream_out`` and ``LastChunk`` layers it went through before cost a few microseconds
+        generator and ``stream_out`` layers it went through before cost a few microseconds
         per chunk. uvicorn drops writes to a closed connection silently, so a disconnect is watched for on
         ``receive`` and checked before each write.
         """

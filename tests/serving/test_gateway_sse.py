@@ -1,14 +1,11 @@
-"""The gateway's event reading and framing on whole network reads (serving/gateway/sse.py), and the end
-of a relayed stream in one write (serving/asgi.py ``LastChunk``)."""
+"""The gateway's event reading and framing on whole network reads (serving/gateway/sse.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
-from serving.asgi import LastChunk, stream_out
 from serving.gateway.sse import sse_event, sse_payloads
 from serving.protocol import iter_sse_data
 
@@ -62,26 +59,3 @@ def test_an_event_is_framed_as_the_openai_api_frames_it():
     out = sse_event(obj)
     assert out.startswith(b"data: ") and out.endswith(b"\n\n")
     assert out[6:-2].decode() == json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def test_a_last_chunk_ends_the_response_in_the_same_message_and_nothing_after_it_is_read():
-    sent: list[dict] = []
-    read_after_last = []
-
-    async def receive() -> dict:
-        await asyncio.sleep(3600)
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    async def chunks():
-        yield b"data: 1\n\n"
-        yield LastChunk(b"data: 2\n\ndata: [DONE]\n\n")
-        read_after_last.append(True)
-        yield b"never"
-
-    assert asyncio.run(stream_out(receive, send, chunks())) is True
-    bodies = [(m["body"], m["more_body"]) for m in sent if m["type"] == "http.response.body"]
-    assert bodies == [(b"data: 1\n\n", True), (b"data: 2\n\ndata: [DONE]\n\n", False)]
-    assert type(bodies[-1][0]) is bytes and read_after_last == []
