@@ -132,6 +132,16 @@ def next_model(gateway: str, want: str, timeout_s: float = 20) -> str:
         time.sleep(0.2)
 
 
+def test_the_cpu_build_runs_the_model_in_the_engine_core_process_with_no_worker_beside_it(vllm):
+    """serving/vllm/launcher.py ``one_process``: a worker process beside the engine core made the core spin
+    a whole CPU core while generating. (psutil comes with DeepSpeed, a test dependency.)"""
+    import psutil
+
+    names = [p.name() for p in psutil.Process(vllm.child.proc.pid).children(recursive=True)]
+    assert any(n.startswith("VLLM::EngineCore") for n in names), names
+    assert not any("Worker" in n for n in names), names
+
+
 def test_a_lora_round_then_a_full_round_through_vllm_serve_the_new_weights(stack, model32, tmp_path):
     store, gateway, vllm = stack["store"], stack["gateway"], stack["vllm"]
     prompt, response, base_lp, _ = served_logprobs(vllm.url)

