@@ -13,20 +13,17 @@ agents run, and each rollout's version is the one its first call was served by.
 
 The pure logic lives beside this module (``tasks``: the plan and rollout ids; ``agent_env``: the
 agent's environment; ``rewards``: scoring and posting; ``records``: records and the summary), tested
-without processes; ``run_rollouts`` is the thin I/O shell that starts processes and posts rewards.
+without processes; one agent process (start, timeout, kill its group) is ``agent_process``;
+``run_rollouts`` is the thin I/O shell that schedules the agents and posts rewards.
 A failed or timed-out agent is data, not a driver failure: it is recorded with its status.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
@@ -35,7 +32,7 @@ from typing import Any
 
 from options import UsageError, opt
 from rollout.agent_env import TASK_VIA, agent_argv, agent_env
-from rollout.launcher import ForkPlan, ForkRun, fork_plan
+from rollout.agent_process import AgentResult, Running, run_agent
 from rollout.records import RolloutRecord, Tally
 from rollout.rewards import RewardFn, compute_reward, post_reward, reward_post_delays
 from rollout.tasks import Job, Task, job_stream, new_run_id, plan_jobs, rollout_id_for
@@ -127,149 +124,6 @@ def should_retry(status: str, attempt: int, retries: int) -> bool:
     return status in ("failed", "timeout") and attempt < retries
 
 
-# -------------------------------------------------------------------------------------- I/O shell
-@dataclass
-class AgentResult:
-    """What one agent process did."""
-
-    status: str
-    exit_code: int | None
-    duration_s: float
-    stdout: str
-    stderr: str
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float = 1.0) -> None:
-    """SIGTERM the agent's whole process group (its exporters may flush), SIGKILL what is left after ``grace_s``."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(OSError):  # a fork killed before its setsid has no group yet
-            proc.kill()
-        return
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # children outlive the leader in its group
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-class _Running:
-    """The process groups alive right now, so an interrupted driver leaves no agent behind.
-
-    ``kill_all`` also closes the set: an agent a worker thread started just before it (between
-    ``Popen`` and ``add``, or after its last ``stopping`` check) is killed as it is added, instead
-    of running on until ``--timeout-s`` while the driver waits for it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: set[subprocess.Popen] = set()
-        self._closed = False
-
-    def add(self, p: subprocess.Popen) -> None:
-        with self._lock:
-            if not self._closed:
-                self._procs.add(p)
-                return
-        _kill_group(p, grace_s=0.2)
-
-    def discard(self, p: subprocess.Popen) -> None:
-        with self._lock:
-            self._procs.discard(p)
-
-    def kill_all(self) -> None:
-        with self._lock:
-            self._closed = True
-            procs = list(self._procs)
-        for p in procs:
-            _kill_group(p, grace_s=0.2)
-
-
-def _lower_priority(pid: int, nice: int) -> None:
-    if nice > 0:
-        with contextlib.suppress(OSError):  # it may have exited already
-            os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-
-
-def _run_forked(
-    plan: ForkPlan,
-    env: dict[str, str],
-    stdin_text: str | None,
-    timeout_s: float,
-    running: _Running | None,
-    nice: int,
-) -> AgentResult:
-    """``run_agent`` for a command forked from the warm server (``rollout.launcher``)."""
-    start = time.monotonic()
-    run = ForkRun(plan, env, stdin_text)
-    try:
-        proc = run.start()
-    except OSError as e:
-        return AgentResult("failed", None, time.monotonic() - start, "", f"cannot fork {plan.script!r}: {e}")
-    _lower_priority(proc.pid, nice)
-    if running:
-        running.add(proc)  # type: ignore[arg-type]
-    try:
-        try:
-            status = "ok" if proc.wait(timeout_s) == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)  # type: ignore[arg-type]  (the fork too, set up or not: see _kill_group)
-            proc.wait()
-            status = "timeout"
-    finally:
-        if running:
-            running.discard(proc)  # type: ignore[arg-type]
-    out, err = run.output()
-    return AgentResult(status, proc.returncode, time.monotonic() - start, out, err)
-
-
-def run_agent(
-    argv: list[str],
-    env: dict[str, str],
-    stdin_text: str | None,
-    timeout_s: float,
-    running: _Running | None = None,
-    nice: int = 0,
-    launcher: str = "exec",
-) -> AgentResult:
-    """Run one agent in its own session (process group), feeding ``stdin_text`` and enforcing the timeout;
-    ``nice`` > 0 lowers its CPU priority (and its children's) by that much. With ``launcher`` fork, a
-    command ``fork_plan`` accepts is forked from the warm server instead of started fresh."""
-    plan = fork_plan(argv) if launcher == "fork" else None
-    if plan is not None:
-        return _run_forked(plan, env, stdin_text, timeout_s, running, nice)
-    start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            start_new_session=True,
-        )
-    except OSError as e:
-        return AgentResult("failed", None, time.monotonic() - start, "", f"cannot start {argv[0]!r}: {e}")
-    _lower_priority(proc.pid, nice)
-    if running:
-        running.add(proc)
-    try:
-        try:
-            out, err = proc.communicate(stdin_text, timeout=timeout_s)
-            status = "ok" if proc.returncode == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            status = "timeout"
-    finally:
-        if running:
-            running.discard(proc)
-    return AgentResult(status, proc.returncode, time.monotonic() - start, out or "", err or "")
-
-
 @dataclass
 class Driver:
     """Everything one ``tracerl rollout`` run needs; built by the command from ``RolloutConfig``."""
@@ -342,13 +196,14 @@ def validate(d: Driver) -> None:
         )
 
 
+# -------------------------------------------------------------------------------------- I/O shell
 @dataclass
 class _Run:
     """One driver run's shared state: what every job reads, and the switch that stops new agents."""
 
     d: Driver
     run_id: str
-    running: _Running
+    running: Running
     client: Any  # httpx.Client for posting rewards, or None
     stopping: threading.Event = field(default_factory=threading.Event)  # Ctrl-C or a driver error
 
@@ -480,7 +335,7 @@ def run_rollouts(
     validate(d)
     out = out or sys.stdout
     run = _Run(
-        d, new_run_id(), _Running(), httpx.Client(timeout=10.0) if d.collector and d.reward_fn else None
+        d, new_run_id(), Running(), httpx.Client(timeout=10.0) if d.collector and d.reward_fn else None
     )
     log = JsonLines(
         d.store, "rollouts", f"driver-{run.run_id}"

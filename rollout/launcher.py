@@ -129,7 +129,7 @@ agent from its own thread) would leave one of them a made-up 255."""
 
 
 class Forked:
-    """A forked agent, shaped like the ``subprocess.Popen`` the driver's kill path uses (``pid``, ``wait``)."""
+    """A forked agent, shaped like the ``subprocess.Popen`` ``rollout.agent_process`` watches and kills (``pid``, ``wait``)."""
 
     def __init__(self, process: Any) -> None:
         self._p = process

@@ -176,7 +176,7 @@ ROUNDS_SCHEMA = pa.schema(
         # started|trained|published|failed, and with a canary (tracerl train --canary, tracerl promote):
         # canary (policy@k+1 serves a share beside its parent) -> promoted | rolled_back
         pa.field("status", pa.string()),
-        # JSON: the round's TrainMetrics + DatasetStats + tokens_per_s, nproc (trainer.rounds.metrics_json);
+        # JSON: the round's TrainMetrics + DatasetStats + tokens_per_s, nproc (trainer.round_metrics.metrics_json);
         # null while started/failed, and in files written before it existed (read_table fills in null)
         pa.field("metrics", pa.string()),
         # the advantage estimator the round used (--estimator auto resolved) and why; null in files

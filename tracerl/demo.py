@@ -27,9 +27,8 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from loop.rounds import LoopPlan, run_rounds
+from loop.rounds import LoopPlan, LoopResult, run_rounds
 from options import UsageError
 from store.location import parse_store
 from tracerl.demo_config import DemoConfig, DemoRun, validate
@@ -39,9 +38,6 @@ from tracerl.demo_tasks import DEMO_DIR, DemoTask
 from tracerl.signals import interrupt_on_signals, shielded
 from tracerl.stack import StackConfig, StackPorts, start_stack
 from tracerl.supervisor import Children, http_ok, pick_port
-
-if TYPE_CHECKING:  # imported where used: training pulls in torch
-    pass
 
 
 def _say(msg: str) -> None:
@@ -116,8 +112,6 @@ def _model(cfg: DemoConfig, workdir: Path) -> Path:
 
 def run_demo(cfg: DemoConfig) -> DemoRun:
     """The whole loop; raises ``UsageError`` for bad settings, ``RuntimeError`` when a part fails."""
-    from tracerl.demo_tasks import letter_task, sql_task
-
     if not (DEMO_DIR / "agent.py").exists():
         raise RuntimeError(
             f"the demo agent is missing ({DEMO_DIR / 'agent.py'}); run tracerl from its source "
@@ -125,26 +119,11 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
         )
     cfg = cfg.resolved()
     workdir = Path(cfg.workdir).expanduser().resolve()
-    if not cfg.tiny:
-        workdir.mkdir(parents=True, exist_ok=True)
-        task = sql_task(workdir, cfg.rollouts_per_round, cfg.heldout_samples)
-    else:
-        try:
-            task = letter_task(cfg.letters, cfg.rollouts_per_round)
-        except ValueError as e:
-            raise UsageError(f"--letters: {e}") from None
+    task = _demo_task(cfg, workdir)
     validate(cfg, task)
     t_start = time.perf_counter()
     store = cfg.resolved_store().resolve()
-    taken: set[int] = set()
-    http_port = pick_port(cfg.http_port, "--http-port", taken)
-    grpc_port = pick_port(cfg.grpc_port, "--grpc-port", taken)
-    gateway_port = pick_port(cfg.gateway_port, "--gateway-port", taken)
-    serve_port = None if cfg.server else pick_port(cfg.serve_port, "--serve-port", taken)
-    _say(
-        f"ports on 127.0.0.1: collector gRPC {grpc_port}, HTTP {http_port}; gateway {gateway_port}"
-        + ("" if cfg.server else f"; tracerl serve {serve_port}")
-    )
+    ports = _pick_ports(cfg)
     _prepare_store(store, explicit=bool(cfg.store))
     workdir.mkdir(parents=True, exist_ok=True)
     passive_omp()  # before _quiet_transformers imports torch
@@ -164,7 +143,7 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
                 workdir=workdir,
                 logs=logs,
                 task=task,
-                ports=(serve_port, gateway_port, grpc_port, http_port),
+                ports=ports,
             )
         finally:
             with shielded():
@@ -173,6 +152,34 @@ def run_demo(cfg: DemoConfig) -> DemoRun:
                 children.stop_all()
     run.seconds = time.perf_counter() - t_start
     return run
+
+
+def _demo_task(cfg: DemoConfig, workdir: Path) -> DemoTask:
+    """The SQL task of the real demo (its database built in ``workdir``), or the tiny demo's letters."""
+    from tracerl.demo_tasks import letter_task, sql_task
+
+    if not cfg.tiny:
+        workdir.mkdir(parents=True, exist_ok=True)
+        return sql_task(workdir, cfg.rollouts_per_round, cfg.heldout_samples)
+    try:
+        return letter_task(cfg.letters, cfg.rollouts_per_round)
+    except ValueError as e:
+        raise UsageError(f"--letters: {e}") from None
+
+
+def _pick_ports(cfg: DemoConfig) -> tuple[int | None, int, int, int]:
+    """Free (or the given) ports on 127.0.0.1, said: ``tracerl serve`` (None with --server), the gateway,
+    the collector's gRPC and HTTP."""
+    taken: set[int] = set()
+    http_port = pick_port(cfg.http_port, "--http-port", taken)
+    grpc_port = pick_port(cfg.grpc_port, "--grpc-port", taken)
+    gateway_port = pick_port(cfg.gateway_port, "--gateway-port", taken)
+    serve_port = None if cfg.server else pick_port(cfg.serve_port, "--serve-port", taken)
+    _say(
+        f"ports on 127.0.0.1: collector gRPC {grpc_port}, HTTP {http_port}; gateway {gateway_port}"
+        + ("" if cfg.server else f"; tracerl serve {serve_port}")
+    )
+    return serve_port, gateway_port, grpc_port, http_port
 
 
 GATEWAY_MODELS_TTL_S = 0.5  # the demo's gateway trusts the server's model list this long (--models-ttl-s)
@@ -204,24 +211,8 @@ def _loop(
     server_url = _start_processes(
         cfg, children, model=model, store=store, logs=logs, ports=ports, concurrency=concurrency
     )
-    for name, batch in (("tasks", task.train), ("heldout", task.heldout)):  # for `tracerl rollout --tasks`
-        if batch:
-            (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
-    real = task.name == "sql"
-    # training alone has the machine (the engine idles between rounds); beside agents it shares it
-    plan = LoopPlan(
-        rounds=cfg.rounds,
-        lead=cfg.max_staleness,
-        alone_threads=cfg.train_threads
-        if cfg.train_threads is not None
-        else (os.cpu_count() or 1)
-        if real
-        else cfg.threads,
-        shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
-        settle_s=PUBLISH_SETTLE_S,
-        report_hint=f"tracerl report --store {store}",
-        measure_threads=cfg.train_threads is None,
-    )
+    _write_task_files(workdir, task)
+    plan = _plan(cfg, task, store)
     parts = DemoStages.build(
         cfg,
         run,
@@ -235,32 +226,15 @@ def _loop(
         concurrency=concurrency,
         plan=plan,
     )
-    print(
-        f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
-        f"samples), {concurrency} agents at a time; model {model}\n",
-        flush=True,
-    )
+    _print_intro(cfg, task, model, concurrency, judged=parts.judge is not None)
     evaluate = bool(task.heldout) and cfg.final_eval
-    if parts.judge is not None:
-        print(
-            "--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
-            "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
-            flush=True,
-        )
-    print(TABLE_HEADER, flush=True)
     result = run_rounds(
         plan,
         parts.stages(evaluate),
         on_round=lambda d: print_round(run.rounds, d, lead=plan.lead),
         on_no_signal=lambda ns: print_no_signal(ns, run.judged[-1] if parts.judge else None),
     )
-    run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
-    run.loop_rounds, run.thread_means = result.rounds, result.thread_means
-    run.judge_total = parts.judge_total()
-    if run.judge_total is not None:
-        from judge.batch import format_judgment
-
-        print(f"all rounds, {format_judgment(run.judge_total)}", flush=True)
+    _record_rounds(run, result, parts)
     k = result.version
     if evaluate:
         print(flush=True)
@@ -268,6 +242,64 @@ def _loop(
     elif cfg.final_eval and not task.heldout:
         parts.final_eval(k)
     print(flush=True)
+    _plot(run, store, workdir)
+
+
+def _write_task_files(workdir: Path, task: DemoTask) -> None:
+    """The round's and the held-out tasks as JSONL, for ``tracerl rollout --tasks`` by hand."""
+    for name, batch in (("tasks", task.train), ("heldout", task.heldout)):
+        if batch:
+            (workdir / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in batch))
+
+
+def _plan(cfg: DemoConfig, task: DemoTask, store: Path) -> LoopPlan:
+    """The loop's schedule and training threads: training alone has the machine (the engine idles between
+    rounds); beside agents it shares it."""
+    real = task.name == "sql"
+    return LoopPlan(
+        rounds=cfg.rounds,
+        lead=cfg.max_staleness,
+        alone_threads=cfg.train_threads
+        if cfg.train_threads is not None
+        else (os.cpu_count() or 1)
+        if real
+        else cfg.threads,
+        shared_threads=cfg.threads if cfg.train_threads is None else cfg.train_threads,
+        settle_s=PUBLISH_SETTLE_S,
+        report_hint=f"tracerl report --store {store}",
+        measure_threads=cfg.train_threads is None,
+    )
+
+
+def _print_intro(cfg: DemoConfig, task: DemoTask, model: Path, concurrency: int, *, judged: bool) -> None:
+    """What the rounds will do, then the round table's header."""
+    print(
+        f"\n{cfg.rounds} rounds of {cfg.rollouts_per_round} rollouts ({task.per_round} tasks x {task.group} "
+        f"samples), {concurrency} agents at a time; model {model}\n",
+        flush=True,
+    )
+    if judged:
+        print(
+            "--reward judge: each round trains on the served model's own judgments (its mean_reward is the "
+            "judge's); the grader's reward is posted beside them, for the agreement and the held-out evaluation\n",
+            flush=True,
+        )
+    print(TABLE_HEADER, flush=True)
+
+
+def _record_rounds(run: DemoRun, result: LoopResult, parts: DemoStages) -> None:
+    """The loop's figures onto the run; with --reward judge, every round's judging together, printed."""
+    run.samples, run.rollout_spans, run.train_spans = result.samples, result.rollout_spans, result.train_spans
+    run.loop_rounds, run.thread_means = result.rounds, result.thread_means
+    run.judge_total = parts.judge_total()
+    if run.judge_total is not None:
+        from judge.batch import format_judgment
+
+        print(f"all rounds, {format_judgment(run.judge_total)}", flush=True)
+
+
+def _plot(run: DemoRun, store: Path, workdir: Path) -> None:
+    """The reward curve from the store's rounds manifest, with the held-out points; never fatal."""
     try:
         from trainer.report import plot, round_rows
 

@@ -57,6 +57,65 @@ def demo_judge(cfg: DemoConfig, store: Path, server_url: str, task: DemoTask) ->
     )
 
 
+def driver_settings(
+    cfg: DemoConfig,
+    task: DemoTask,
+    loc: StoreLocation,
+    ports: tuple[int | None, int, int, int],
+    concurrency: int,
+) -> dict[str, Any]:
+    """The rollout driver's settings every batch shares (``rollout.driver.Driver`` less its tasks): the demo
+    agent under ``opentelemetry-instrument``, pointed at the demo's collector and gateway."""
+    from rollout.rewards import load_reward_fn
+
+    _, gateway_port, grpc_port, http_port = ports
+    return dict(
+        command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
+        concurrency=concurrency,
+        collector=f"http://127.0.0.1:{http_port}",
+        otlp=f"http://127.0.0.1:{grpc_port}",
+        gateway=f"http://127.0.0.1:{gateway_port}/v1",
+        reward_fn=load_reward_fn(task.reward),
+        timeout_s=cfg.timeout_s,
+        retries=0,
+        store=loc,
+        base_env=agent_env(cfg),
+        launcher=cfg.launcher,
+    )
+
+
+def train_settings(
+    cfg: DemoConfig, task: DemoTask, store: Path, model: Path, server_url: str, plan: LoopPlan
+) -> TrainSettings:
+    """``tracerl train --once``'s settings for every round of the demo (the threads are the loop's)."""
+    from trainer.config import TrainSettings
+
+    real = task.name == "sql"
+    return TrainSettings(
+        store=str(store),
+        model=str(model),
+        server=server_url,
+        min_rollouts=2,
+        lr=cfg.lr,
+        epochs=cfg.epochs,
+        steps_per_epoch=cfg.steps_per_epoch,
+        lora_rank=cfg.lora_rank,
+        lora_targets=LORA_TARGETS[task.name],
+        tasks=task.train_tasks_regex,
+        # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
+        max_prompt_tokens=512 if real else 256,
+        max_response_tokens=64,
+        pack_tokens=640 if real else 512,
+        progress=False,
+        threads=plan.alone_threads,
+        estimator=cfg.estimator,
+        max_staleness=plan.lead,
+        # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
+        # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
+        bf16=bool(cfg.model) or real,
+    )
+
+
 @dataclass
 class DemoStages:
     """The stages of ``loop.rounds`` as the demo runs them: the rollout driver against its processes,
@@ -94,54 +153,15 @@ class DemoStages:
         concurrency: int,
         plan: LoopPlan,
     ) -> DemoStages:
-        from rollout.rewards import load_reward_fn
         from span_to_transition.convert import ConvertConfig
-        from trainer.config import TrainSettings
         from trainer.publish import server_publisher
 
-        _, gateway_port, grpc_port, http_port = ports
-        real = task.name == "sql"
         loc = parse_store(store)
-        driver = dict(
-            command=[str(BIN / "opentelemetry-instrument"), sys.executable, str(task.agent)],
-            concurrency=concurrency,
-            collector=f"http://127.0.0.1:{http_port}",
-            otlp=f"http://127.0.0.1:{grpc_port}",
-            gateway=f"http://127.0.0.1:{gateway_port}/v1",
-            reward_fn=load_reward_fn(task.reward),
-            timeout_s=cfg.timeout_s,
-            retries=0,
-            store=loc,
-            base_env=agent_env(cfg),
-            launcher=cfg.launcher,
-        )
-        settings = TrainSettings(
-            store=str(store),
-            model=str(model),
-            server=server_url,
-            min_rollouts=2,
-            lr=cfg.lr,
-            epochs=cfg.epochs,
-            steps_per_epoch=cfg.steps_per_epoch,
-            lora_rank=cfg.lora_rank,
-            lora_targets=LORA_TARGETS[task.name],
-            tasks=task.train_tasks_regex,
-            # the SQL prompts (schema, example, the rewriter's result rows) run to ~300 tokens
-            max_prompt_tokens=512 if real else 256,
-            max_response_tokens=64,
-            pack_tokens=640 if real else 512,
-            progress=False,
-            threads=plan.alone_threads,
-            estimator=cfg.estimator,
-            max_staleness=plan.lead,
-            # the tiny model's measured demo runs trained in fp32; bf16 autocast pays off on a
-            # real model (135M LoRA step: 11 s instead of 18 s), not on 94k parameters
-            bf16=bool(cfg.model) or real,
-        )
-        convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
         # --reward judge: a round's rollouts wait, unrewarded, for the judge; the grader's reward never trains
         if cfg.reward == "judge":
             convert_cfg = ConvertConfig(quiet_s=0.0, workers=1, reward_from="judge", missing_reward="keep")
+        else:
+            convert_cfg = ConvertConfig(quiet_s=0.0, workers=1)
         return cls(
             cfg,
             run,
@@ -149,9 +169,9 @@ class DemoStages:
             task,
             loc,
             logs,
-            driver,
+            driver_settings(cfg, task, loc, ports, concurrency),
             convert_cfg,
-            settings,
+            train_settings(cfg, task, store, model, server_url, plan),
             server_publisher(server_url),
             judge=demo_judge(cfg, store, server_url, task) if cfg.reward == "judge" else None,
         )

@@ -37,10 +37,8 @@ is never trained on again, and a resumed round trains on exactly the rollouts it
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,23 +49,15 @@ from typing import Any
 from schemas.attributes import version_name
 from store.lease import Held, LeaseLost
 from store.location import StoreLocation, parse_store
-from trainer.backends.base import StepCallback, TrainMetrics
+from trainer.backends.base import StepCallback
 from trainer.checkpoint import (
-    BackgroundWrite,
     clean_temp_dirs,
-    complete_checkpoint,
-    git_sha,
     is_complete,
-    read_manifest,
     recover_checkpoints,
-    stage_checkpoint,
     write_json_atomic,
 )
 from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainSettings
-from trainer.dataset import (
-    DatasetStats,
-)
 from trainer.dataset_step import DatasetStep, dataset_step, usable_rollouts
 from trainer.feedback_window import parse_duration
 from trainer.manifest import (
@@ -80,8 +70,9 @@ from trainer.manifest import (
     train_lock,
     write_round,
 )
-from trainer.packing import Batch, make_batches
 from trainer.publish_step import GateVerdict, Publisher, PublishRequest, publish_round  # noqa: F401 (re-exported)
+from trainer.round_metrics import metrics_json, metrics_line
+from trainer.round_train import RoundJob, Trained, adopt_or_train
 
 
 class TrainError(Exception):
@@ -97,37 +88,6 @@ class RoundOutcome:
     trained: bool = False  # a new checkpoint was written (or adopted) by this call
     message: str = ""
     row: dict[str, Any] = field(default_factory=dict)
-
-
-def metrics_line(row: dict[str, Any], stats: DatasetStats | None, m: TrainMetrics | None) -> str:
-    """The one line per round a user greps: what went in, what came out, how long it took."""
-    k = row["round"]
-    parts = [f"round {k}: policy@{k} -> policy@{k + 1}", f"status={row['status']}",
-             f"rollouts={row['n_rollouts']}", f"calls={row['n_transitions']}",
-             f"reward={row['mean_reward']:.4f}", f"loss={row['loss']:.5f}", f"kl={row['kl']:.5f}",
-             f"clip={row['clip_fraction']:.3f}", f"estimator={row.get('estimator')}"]
-    if stats is not None:
-        parts += [f"retokenized={stats.n_retokenized}",
-                  f"truncated={stats.n_truncated_prompt}p/{stats.n_truncated_response}r",
-                  f"zero_var_groups={stats.n_groups_zero_variance}/{stats.n_groups}",
-                  f"incomplete={stats.n_rollouts_incomplete}"]
-        if stats.n_rollouts_feedback_waiting or stats.n_rollouts_unrewarded_at_close:
-            parts += [f"feedback_waiting={stats.n_rollouts_feedback_waiting}",
-                      f"unrewarded_at_close={stats.n_rollouts_unrewarded_at_close}"]
-        if stats.n_rollouts_over_cap:
-            parts.append(f"over_cap={stats.n_rollouts_over_cap}")
-        if any(stats.staleness.get(d) for d in stats.staleness if d > 0) or stats.n_rollouts_too_stale:
-            parts += ["staleness=" + ",".join(f"{d}:{n}" for d, n in sorted(stats.staleness.items())),
-                      f"too_stale={stats.n_rollouts_too_stale}", f"stale_no_logprobs={stats.n_stale_no_logprobs}"]
-    if m is not None and m.is_tokens:
-        parts.append(f"is_weight={m.is_weight_mean:.3f}[{m.is_weight_min:.3f},{m.is_weight_max:.3f}]")
-    if m is not None:
-        parts += [f"tokens={m.tokens}", f"steps={m.optimizer_steps}", f"grad_norm={m.grad_norm:.3f}"]
-        if m.seconds > 0:
-            parts.append(f"tokens/s={m.tokens / m.seconds:.0f}")
-    timings = json.loads(row["timings"] or "{}")
-    parts.append(f"time={sum(timings.values()):.1f}s")
-    return " ".join(parts)
 
 
 def run_once(
@@ -170,12 +130,16 @@ def run_once(
         for d in recovered.completed:
             log(f"{d.name}: staged by a run that stopped before completing it; made durable and complete")
         for d in recovered.removed:
-            log(f"{d.name}: staged before the machine restarted (its files may be torn); removed, its round "
-                "is trained again")
+            log(
+                f"{d.name}: staged before the machine restarted (its files may be torn); removed, its round "
+                "is trained again"
+            )
         try:
             return _run_locked(settings, loc, ckpts, held, base_model, publisher, on_step, log, threads_now)
         except LeaseLost as e:
-            raise TrainError(f"{e}: this run stopped before committing; the holder now goes on from the store") from e
+            raise TrainError(
+                f"{e}: this run stopped before committing; the holder now goes on from the store"
+            ) from e
 
 
 def _store(settings: TrainSettings) -> StoreLocation:
@@ -185,10 +149,14 @@ def _store(settings: TrainSettings) -> StoreLocation:
     except (OSError, ValueError) as e:
         raise TrainError(f"--store {settings.store}: {e}") from e
     if loc.is_local and not Path(loc.root).is_dir():
-        raise TrainError(f"no store at {loc.root}; pass --store DIR (or TRACERL_STORE), the directory "
-                         "`tracerl collect` writes")
+        raise TrainError(
+            f"no store at {loc.root}; pass --store DIR (or TRACERL_STORE), the directory "
+            "`tracerl collect` writes"
+        )
     if not loc.is_local and not loc.exists():
-        raise TrainError(f"nothing stored at {loc.uri}; pass the s3://bucket/prefix `tracerl collect --store` writes")
+        raise TrainError(
+            f"nothing stored at {loc.uri}; pass the s3://bucket/prefix `tracerl collect --store` writes"
+        )
     return loc
 
 
@@ -207,8 +175,19 @@ class _Round:
 
     def publish(self, row: dict[str, Any], durable: Callable[[], object] | None = None) -> dict[str, Any]:
         s = self.settings
-        return publish_round(self.loc, self.ckpts, self.held, row, self.base_model, self.publisher, self.log,
-                             s.served_name, s.keep_checkpoints, s.canary, durable)
+        return publish_round(
+            self.loc,
+            self.ckpts,
+            self.held,
+            row,
+            self.base_model,
+            self.publisher,
+            self.log,
+            s.served_name,
+            s.keep_checkpoints,
+            s.canary,
+            durable,
+        )
 
     def write(self, row: dict[str, Any]) -> None:
         self.held.confirm()  # a trainer that lost its lease writes nothing more
@@ -220,10 +199,14 @@ def _unfinished(r: _Round, rounds: dict[int, dict[str, Any]], last: int | None) 
     name = version_name(r.settings.served_name, (last or 0) + 1)
     if last is not None and rounds[last]["status"] == "trained" and r.publisher is not None:
         row = r.publish(rounds[last])
-        return RoundOutcome("published", last, row=row, message=f"published {name} (left unannounced by an earlier run)")
+        return RoundOutcome(
+            "published", last, row=row, message=f"published {name} (left unannounced by an earlier run)"
+        )
     if last is not None and rounds[last]["status"] == "canary":
-        msg = (f"round {last + 1}: waiting: {name} is a canary not yet decided; "
-               "`tracerl promote --once` promotes or rolls it back")
+        msg = (
+            f"round {last + 1}: waiting: {name} is a canary not yet decided; "
+            "`tracerl promote --once` promotes or rolls it back"
+        )
         r.log(msg)
         return RoundOutcome("waiting", last + 1, message=msg)
     return None
@@ -235,12 +218,16 @@ def _parent(r: _Round, rounds: dict[int, dict[str, Any]], k: int, v: int) -> Pat
     parent = r.ckpts.ensure_local(v) if v > 0 else None
     if parent is not None and not is_complete(parent):
         where = f" or {r.ckpts.name(k)}" if r.ckpts.mirror is not None else ""
-        raise TrainError(f"round {k} starts from {parent}{where}, which is missing or incomplete; restore it, "
-                         "or start a new --store")
+        raise TrainError(
+            f"round {k} starts from {parent}{where}, which is missing or incomplete; restore it, "
+            "or start a new --store"
+        )
     for row in rounds.values():
         if row["base_model"] and Path(row["base_model"]) != r.base_model:
-            raise TrainError(f"round {row['round']} was trained from base model {row['base_model']}, not "
-                             f"{r.base_model}; use the same --model for every round of a store, or a new --store")
+            raise TrainError(
+                f"round {row['round']} was trained from base model {row['base_model']}, not "
+                f"{r.base_model}; use the same --model for every round of a store, or a new --store"
+            )
     return parent
 
 
@@ -255,74 +242,46 @@ def _select(r: _Round, step: DatasetStep, k: int, v: int, last: int | None) -> R
     usable = stats.n_rollouts - stats.n_rollouts_incomplete - stats.n_rollouts_no_reward
     due = usable >= s.min_rollouts or _every_due(s, r.loc, last, usable)
     if not due or not step.samples:
-        why = (f"{usable} complete rewarded rollouts of policy@{v} (need --min-rollouts {s.min_rollouts})"
-               if not due else f"all {usable} rollouts of policy@{v} are in zero-reward-variance groups "
-                               f"(estimator {stats.estimator}; {stats.estimator_reason})")
-        msg = f"round {k}: waiting: {why}" + (f"; {window.note()}" if window.note() else "") + "; nothing written"
+        why = (
+            f"{usable} complete rewarded rollouts of policy@{v} (need --min-rollouts {s.min_rollouts})"
+            if not due
+            else f"all {usable} rollouts of policy@{v} are in zero-reward-variance groups "
+            f"(estimator {stats.estimator}; {stats.estimator_reason})"
+        )
+        msg = (
+            f"round {k}: waiting: {why}"
+            + (f"; {window.note()}" if window.note() else "")
+            + "; nothing written"
+        )
         r.log(msg)
         return RoundOutcome("waiting", k, message=msg)
     # consumed: the trained, those whose group had no signal, and those closed without feedback
-    rollout_ids = sorted({x.rollout_id for x in step.samples} | usable_rollouts(step.rows, step.exclude)
-                         | window.unrewarded)
-    selection = {"round": k, "versions": [step.lo, v], "rollout_ids": rollout_ids,
-                 "transition_ids": sorted(x.transition_id for x in step.samples), "created_at": now_utc().isoformat()}
+    rollout_ids = sorted(
+        {x.rollout_id for x in step.samples} | usable_rollouts(step.rows, step.exclude) | window.unrewarded
+    )
+    selection = {
+        "round": k,
+        "versions": [step.lo, v],
+        "rollout_ids": rollout_ids,
+        "transition_ids": sorted(x.transition_id for x in step.samples),
+        "created_at": now_utc().isoformat(),
+    }
     r.held.confirm()
     write_json_atomic(selection_path(r.loc, k), selection, r.loc.fs)
     return selection
 
 
-@dataclass
-class _Trained:
-    """A round's training result: its metrics, whether it wrote an adapter, its ranks, and what is still being
-    written beside the publish (the checkpoint's completion, then the resume state; None when adopted)."""
-
-    metrics: TrainMetrics
-    adapter: bool
-    nproc: int
-    pending: BackgroundWrite | None = None
-
-
-def _adopt(final: Path, log: Callable[[str], None], k: int) -> _Trained:
-    """A checkpoint an earlier run of round k wrote whole before it stopped: taken as the round's result."""
-    log(f"round {k}: adopting checkpoint {final} written before the previous run stopped")
-    man = read_manifest(final)
-    metrics = TrainMetrics(**{f.name: man["metrics"].get(f.name, 0) for f in dataclasses.fields(TrainMetrics)
-                              if f.name != "extra"})
-    return _Trained(metrics, bool(man["adapter"]), int(man["settings"].get("nproc", 1)))
-
-
-def _train_round(r: _Round, step: DatasetStep, selection: dict[str, Any], k: int, v: int, parent: Path | None,
-                 final: Path, on_step: StepCallback | None, timings: dict[str, float],
-                 threads_now: Callable[[], int] | None) -> _Trained:
-    """Pack, train (here or in ranks) and stage the checkpoint (``stage_checkpoint``: whole, publishable, not
-    yet durable); its completion (fsync, manifest) and then the resume state follow in the background."""
-    s, samples, stats = r.settings, step.samples, step.stats
-    pad_id = step.tokenizer.pad_token_id if step.tokenizer.pad_token_id is not None else 0
-    # OpenRLHF's model takes one sample per row: a shared prefix is the torch backend's alone
-    batches = make_batches(samples, s.pack_tokens, pad_id, share_prefix=s.share_prefix and s.backend == "torch")
-    ranks = f" in {s.nproc} ranks" if s.nproc > 1 else " in 1 rank" if s.backend == "openrlhf" else ""
-    r.log(f"round {k}: training on {len(selection['rollout_ids'])} rollouts, {len(samples)} calls, "
-          f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if step.selection is not None else ""))
-    with contextlib.ExitStack() as stack:
-        metrics, adapter, save, resume = _train(s, r.base_model, parent, batches, final, on_step, timings, stack,
-                                                threads_now)
-        t = time.perf_counter()
-        manifest = {
-            "round": k, "trained_on_version": v, "publishes": version_name(s.served_name, k + 1),
-            "version": k + 1, "base_model": str(r.base_model), "parent": str(parent) if parent else None,
-            "adapter": adapter, "backend": s.backend, "settings": dataclasses.asdict(s), "git_sha": git_sha(),
-            "selection": selection, "dataset": dataclasses.asdict(stats), "metrics": dataclasses.asdict(metrics),
-            "created_at": now_utc().isoformat(),
-        }
-        stage_checkpoint(final, save, manifest)
-        timings["save"] = time.perf_counter() - t
-    after = [functools.partial(resume, final)] if resume else []
-    return _Trained(metrics, adapter, s.nproc, BackgroundWrite(functools.partial(complete_checkpoint, final), *after))
-
-
-def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointStore, held: Held, base_model: Path,
-                publisher: Publisher | None, on_step: StepCallback | None, log: Callable[[str], None],
-                threads_now: Callable[[], int] | None = None) -> RoundOutcome:
+def _run_locked(
+    settings: TrainSettings,
+    loc: StoreLocation,
+    ckpts: CheckpointStore,
+    held: Held,
+    base_model: Path,
+    publisher: Publisher | None,
+    on_step: StepCallback | None,
+    log: Callable[[str], None],
+    threads_now: Callable[[], int] | None = None,
+) -> RoundOutcome:
     r = _Round(settings, loc, ckpts, held, base_model, publisher, log)
     rounds = _redo_lost(r, read_rounds(loc))
     done = [k for k, row in rounds.items() if row["status"] in DONE]
@@ -340,26 +299,69 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
     selection = _select(r, step, k, v, last)
     if isinstance(selection, RoundOutcome):
         return selection
-    samples, stats = step.samples, step.stats
-    row = {
-        "round": k, "policy_version": v, "parent_version": v, "base_model": str(base_model), "checkpoint_path": None,
-        "adapter": None, "n_rollouts": len({s.rollout_id for s in samples}), "n_transitions": len(samples),
-        "mean_reward": stats.mean_reward, "loss": None, "kl": None, "clip_fraction": None,
-        "timings": json.dumps(timings), "published_at": None, "status": "started", "metrics": None,
-        "estimator": stats.estimator, "estimator_reason": stats.estimator_reason,
-    }
+    row = _started_row(k, v, base_model, step, timings)
     r.write(row)
     final = ckpts.ensure_local(k + 1)
-    trained: _Trained | None = None
+    job = RoundJob(
+        settings, base_model, step, k, v, selection, parent, final, timings, on_step, threads_now, log
+    )
+    trained = _checkpoint(r, job, row)
+    m = trained.metrics
+    row.update(
+        checkpoint_path=ckpts.name(k + 1),
+        adapter=trained.adapter,
+        loss=m.loss,
+        kl=m.kl,
+        clip_fraction=m.clip_fraction,
+        timings=json.dumps(timings),
+        status="trained",
+        metrics=metrics_json(m, step.stats, trained.nproc),
+    )
+    row = _record_and_publish(r, row, trained)
+    log(metrics_line(row, step.stats, m))
+    return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
+
+
+def _started_row(
+    k: int, v: int, base_model: Path, step: DatasetStep, timings: dict[str, float]
+) -> dict[str, Any]:
+    """Round k's ``started`` row of the rounds manifest, written before training: what it trains on."""
+    samples, stats = step.samples, step.stats
+    return {
+        "round": k,
+        "policy_version": v,
+        "parent_version": v,
+        "base_model": str(base_model),
+        "checkpoint_path": None,
+        "adapter": None,
+        "n_rollouts": len({s.rollout_id for s in samples}),
+        "n_transitions": len(samples),
+        "mean_reward": stats.mean_reward,
+        "loss": None,
+        "kl": None,
+        "clip_fraction": None,
+        "timings": json.dumps(timings),
+        "published_at": None,
+        "status": "started",
+        "metrics": None,
+        "estimator": stats.estimator,
+        "estimator_reason": stats.estimator_reason,
+    }
+
+
+def _checkpoint(r: _Round, job: RoundJob, row: dict[str, Any]) -> Trained:
+    """Round k's checkpoint, adopted or trained and staged, then (on a bucket store) uploaded. On a failure
+    the background write settles first, then the round is recorded ``failed`` (unless the lease was lost:
+    the store is another trainer's then, and nothing more is written)."""
+    timings, trained = job.timings, None
     try:
-        adopt = is_complete(final) and read_manifest(final).get("round") == k
-        trained = (_adopt(final, log, k) if adopt
-                   else _train_round(r, step, selection, k, v, parent, final, on_step, timings, threads_now))
+        trained = _adopt_or_train(job)
         t = time.perf_counter()
-        held.confirm()
-        if trained.pending is not None and ckpts.mirror is not None:  # the bucket's copy is whole, resume state too
+        r.held.confirm()
+        # on a bucket store the bucket's copy is whole before the publish, the resume state too
+        if trained.pending is not None and r.ckpts.mirror is not None:
             timings["resume_state"], trained.pending = trained.pending.wait(), None
-        if ckpts.upload(k + 1):
+        if r.ckpts.upload(job.k + 1):
             timings["upload"] = time.perf_counter() - t
     except LeaseLost:
         _settle(trained)
@@ -369,16 +371,21 @@ def _run_locked(settings: TrainSettings, loc: StoreLocation, ckpts: CheckpointSt
         with contextlib.suppress(LeaseLost):
             r.write({**row, "status": "failed", "timings": json.dumps(timings)})
         raise
-    m = trained.metrics
-    row.update(checkpoint_path=ckpts.name(k + 1), adapter=trained.adapter, loss=m.loss, kl=m.kl,
-               clip_fraction=m.clip_fraction, timings=json.dumps(timings), status="trained",
-               metrics=metrics_json(m, stats, trained.nproc))
-    row = _record_and_publish(r, row, trained)
-    log(metrics_line(row, stats, m))
-    return RoundOutcome(row["status"], k, message=f"round {k} {row['status']}", row=row, trained=True)
+    return trained
 
 
-def _record_and_publish(r: _Round, row: dict[str, Any], trained: _Trained) -> dict[str, Any]:
+def _adopt_or_train(job: RoundJob) -> Trained:
+    """``adopt_or_train``, where a failed rank is a ``TrainError`` naming its error (the message the command
+    prints)."""
+    from trainer.launcher import RankError
+
+    try:
+        return adopt_or_train(job)
+    except RankError as e:
+        raise TrainError(str(e)) from e
+
+
+def _record_and_publish(r: _Round, row: dict[str, Any], trained: Trained) -> dict[str, Any]:
     """Record the round ``trained`` (its checkpoint staged: a run that finds it incomplete redoes the round,
     ``_redo_lost``), publish it while the checkpoint is made durable beside, record it ``published`` once it
     is, and wait for the resume state. Returns the last row written."""
@@ -389,16 +396,21 @@ def _record_and_publish(r: _Round, row: dict[str, Any], trained: _Trained) -> di
             row = r.publish(row, functools.partial(pending.wait, 1) if pending is not None else None)
         if pending is not None:
             pending.wait()
-            resume = (f", resume state (optimizer) written in {sum(pending.seconds[1:]):.1f}s"
-                      if len(pending.seconds) > 1 else "")
-            r.log(f"round {k}: checkpoint made durable in {pending.seconds[0]:.2f}s{resume}, beside the publish")
+            resume = (
+                f", resume state (optimizer) written in {sum(pending.seconds[1:]):.1f}s"
+                if len(pending.seconds) > 1
+                else ""
+            )
+            r.log(
+                f"round {k}: checkpoint made durable in {pending.seconds[0]:.2f}s{resume}, beside the publish"
+            )
     except BaseException:
         _settle(trained)
         raise
     return row
 
 
-def _settle(trained: _Trained | None) -> None:
+def _settle(trained: Trained | None) -> None:
     """On the way out of a failed round: the background write finishes while the lock is still held (its
     own error aside: the caller's is raised), so no other run sees a checkpoint still being completed."""
     if trained is not None and trained.pending is not None:
@@ -414,55 +426,13 @@ def _redo_lost(r: _Round, rounds: dict[int, dict[str, Any]]) -> dict[int, dict[s
     k = max(rounds, default=None)
     if k is None or rounds[k]["status"] != "trained" or is_complete(r.ckpts.ensure_local(k + 1)):
         return rounds
-    r.log(f"round {k}: its checkpoint {r.ckpts.name(k + 1)} is missing or incomplete (staged before the machine "
-          f"stopped); training round {k} again from its recorded selection")
+    r.log(
+        f"round {k}: its checkpoint {r.ckpts.name(k + 1)} is missing or incomplete (staged before the machine "
+        f"stopped); training round {k} again from its recorded selection"
+    )
     row = {**rounds[k], "status": "failed"}
     r.write(row)
     return {**rounds, k: row}
-
-
-def _train(settings: TrainSettings, base_model: Path, parent: Path | None, batches: list[Batch], final: Path,
-           on_step: StepCallback | None, timings: dict[str, float],
-           stack: contextlib.ExitStack,
-           threads_now: Callable[[], int] | None = None,
-           ) -> tuple[TrainMetrics, bool, Callable[[Path], None], Callable[[Path], None] | None]:
-    """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
-    process state never lives in this process); returns metrics, adapter flag, the ``save`` for
-    ``stage_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it). ``stack`` keeps the ranks' work dir until the checkpoint is written."""
-    if settings.nproc > 1 or settings.backend == "openrlhf":
-        from trainer.launcher import RankError, train_ranks, work_dir
-
-        try:
-            work = stack.enter_context(work_dir(final))
-            run = train_ranks(settings, base_model, parent, batches, work, on_step)
-        except RankError as e:
-            raise TrainError(str(e)) from e
-        timings["model_load"] = run.load_seconds
-        timings["train"] = run.metrics.seconds
-        return run.metrics, run.adapter, run.save, None
-    from trainer.backends import load_backend
-
-    t = time.perf_counter()
-    backend = load_backend(settings.backend, settings, base_model, parent)
-    timings["model_load"] = time.perf_counter() - t
-    metrics = backend.train(batches, on_step, threads_now)
-    timings["train"] = metrics.seconds
-    resume = getattr(backend, "write_resume_state", None)
-    if resume is not None:
-        backend.defer_resume_state = True
-    return metrics, bool(backend.adapter), backend.save, resume
-
-
-def metrics_json(m: TrainMetrics, stats: DatasetStats, nproc: int) -> str:
-    """The ``rounds.metrics`` column: every TrainMetrics and DatasetStats field in one flat JSON object
-    (no names collide), plus tokens/s, so SQL can reach what the fixed columns leave out
-    (``json_extract(metrics, '$.n_retokenized')``). Non-finite floats become null: valid JSON."""
-    def clean(v: Any) -> Any:
-        return None if isinstance(v, float) and not math.isfinite(v) else v
-
-    out = {**dataclasses.asdict(stats), **dataclasses.asdict(m), "nproc": nproc,
-           "tokens_per_s": m.tokens / m.seconds if m.seconds > 0 else None}
-    return json.dumps({k: clean(v) for k, v in out.items()}, sort_keys=True)
 
 
 def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, usable: int) -> bool:
@@ -476,9 +446,14 @@ def _every_due(settings: TrainSettings, loc: StoreLocation, last: int | None, us
     return (now_utc() - started).total_seconds() >= settings.every
 
 
-def watch(settings: TrainSettings, *, publisher: Publisher | None = None,
-          log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
-          between: Callable[[], None] | None = None) -> int:
+def watch(
+    settings: TrainSettings,
+    *,
+    publisher: Publisher | None = None,
+    log: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+    between: Callable[[], None] | None = None,
+) -> int:
     """``tracerl train --watch``: run rounds as data arrives until ``max_rounds`` (0: forever).
     ``between`` runs once per poll that trained nothing, outside the lock: the canary decision
     (``loop.promote.promote_once``), so an undecided canary is decided by the trainer that waits on it."""

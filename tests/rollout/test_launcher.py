@@ -15,7 +15,7 @@ from tracerl_testing import alive
 
 from collector_exporter.testing import running_collector
 from rollout.agent_env import agent_env
-from rollout.driver import run_agent
+from rollout.agent_process import run_agent
 from rollout.launcher import ForkPlan, fork_plan
 from store.location import parse_store
 from store.views import connect_readonly
@@ -89,7 +89,6 @@ def test_a_forked_agent_that_hangs_is_killed_with_the_processes_it_started(tmp_p
     time.sleep(0.3)
     for pid in json.loads(out.read_text()).values():
         assert not alive(pid), f"process {pid} of the timed-out agent survived"
-
 
 
 @pytest.mark.slow

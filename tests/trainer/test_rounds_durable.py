@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 import trainer.checkpoint as ckpt
-import trainer.rounds as rounds_mod
+import trainer.round_train as round_train
 from store.layout import StoreLayout
 from trainer.checkpoint import PENDING, checkpoint_dir, is_complete, read_manifest
 from trainer.manifest import read_rounds, selection_path
@@ -42,7 +42,7 @@ def test_the_publish_reads_the_staged_checkpoint_and_published_waits_for_its_com
         seen["weights"] = load_file(str(req.checkpoint_path / "model.safetensors"))
         published.set()
 
-    monkeypatch.setattr(rounds_mod, "complete_checkpoint", complete_after_the_publish)
+    monkeypatch.setattr(round_train, "complete_checkpoint", complete_after_the_publish)
     logs: list[str] = []
     out = run_once(train_settings(store), publisher=publisher, log=logs.append)
     assert out.status == "published" and seen["complete"] is False and seen["status"] == "trained"
@@ -67,7 +67,7 @@ def test_a_failed_completion_leaves_the_round_trained_and_the_next_run_completes
     def disk_error(path: Path) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(rounds_mod, "complete_checkpoint", disk_error)
+    monkeypatch.setattr(round_train, "complete_checkpoint", disk_error)
     got: list[PublishRequest] = []
     with pytest.raises(OSError, match="Input/output"):
         run_once(s, publisher=got.append, log=lambda m: None)
@@ -96,7 +96,7 @@ def test_a_trained_round_staged_before_a_restart_is_trained_again_from_its_selec
     def power_loss(path: Path) -> None:
         raise KeyboardInterrupt  # the machine stops before the fsync
 
-    monkeypatch.setattr(rounds_mod, "complete_checkpoint", power_loss)
+    monkeypatch.setattr(round_train, "complete_checkpoint", power_loss)
     with pytest.raises(KeyboardInterrupt):
         run_once(s, log=lambda m: None)
     monkeypatch.undo()
@@ -127,7 +127,7 @@ def test_a_failed_publish_still_finishes_the_checkpoint_before_the_run_lets_go_o
         time.sleep(0.5)
         real_complete(path)
 
-    monkeypatch.setattr(rounds_mod, "complete_checkpoint", slow_disk)
+    monkeypatch.setattr(round_train, "complete_checkpoint", slow_disk)
 
     def down(req: PublishRequest) -> None:
         raise ConnectionError("server down")
