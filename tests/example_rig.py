@@ -250,7 +250,8 @@ def running_stack(store: Path, script: Script) -> Iterator[Stack]:
     """Collector, gateway and scripted engine on 127.0.0.1 for one ``with`` block; the gateway's spans
     are flushed to the collector before it stops."""
     from collector_exporter.testing import running_collector
-    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
+    from serving.gateway.config import GatewayConfig, make_tracer_provider
+    from serving.gateway.proxy import Gateway
 
     engine = ScriptedEngine(script)
     upstream = start_engine(engine)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from serving.gateway.record import StreamAccumulator, record_from_response, span_attributes
 from serving.protocol import (
     CHAT,
     TEXT_COMPLETION,
-    StreamAccumulator,
     error_message,
     iter_sse_data,
     latest_version_name,
@@ -17,9 +17,7 @@ from serving.protocol import (
     parse_policy_version,
     pick_upstream,
     prepare_upstream_body,
-    record_from_response,
     rollout_from_baggage,
-    span_attributes,
     split_tool_stream,
     strip_chunk,
     strip_response,

@@ -184,7 +184,8 @@ def test_transitions_written_before_the_column_read_as_well_formed(tmp_path: Pat
 
 def test_behind_the_gateway_the_wire_replaces_a_malformed_record(tmp_path: Path) -> None:
     """The gateway span under the call (traceparent) recorded the request as it went over the wire."""
-    from serving.protocol import CHAT, record_from_response, span_attributes
+    from serving.gateway.record import record_from_response, span_attributes
+    from serving.protocol import CHAT
 
     haystack_run(tmp_path / "x", HAYSTACK_REPR, "text/plain")
     spans = [s for s in spans_table_rows(tmp_path / "x")]

@@ -1,6 +1,6 @@
 """Exact token ids with no traceparent and no response id: the content join (``content_join.py``).
 
-The gateway spans here carry the attributes the real gateway code writes (``serving.protocol.span_attributes`` of a
+The gateway spans here carry the attributes the real gateway code writes (``serving.gateway.record.span_attributes`` of a
 ``record_from_response`` / ``StreamAccumulator`` record) for the request the recording server logged
 (``<name>.wire.json``), streamed as chunks where the framework streamed; in a trace of their own, no response id.
 """
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from schemas.attributes import CONTENT_RECORDED, RESPONSE_MESSAGE
-from serving.protocol import CHAT, StreamAccumulator, record_from_response, span_attributes
+from serving.gateway.record import StreamAccumulator, record_from_response, span_attributes
+from serving.protocol import CHAT
 from span_to_transition.content_join import REQUEST_MESSAGES, content_key, match_by_content
 from span_to_transition.convert import ConvertConfig
 from span_to_transition.doctor import diagnose

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 def test_gateway_token_ids_are_joined_to_the_agent_calls_and_not_counted_twice(tmp_path: Path) -> None:
     from serving.embedded.server import EmbeddedServer
-    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
+    from serving.gateway.config import GatewayConfig, make_tracer_provider
+    from serving.gateway.proxy import Gateway
     from serving.models.tiny_model import build_tiny_model
 
     engine = EmbeddedServer.start(str(build_tiny_model(tmp_path / "tiny", seed=0)))
@@ -67,7 +68,8 @@ def test_an_agent_that_sends_no_traceparent_and_no_response_id_joins_by_content(
     """The real gateway records what it forwarded and returned; the agent's own spans record the same messages
     and reply but no response id, and its client sends no traceparent: the content join gives exact ids."""
     from serving.embedded.server import EmbeddedServer
-    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
+    from serving.gateway.config import GatewayConfig, make_tracer_provider
+    from serving.gateway.proxy import Gateway
     from serving.models.tiny_model import build_tiny_model
 
     engine = EmbeddedServer.start(str(build_tiny_model(tmp_path / "tiny", seed=0)))
