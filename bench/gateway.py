@@ -355,6 +355,8 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
                 url = gateways["canary"][1]  # routed and plain calls in the one canary gateway process
                 row["ab_one"] = interleaved(url, url, n, args, models=("unrouted", "policy"))
             row["ab_direct"] = interleaved(up_url, gateways["gateway"][1], n, args)
+            if args.gateway_root:
+                row["ab_other"] = interleaved(gateways["other"][1], gateways["gateway"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import itertools
 import json
@@ -82,6 +83,45 @@ class EncodingExporter(SpanExporter):
 
     def shutdown(self) -> None:
         pass
+
+
+def _packages(modules: set[str]) -> str:
+    """``{"a.b", "a.c", "d"}`` -> ``"3 (a: 2, d: 1)"``: how many modules, by top-level package."""
+    tops: dict[str, int] = {}
+    for m in modules:
+        tops[m.split(".")[0]] = tops.get(m.split(".")[0], 0) + 1
+    by = ", ".join(f"{k}: {v}" for k, v in sorted(tops.items(), key=lambda kv: -kv[1]))
+    return f"{len(modules)} ({by})"
+
+
+class GCPauses:
+    """Every cyclic-GC pass of this process, by generation: how long each held the GIL (a stall of the serving
+    loop: every stream's chunk that arrives meanwhile waits) and how many objects it freed. A gateway process
+    prints the summary on stderr when it stops (``gc.callbacks``: one call before and one after each pass)."""
+
+    def __init__(self) -> None:
+        self.passes: dict[int, list[tuple[float, int]]] = {0: [], 1: [], 2: []}
+        self._t = 0.0
+        self._modules = set(sys.modules)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.passes[info["generation"]].append(((time.perf_counter() - self._t) * 1e3, info["collected"]))
+
+    def summary(self) -> str:
+        parts = []
+        for gen, passes in self.passes.items():
+            ms = [m for m, _ in passes]
+            parts.append(
+                f"gen{gen} {len(ms)} passes {sum(ms):.1f} ms (max {max(ms, default=0):.1f}, "
+                f"{sum(m > 4 for m in ms)} over 4 ms, freed {sum(c for _, c in passes)})"
+            )
+        return (
+            f"gc of gateway pid {os.getpid()} ({os.environ.get('BENCH_GATEWAY_ROOT') or 'this tree'}): "
+            + "; ".join(parts)
+        )
 
 
 def exporting_provider() -> tuple[TracerProvider, EncodingExporter]:
@@ -232,7 +272,7 @@ def serve_process(args: argparse.Namespace) -> int:
     """``gateway_rig.py upstream|gateway``: one server in this process (``--workers`` gateway processes, as
     ``tracerl gateway --workers`` runs them); prints its URL, runs until SIGTERM, and (gateway) each
     process prints how many spans it recorded."""
-    worker = None
+    worker = pauses = None
     if args.serve == "upstream":
         server = streaming_upstream(args.tokens, args.token_ms, args.prompt_tokens).start_background()
         provider = exporter = None
@@ -274,6 +314,8 @@ def serve_process(args: argparse.Namespace) -> int:
             )
             server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
             tune_for_relaying()
+            pauses = GCPauses()
+            gc.callbacks.append(pauses)
     # wait as `tracerl gateway` waits (tracerl/signals.py): on an event, not by polling, whose wake-ups every
     # 50 ms took the GIL from the serving thread and were counted as the gateway's CPU (py-spy: 10 % of its
     # samples at one stream; 6 % of them at 256 streams were the loop waiting for the GIL, this thread's or
@@ -290,6 +332,8 @@ def serve_process(args: argparse.Namespace) -> int:
         if provider is not None:
             provider.force_flush()
             print(exporter.spans, flush=True)
+            if pauses is not None:
+                print(pauses.summary(), file=sys.stderr, flush=True)
             provider.shutdown()
     finally:
         if worker is not None:
