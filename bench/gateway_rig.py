@@ -100,7 +100,7 @@ class GCPauses:
     prints the summary on stderr when it stops (``gc.callbacks``: one call before and one after each pass)."""
 
     def __init__(self) -> None:
-        self.passes: dict[int, list[tuple[float, int]]] = {0: [], 1: [], 2: []}
+        self.passes: dict[int, list[tuple[float, float, int]]] = {0: [], 1: [], 2: []}  # (end, ms, freed)
         self._t = 0.0
         self._modules = set(sys.modules)
 
@@ -108,16 +108,28 @@ class GCPauses:
         if phase == "start":
             self._t = time.perf_counter()
         else:
-            self.passes[info["generation"]].append(((time.perf_counter() - self._t) * 1e3, info["collected"]))
+            now = (
+                time.perf_counter()
+            )  # CLOCK_MONOTONIC on Linux: the bench's phase windows are on the same clock
+            self.passes[info["generation"]].append((now, (now - self._t) * 1e3, info["collected"]))
 
     def summary(self) -> str:
         parts = []
         for gen, passes in self.passes.items():
-            ms = [m for m, _ in passes]
+            ms = [m for _, m, _ in passes]
             parts.append(
                 f"gen{gen} {len(ms)} passes {sum(ms):.1f} ms (max {max(ms, default=0):.1f}, "
-                f"{sum(m > 4 for m in ms)} over 4 ms, freed {sum(c for _, c in passes)})"
+                f"{sum(m > 4 for m in ms)} over 4 ms, freed {sum(c for _, _, c in passes)})"
             )
+        long = sorted((t, gen, m) for gen, passes in self.passes.items() for t, m, _ in passes if m > 2)
+        parts.append(
+            "passes over 2 ms at " + (", ".join(f"{t:.1f} (gen{g} {m:.1f} ms)" for t, g, m in long) or "-")
+        )
+        parts.append(
+            f"then {len(gc.get_objects(2))} objects in gen2, {gc.get_freeze_count()} frozen, counts "
+            f"{gc.get_count()}; modules imported "
+            f"since serving began: {_packages(set(sys.modules) - self._modules)}"
+        )
         return (
             f"gc of gateway pid {os.getpid()} ({os.environ.get('BENCH_GATEWAY_ROOT') or 'this tree'}): "
             + "; ".join(parts)

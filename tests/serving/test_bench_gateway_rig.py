@@ -78,5 +78,5 @@ def test_the_gc_pause_log_counts_each_pass_by_generation_with_what_it_freed():
     finally:
         gc.callbacks.remove(pauses)
     full = pauses.passes[2]
-    assert len(full) >= 1 and full[-1][0] >= 0 and full[-1][1] >= 100
+    assert len(full) >= 1 and full[-1][1] >= 0 and full[-1][2] >= 100
     assert f"gen2 {len(full)} passes" in pauses.summary()
