@@ -280,54 +280,58 @@ def served_since(served: list[tuple[float, float]], scope: dict) -> dict[str, fl
     }
 
 
+def _start_gateway(args: argparse.Namespace) -> tuple[Any, TracerProvider, EncodingExporter, Any, Any]:
+    """Start the gateway of this tree, or of ``BENCH_GATEWAY_ROOT``'s checkout, as that checkout's ``tracerl
+    gateway`` starts it: (server, provider, exporter, its ``Worker`` or None, its ``GCPauses`` or None)."""
+    worker = pauses = None
+    try:
+        from serving.gateway.proxy import Gateway, GatewayConfig
+    except ModuleNotFoundError:  # a checkout from before serving/ was split by job
+        from serving.gateway import Gateway, GatewayConfig
+
+    if os.environ.get("BENCH_GATEWAY_ROOT") and importlib.util.find_spec("serving.gateway.workers") is None:
+        # a checkout from before --workers: one process, its own way
+        provider, exporter = exporting_provider()
+        try:
+            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
+        except TypeError:  # older still: no connection cap
+            config = GatewayConfig(upstreams=[args.upstream])
+        server = Gateway(("127.0.0.1", 0), config, provider).start_background()
+    else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
+        from serving.gateway.workers import fork_workers
+
+        try:
+            from serving.gateway.workers import tune_for_relaying
+        except ImportError:  # a checkout from before it
+            from serving.gateway.workers import calm_gc as tune_for_relaying
+
+        worker = fork_workers(args.workers, "127.0.0.1", 0)
+        provider, exporter = exporting_provider()  # after the fork: each process exports its own
+        canary = getattr(args, "canary", 0.0)
+        arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
+        config = GatewayConfig(
+            upstreams=[args.upstream],
+            max_connections=CONNECTIONS,
+            reuse_port=args.workers > 1,
+            canary=canary or None,
+            upstream_for=arms,
+        )
+        server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
+        tune_for_relaying()
+        pauses = GCPauses()
+        gc.callbacks.append(pauses)
+    return server, provider, exporter, worker, pauses
+
+
 def serve_process(args: argparse.Namespace) -> int:
     """``gateway_rig.py upstream|gateway``: one server in this process (``--workers`` gateway processes, as
     ``tracerl gateway --workers`` runs them); prints its URL, runs until SIGTERM, and (gateway) each
     process prints how many spans it recorded."""
-    worker = pauses = None
     if args.serve == "upstream":
         server = streaming_upstream(args.tokens, args.token_ms, args.prompt_tokens).start_background()
-        provider = exporter = None
+        provider = exporter = worker = pauses = None
     else:
-        try:
-            from serving.gateway.proxy import Gateway, GatewayConfig
-        except ModuleNotFoundError:  # a checkout from before serving/ was split by job
-            from serving.gateway import Gateway, GatewayConfig
-
-        if (
-            os.environ.get("BENCH_GATEWAY_ROOT")
-            and importlib.util.find_spec("serving.gateway.workers") is None
-        ):
-            # a checkout from before --workers: one process, its own way
-            provider, exporter = exporting_provider()
-            try:
-                config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
-            except TypeError:  # older still: no connection cap
-                config = GatewayConfig(upstreams=[args.upstream])
-            server = Gateway(("127.0.0.1", 0), config, provider).start_background()
-        else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
-            from serving.gateway.workers import fork_workers
-
-            try:
-                from serving.gateway.workers import tune_for_relaying
-            except ImportError:  # a checkout from before it
-                from serving.gateway.workers import calm_gc as tune_for_relaying
-
-            worker = fork_workers(args.workers, "127.0.0.1", 0)
-            provider, exporter = exporting_provider()  # after the fork: each process exports its own
-            canary = getattr(args, "canary", 0.0)
-            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
-            config = GatewayConfig(
-                upstreams=[args.upstream],
-                max_connections=CONNECTIONS,
-                reuse_port=args.workers > 1,
-                canary=canary or None,
-                upstream_for=arms,
-            )
-            server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
-            tune_for_relaying()
-            pauses = GCPauses()
-            gc.callbacks.append(pauses)
+        server, provider, exporter, worker, pauses = _start_gateway(args)
     # wait as `tracerl gateway` waits (tracerl/signals.py): on an event, not by polling, whose wake-ups every
     # 50 ms took the GIL from the serving thread and were counted as the gateway's CPU (py-spy: 10 % of its
     # samples at one stream; 6 % of them at 256 streams were the loop waiting for the GIL, this thread's or
