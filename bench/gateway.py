@@ -266,7 +266,14 @@ def measured(url: str, n: int, args: argparse.Namespace, procs: list[subprocess.
     phase.client_cpu = time.process_time() - c0
     phase.wall = time.perf_counter() - t0
     phase.upstream = httpx.get(f"{up_url}/bench/stats?since={since}", timeout=30).json()
+    window(f"{url} phase", n, since, since + args.seconds)
     return phase
+
+
+def window(what: str, clients: int, start: float, end: float) -> None:
+    """Say on stderr when a measured window ran (CLOCK_MONOTONIC, as the gateway's GC log): a pass inside one
+    stalled its streams."""
+    print(f"measured {what}, {clients} clients: {start:.1f}-{end:.1f}", file=sys.stderr, flush=True)
 
 
 async def alternate(
@@ -331,7 +338,9 @@ def interleaved(
             )
         )
 
+    t = time.perf_counter()
     asyncio.run(run_all())
+    window(f"{plain} vs {canary} interleaved", clients, t + warm, t + warm + args.seconds)
     return phases[0], phases[1]
 
 
@@ -355,6 +364,8 @@ def sweep(levels: list[int], args: argparse.Namespace) -> list[dict]:
                 url = gateways["canary"][1]  # routed and plain calls in the one canary gateway process
                 row["ab_one"] = interleaved(url, url, n, args, models=("unrouted", "policy"))
             row["ab_direct"] = interleaved(up_url, gateways["gateway"][1], n, args)
+            if args.gateway_root:
+                row["ab_other"] = interleaved(gateways["other"][1], gateways["gateway"][1], n, args)
             row["load"] = os.getloadavg()[0]
             rows.append(row)
     finally:

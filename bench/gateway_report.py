@@ -31,16 +31,18 @@ def routing_cost_us(calls: int = 100_000) -> float:
     return (time.process_time() - t) / calls * 1e6
 
 
-def print_interleaved(rows: list[dict]) -> None:
-    """The gateway's added latency with both paths at the same moments (``row["ab_direct"]``)."""
+def print_interleaved(rows: list[dict], key: str = "ab_direct", base: str = "the upstream") -> None:
+    """This gateway's added latency over ``base`` with both paths at the same moments: over direct calls
+    (``row["ab_direct"]``), or over the gateway of ``--gateway-root`` (``row["ab_other"]``: an A/B of two
+    gateways, which phases one after the other blur on a shared machine)."""
     print(
-        "\ndirect vs this gateway, interleaved (each client alternates its calls between the upstream and the "
+        f"\n{base} vs this gateway, interleaved (each client alternates its calls between {base} and this "
         "gateway, so both see the same moment's load; the phases above run one after the other)"
     )
     for r in rows:
-        d, g = r["ab_direct"]
+        d, g = r[key]
         print(
-            f"{r['clients']:>7} clients: direct p50 {d.p(0.5):.2f} p99 {d.p(0.99):.2f} ms ({len(d.latencies)} calls, "
+            f"{r['clients']:>7} clients: {'direct' if key == 'ab_direct' else 'base'} p50 {d.p(0.5):.2f} p99 {d.p(0.99):.2f} ms ({len(d.latencies)} calls, "
             f"{len(d.errors)} err), gateway p50 {g.p(0.5):.2f} p99 {g.p(0.99):.2f} ms ({len(g.latencies)} calls, "
             f"{len(g.errors)} err): +p50 {g.p(0.5) - d.p(0.5):+.2f} ms, +p99 {g.p(0.99) - d.p(0.99):+.2f} ms "
             f"| load1 {r['load']:.1f}"
@@ -144,6 +146,8 @@ def print_sweep(rows: list[dict], args: argparse.Namespace) -> None:
         print_split(rows, name)
     if rows and "ab_direct" in rows[0]:
         print_interleaved(rows)
+    if rows and "ab_other" in rows[0]:
+        print_interleaved(rows, "ab_other", f"the gateway of {args.gateway_root}")
     if "canary" in names:
         print_canary(rows)
     print(

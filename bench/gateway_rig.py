@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import itertools
 import json
@@ -82,6 +83,57 @@ class EncodingExporter(SpanExporter):
 
     def shutdown(self) -> None:
         pass
+
+
+def _packages(modules: set[str]) -> str:
+    """``{"a.b", "a.c", "d"}`` -> ``"3 (a: 2, d: 1)"``: how many modules, by top-level package."""
+    tops: dict[str, int] = {}
+    for m in modules:
+        tops[m.split(".")[0]] = tops.get(m.split(".")[0], 0) + 1
+    by = ", ".join(f"{k}: {v}" for k, v in sorted(tops.items(), key=lambda kv: -kv[1]))
+    return f"{len(modules)} ({by})"
+
+
+class GCPauses:
+    """Every cyclic-GC pass of this process, by generation: how long each held the GIL (a stall of the serving
+    loop: every stream's chunk that arrives meanwhile waits) and how many objects it freed. A gateway process
+    prints the summary on stderr when it stops (``gc.callbacks``: one call before and one after each pass)."""
+
+    def __init__(self) -> None:
+        self.passes: dict[int, list[tuple[float, float, int]]] = {0: [], 1: [], 2: []}  # (end, ms, freed)
+        self._t = 0.0
+        self._modules = set(sys.modules)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            now = (
+                time.perf_counter()
+            )  # CLOCK_MONOTONIC on Linux: the bench's phase windows are on the same clock
+            self.passes[info["generation"]].append((now, (now - self._t) * 1e3, info["collected"]))
+
+    def summary(self) -> str:
+        parts = []
+        for gen, passes in self.passes.items():
+            ms = [m for _, m, _ in passes]
+            parts.append(
+                f"gen{gen} {len(ms)} passes {sum(ms):.1f} ms (max {max(ms, default=0):.1f}, "
+                f"{sum(m > 4 for m in ms)} over 4 ms, freed {sum(c for _, _, c in passes)})"
+            )
+        long = sorted((t, gen, m) for gen, passes in self.passes.items() for t, m, _ in passes if m > 2)
+        parts.append(
+            "passes over 2 ms at " + (", ".join(f"{t:.1f} (gen{g} {m:.1f} ms)" for t, g, m in long) or "-")
+        )
+        parts.append(
+            f"then {len(gc.get_objects(2))} objects in gen2, {gc.get_freeze_count()} frozen, counts "
+            f"{gc.get_count()}; modules imported "
+            f"since serving began: {_packages(set(sys.modules) - self._modules)}"
+        )
+        return (
+            f"gc of gateway pid {os.getpid()} ({os.environ.get('BENCH_GATEWAY_ROOT') or 'this tree'}): "
+            + "; ".join(parts)
+        )
 
 
 def exporting_provider() -> tuple[TracerProvider, EncodingExporter]:
@@ -228,52 +280,58 @@ def served_since(served: list[tuple[float, float]], scope: dict) -> dict[str, fl
     }
 
 
+def _start_gateway(args: argparse.Namespace) -> tuple[Any, TracerProvider, EncodingExporter, Any, Any]:
+    """Start the gateway of this tree, or of ``BENCH_GATEWAY_ROOT``'s checkout, as that checkout's ``tracerl
+    gateway`` starts it: (server, provider, exporter, its ``Worker`` or None, its ``GCPauses`` or None)."""
+    worker = pauses = None
+    try:
+        from serving.gateway.proxy import Gateway, GatewayConfig
+    except ModuleNotFoundError:  # a checkout from before serving/ was split by job
+        from serving.gateway import Gateway, GatewayConfig
+
+    if os.environ.get("BENCH_GATEWAY_ROOT") and importlib.util.find_spec("serving.gateway.workers") is None:
+        # a checkout from before --workers: one process, its own way
+        provider, exporter = exporting_provider()
+        try:
+            config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
+        except TypeError:  # older still: no connection cap
+            config = GatewayConfig(upstreams=[args.upstream])
+        server = Gateway(("127.0.0.1", 0), config, provider).start_background()
+    else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
+        from serving.gateway.workers import fork_workers
+
+        try:
+            from serving.gateway.workers import tune_for_relaying
+        except ImportError:  # a checkout from before it
+            from serving.gateway.workers import calm_gc as tune_for_relaying
+
+        worker = fork_workers(args.workers, "127.0.0.1", 0)
+        provider, exporter = exporting_provider()  # after the fork: each process exports its own
+        canary = getattr(args, "canary", 0.0)
+        arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
+        config = GatewayConfig(
+            upstreams=[args.upstream],
+            max_connections=CONNECTIONS,
+            reuse_port=args.workers > 1,
+            canary=canary or None,
+            upstream_for=arms,
+        )
+        server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
+        tune_for_relaying()
+        pauses = GCPauses()
+        gc.callbacks.append(pauses)
+    return server, provider, exporter, worker, pauses
+
+
 def serve_process(args: argparse.Namespace) -> int:
     """``gateway_rig.py upstream|gateway``: one server in this process (``--workers`` gateway processes, as
     ``tracerl gateway --workers`` runs them); prints its URL, runs until SIGTERM, and (gateway) each
     process prints how many spans it recorded."""
-    worker = None
     if args.serve == "upstream":
         server = streaming_upstream(args.tokens, args.token_ms, args.prompt_tokens).start_background()
-        provider = exporter = None
+        provider = exporter = worker = pauses = None
     else:
-        try:
-            from serving.gateway.proxy import Gateway, GatewayConfig
-        except ModuleNotFoundError:  # a checkout from before serving/ was split by job
-            from serving.gateway import Gateway, GatewayConfig
-
-        if (
-            os.environ.get("BENCH_GATEWAY_ROOT")
-            and importlib.util.find_spec("serving.gateway.workers") is None
-        ):
-            # a checkout from before --workers: one process, its own way
-            provider, exporter = exporting_provider()
-            try:
-                config = GatewayConfig(upstreams=[args.upstream], max_connections=CONNECTIONS)
-            except TypeError:  # older still: no connection cap
-                config = GatewayConfig(upstreams=[args.upstream])
-            server = Gateway(("127.0.0.1", 0), config, provider).start_background()
-        else:  # run as `tracerl gateway --workers N` runs it (this tree's, or a checkout that has --workers)
-            from serving.gateway.workers import fork_workers
-
-            try:
-                from serving.gateway.workers import tune_for_relaying
-            except ImportError:  # a checkout from before it
-                from serving.gateway.workers import calm_gc as tune_for_relaying
-
-            worker = fork_workers(args.workers, "127.0.0.1", 0)
-            provider, exporter = exporting_provider()  # after the fork: each process exports its own
-            canary = getattr(args, "canary", 0.0)
-            arms = {"policy@5": args.upstream, "policy@6": args.upstream} if canary else {}
-            config = GatewayConfig(
-                upstreams=[args.upstream],
-                max_connections=CONNECTIONS,
-                reuse_port=args.workers > 1,
-                canary=canary or None,
-                upstream_for=arms,
-            )
-            server = Gateway(("127.0.0.1", worker.port), config, provider).start_background()
-            tune_for_relaying()
+        server, provider, exporter, worker, pauses = _start_gateway(args)
     # wait as `tracerl gateway` waits (tracerl/signals.py): on an event, not by polling, whose wake-ups every
     # 50 ms took the GIL from the serving thread and were counted as the gateway's CPU (py-spy: 10 % of its
     # samples at one stream; 6 % of them at 256 streams were the loop waiting for the GIL, this thread's or
@@ -290,6 +348,8 @@ def serve_process(args: argparse.Namespace) -> int:
         if provider is not None:
             provider.force_flush()
             print(exporter.spans, flush=True)
+            if pauses is not None:
+                print(pauses.summary(), file=sys.stderr, flush=True)
             provider.shutdown()
     finally:
         if worker is not None:

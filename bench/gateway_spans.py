@@ -1,5 +1,5 @@
 """What a gateway span's token ids cost from the gateway to the store: int/double array attributes (the
-gateway before session 13) against one compact-JSON string each (``serving.protocol.span_attributes`` now).
+gateway before session 13) against one compact-JSON string each (``serving.gateway.record.span_attributes`` now).
 
 Each span carries what the gateway records for one call: ``--prompt`` prompt token ids, ``--response``
 response ids and as many logprobs. Printed per encoding, CPU µs per span:

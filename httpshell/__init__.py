@@ -6,12 +6,11 @@ tracerl package, so ``collector_exporter`` and ``serving`` can both depend on it
 depending on the other.
 """
 
+from httpshell.guard import RequestError, bearer_error
 from httpshell.server import (
     ErrorRenderer,
-    RequestError,
     RunningServer,
     ServerOptions,
-    bearer_error,
     exception_handlers,
     header,
     inflate,

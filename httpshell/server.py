@@ -33,6 +33,9 @@ What uvicorn does not do, and this module adds:
   Any answer given while the request body is unread carries ``Connection: close`` (otherwise
   uvicorn would keep reading and discarding it).
 
+The per-request items (authentication, body limits and deadline, quiet disconnects) are ``guard.py``, the ASGI
+middleware ``start`` wraps every app in; the connection cap and the request-head bound and deadline are here.
+
 Error answers are rendered by the server's own ``ErrorRenderer`` so each keeps its protocol's
 shape (``google.rpc.Status`` for OTLP, OpenAI's error object for the gateway and server).
 
@@ -52,22 +55,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import socket
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import uvicorn
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-Scope = dict[str, Any]
+from httpshell.guard import Guard, RequestError, Scope
+
 T = TypeVar("T")
 ErrorRenderer = Callable[[Scope, int, str], tuple[str, bytes]]
 """``(scope, status, message) -> (content_type, body)``: how a server spells an error answer."""
@@ -114,16 +117,6 @@ class ServerOptions:
     """Server header and thread name."""
 
 
-class RequestError(Exception):
-    """Raise in a handler (or from ``inflate``) to answer ``status`` with the server's error shape."""
-
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = dict(headers or {})
-
-
 async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run blocking ``fn(*args, **kwargs)`` in the server's thread pool and await its result.
 
@@ -144,23 +137,6 @@ def header(scope: Scope, name: str) -> str | None:
     for k, v in scope["headers"]:
         if k == key:
             return v.decode("latin-1")
-    return None
-
-
-def bearer_error(authorization: str | None, token: str | None) -> str | None:
-    """Why ``authorization`` does not pass for ``token`` (None when it does, or when there is no token).
-
-    RFC 7235 §2.1: the auth scheme is case-insensitive, so ``bearer x`` is ``Bearer x``.
-    """
-    if not token:
-        return None
-    if not authorization:
-        return "missing 'Authorization: Bearer <token>' header"
-    scheme, _, credentials = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return f"Authorization scheme {scheme[:20]!r} is not Bearer"
-    if not hmac.compare_digest(credentials.strip().encode(), token.encode()):
-        return "bearer token does not match the server's token"
     return None
 
 
@@ -194,127 +170,6 @@ def exception_handlers(render: ErrorRenderer) -> dict[Any, Callable]:
         return Response(body, exc.status, {**exc.headers, "connection": "close"}, media_type=content_type)
 
     return {RequestError: on_request_error}
-
-
-# -- the ASGI guard: auth, Content-Length, body limit and timeout, quiet disconnects -------------
-
-_DISCONNECT = {"type": "http.disconnect"}
-
-
-async def _before(deadline: float, waiting: Awaitable[dict]) -> dict:
-    """``await waiting``, or TimeoutError at loop time ``deadline``. One timer, no extra task where
-    ``asyncio.timeout_at`` exists (3.11+); ``wait_for`` makes a task per call, per body chunk."""
-    if hasattr(asyncio, "timeout_at"):
-        async with asyncio.timeout_at(deadline):
-            return await waiting
-    return await asyncio.wait_for(waiting, max(0.0, deadline - asyncio.get_running_loop().time()))
-
-
-class _Exchange:
-    """What the guard knows about one request/response."""
-
-    __slots__ = ("answered", "body_done", "client_gone", "has_body", "received", "started")
-
-    def __init__(self, has_body: bool):
-        self.has_body = has_body
-        self.body_done = not has_body
-        self.received = 0
-        self.started = self.answered = self.client_gone = False
-
-
-class _Guard:
-    def __init__(self, app: Callable, options: ServerOptions, render: ErrorRenderer):
-        self.app, self.options, self.render = app, options, render
-
-    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        opts = self.options
-        length = authorization = None
-        chunked = False
-        for k, v in scope["headers"]:
-            if k == b"content-length":
-                length = v
-            elif k == b"transfer-encoding":
-                chunked = b"chunked" in v.lower()
-            elif k == b"authorization":
-                authorization = v.decode("latin-1")
-        ex = _Exchange(chunked or (length is not None and length.strip(b"0") != b""))
-
-        async def answer(status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
-            if ex.started or ex.answered:
-                return  # too late for a clean answer: the app sees a disconnect and stops
-            ex.answered = True
-            content_type, body = self.render(scope, status, message)
-            head = [
-                (b"content-type", content_type.encode()),
-                (b"content-length", b"%d" % len(body)),
-                (b"connection", b"close"),
-            ]
-            head += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-            await send({"type": "http.response.start", "status": status, "headers": head})
-            await send({"type": "http.response.body", "body": body})
-
-        if opts.token and scope["path"] not in opts.public_paths:
-            why = bearer_error(authorization, opts.token)
-            if why:
-                await answer(401, why + opts.auth_hint, {"www-authenticate": "Bearer"})
-                return
-        if length is not None:
-            if not length.isdigit():
-                await answer(
-                    400, f"Content-Length {length.decode('latin-1')[:40]!r} is not a non-negative integer"
-                )
-                return
-            if int(length) > opts.max_body_bytes:
-                await answer(413, f"body of {int(length)} bytes exceeds the {opts.max_body_bytes}-byte limit")
-                return
-
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None
-
-        async def guarded_receive() -> dict:
-            nonlocal deadline
-            if ex.answered:
-                return _DISCONNECT
-            if ex.body_done or ex.started:  # after the body (or once answering): only a disconnect can come
-                return await receive()
-            if deadline is None:
-                deadline = loop.time() + opts.body_timeout_s
-            try:
-                message = await _before(deadline, receive())
-            except asyncio.TimeoutError:
-                await answer(408, f"the request body did not arrive within {opts.body_timeout_s:g} s")
-                return _DISCONNECT
-            if message["type"] == "http.request":
-                ex.received += len(message.get("body", b""))
-                if ex.received > opts.max_body_bytes:
-                    await answer(413, f"body exceeds the {opts.max_body_bytes}-byte limit")
-                    return _DISCONNECT
-                ex.body_done = not message.get("more_body", False)
-            else:
-                ex.client_gone = True
-            return message
-
-        async def guarded_send(message: dict) -> None:
-            if ex.answered:
-                return
-            if message["type"] == "http.response.start":
-                ex.started = True
-                if not ex.body_done:  # an unread body would be read and discarded: close instead
-                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
-            await send(message)
-
-        try:
-            await self.app(scope, guarded_receive, guarded_send)
-        except Exception as exc:
-            if ex.answered or ex.client_gone or isinstance(exc, (ClientDisconnect, ConnectionError)):
-                return  # the request already ended (our answer, or the client left): nothing to report
-            if isinstance(exc, RequestError):
-                await answer(exc.status, exc.message, exc.headers)
-                return
-            raise
 
 
 # -- the connection layer: cap, request-head size and deadline ----------------------------------------
@@ -464,7 +319,7 @@ def start(app: Callable, options: ServerOptions, render: ErrorRenderer = plain_e
     """
     protocol = type("GuardedHttpTools", (_GuardedHttpTools,), {"limits": options})
     config = uvicorn.Config(
-        _Guard(app, options, render),
+        Guard(app, options, render),
         http=protocol,
         ws="none",
         loop="uvloop",

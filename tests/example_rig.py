@@ -56,9 +56,23 @@ def stored_spans(store: Path) -> list[dict]:
     from store.parquet import read_table
 
     table = read_table(StoreLayout.at(store).table("spans"), "spans")
-    columns = ["rollout_id", "trace_id", "span_id", "parent_span_id", "name", "attributes", "resource_attributes"]
-    return [{**row, "attributes": dict(row["attributes"]), "resource_attributes": dict(row["resource_attributes"])}
-            for row in table.select(columns).to_pylist()]
+    columns = [
+        "rollout_id",
+        "trace_id",
+        "span_id",
+        "parent_span_id",
+        "name",
+        "attributes",
+        "resource_attributes",
+    ]
+    return [
+        {
+            **row,
+            "attributes": dict(row["attributes"]),
+            "resource_attributes": dict(row["resource_attributes"]),
+        }
+        for row in table.select(columns).to_pylist()
+    ]
 
 
 # -- a scripted OpenAI-compatible engine (vLLM-shaped answers) --------------------------------
@@ -106,19 +120,39 @@ class ScriptedEngine:
         message = {"role": "assistant", "content": None, **self.script(body)}
         text = answer_text(message)
         ids = token_ids(text)
-        choice: dict[str, Any] = {"index": 0, "message": message,
-                                  "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
-                                  "stop_reason": None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+            "stop_reason": None,
+        }
         if body.get("logprobs"):
-            choice["logprobs"] = {"content": [{"token": chr(b) if b < 128 else f"<{b}>", "logprob": -0.25,
-                                               "bytes": [b], "top_logprobs": []} for b in ids]}
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": chr(b) if b < 128 else f"<{b}>",
+                        "logprob": -0.25,
+                        "bytes": [b],
+                        "top_logprobs": [],
+                    }
+                    for b in ids
+                ]
+            }
         else:
             choice["logprobs"] = None
         prompt_ids = token_ids(prompt_text(body))
-        resp: dict[str, Any] = {"id": f"chatcmpl-scripted-{n}", "object": "chat.completion", "created": 1700000000,
-                                "model": body.get("model"), "choices": [choice],
-                                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
-                                          "total_tokens": len(prompt_ids) + len(ids)}}
+        resp: dict[str, Any] = {
+            "id": f"chatcmpl-scripted-{n}",
+            "object": "chat.completion",
+            "created": 1700000000,
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ids),
+                "total_tokens": len(prompt_ids) + len(ids),
+            },
+        }
         if body.get("return_token_ids"):
             choice["token_ids"] = ids
             resp["prompt_token_ids"] = prompt_ids
@@ -128,10 +162,23 @@ class ScriptedEngine:
         """The same answer as vLLM streams it: role chunk (with prompt ids), one delta, finish, usage."""
         full = self.answer(body)
         choice = full["choices"][0]
-        base = {"id": full["id"], "object": "chat.completion.chunk", "created": full["created"],
-                "model": full["model"]}
-        first: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                       "logprobs": None, "finish_reason": None}]}
+        base = {
+            "id": full["id"],
+            "object": "chat.completion.chunk",
+            "created": full["created"],
+            "model": full["model"],
+        }
+        first: dict[str, Any] = {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         if "prompt_token_ids" in full:
             first["prompt_token_ids"] = full["prompt_token_ids"]
         yield first
@@ -141,13 +188,21 @@ class ScriptedEngine:
             delta["content"] = message["content"]
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
-        body_choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": choice["logprobs"],
-                                       "finish_reason": None}
+        body_choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": choice["logprobs"],
+            "finish_reason": None,
+        }
         if "token_ids" in choice:
             body_choice["token_ids"] = choice["token_ids"]
         yield {**base, "choices": [body_choice]}
-        yield {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                    "finish_reason": choice["finish_reason"]}]}
+        yield {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
+            ],
+        }
         if (body.get("stream_options") or {}).get("include_usage"):
             yield {**base, "choices": [], "usage": full["usage"]}
 
@@ -186,6 +241,7 @@ def start_engine(engine: ScriptedEngine):
 
 # -- the whole stack: collector + gateway + scripted engine -------------------------------------
 
+
 @dataclass
 class Stack:
     store: Path
@@ -194,7 +250,9 @@ class Stack:
     provider: Any
     engine: ScriptedEngine
 
-    def rollout(self, bin_dir: Path, agent: list[str], tasks: list[dict], **kw: Any) -> subprocess.CompletedProcess:
+    def rollout(
+        self, bin_dir: Path, agent: list[str], tasks: list[dict], **kw: Any
+    ) -> subprocess.CompletedProcess:
         """``tracerl rollout --tasks … -- <bin_dir>/opentelemetry-instrument <agent…>``, as a user runs it.
 
         ``agent`` is the command after ``opentelemetry-instrument``; its first word is looked up in
@@ -204,23 +262,64 @@ class Stack:
         cmd = [str(bin_dir / "opentelemetry-instrument"), str(exe) if exe.exists() else agent[0], *agent[1:]]
         return self.run_rollout(cmd, tasks, **kw)
 
-    def run_rollout(self, cmd: list[str], tasks: list[dict], *, n: int = 1,
-                    extra_env: dict[str, str] | None = None, timeout_s: float = 120,
-                    rollout_args: tuple[str, ...] = (), otlp_protocol: str = "grpc") -> subprocess.CompletedProcess:
+    def run_rollout(
+        self,
+        cmd: list[str],
+        tasks: list[dict],
+        *,
+        n: int = 1,
+        extra_env: dict[str, str] | None = None,
+        timeout_s: float = 120,
+        rollout_args: tuple[str, ...] = (),
+        otlp_protocol: str = "grpc",
+    ) -> subprocess.CompletedProcess:
         """``tracerl rollout --tasks … -- <cmd…>`` against this stack; the agent exports its spans over
         ``otlp_protocol`` (to the collector's gRPC port, or its HTTP port for ``http/*``)."""
         tasks_file = self.store.parent / "tasks.jsonl"
         tasks_file.write_text("".join(json.dumps(t) + "\n" for t in tasks))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "VIRTUAL_ENV"))}
-        env.update({"OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_METRICS_EXPORTER": "none",
-                    "OPENAI_API_KEY": "sk-local", **(extra_env or {})})
+        env.update(
+            {
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OPENAI_API_KEY": "sk-local",
+                **(extra_env or {}),
+            }
+        )
         otlp = self.collector.grpc_endpoint if otlp_protocol == "grpc" else self.collector.http_endpoint
         proc = subprocess.run(
-            [str(BIN / "tracerl"), "rollout", "--store", str(self.store), "--tasks", str(tasks_file), "-n", str(n),
-             "--concurrency", "2", "--timeout-s", str(timeout_s), "--retries", "0",
-             "--otlp", otlp, "--otlp-protocol", otlp_protocol, "--collector", self.collector.http_endpoint,
-             "--gateway", f"{self.gateway.url}/v1", *rollout_args, "--", *cmd],
-            env=env, capture_output=True, text=True, timeout=timeout_s * len(tasks) * n + 120)
+            [
+                str(BIN / "tracerl"),
+                "rollout",
+                "--store",
+                str(self.store),
+                "--tasks",
+                str(tasks_file),
+                "-n",
+                str(n),
+                "--concurrency",
+                "2",
+                "--timeout-s",
+                str(timeout_s),
+                "--retries",
+                "0",
+                "--otlp",
+                otlp,
+                "--otlp-protocol",
+                otlp_protocol,
+                "--collector",
+                self.collector.http_endpoint,
+                "--gateway",
+                f"{self.gateway.url}/v1",
+                *rollout_args,
+                "--",
+                *cmd,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s * len(tasks) * n + 120,
+        )
         assert proc.returncode == 0, f"rollout failed:\n{proc.stdout}\n{proc.stderr}"
         return proc
 
@@ -236,7 +335,9 @@ class Stack:
 
         self.provider.force_flush()
         self.collector.flush()
-        stats = convert_store(parse_store(self.store), ConvertConfig(**{"quiet_s": 0, "missing_reward": "fill", **convert}))
+        stats = convert_store(
+            parse_store(self.store), ConvertConfig(**{"quiet_s": 0, "missing_reward": "fill", **convert})
+        )
         assert stats.problems == [], stats.problems
         table = read_table(StoreLayout.at(self.store).table("transitions"), "transitions")
         for name in ("started_at", "ended_at"):
@@ -250,14 +351,17 @@ def running_stack(store: Path, script: Script) -> Iterator[Stack]:
     """Collector, gateway and scripted engine on 127.0.0.1 for one ``with`` block; the gateway's spans
     are flushed to the collector before it stops."""
     from collector_exporter.testing import running_collector
-    from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
+    from serving.gateway.config import GatewayConfig, make_tracer_provider
+    from serving.gateway.proxy import Gateway
 
     engine = ScriptedEngine(script)
     upstream = start_engine(engine)
     try:
         with running_collector(store) as collector:
             provider = make_tracer_provider(collector.grpc_endpoint)
-            gateway = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider).start_background()
+            gateway = Gateway(
+                ("127.0.0.1", 0), GatewayConfig(upstreams=[upstream.url]), provider
+            ).start_background()
             try:
                 yield Stack(store, collector, gateway, provider, engine)
             finally:

@@ -15,7 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from collector_exporter.otlp_arrow import trace_request_to_table
 from schemas import attributes as attr
-from serving.protocol import CallRecord, ChoiceRecord, latest_version_name, span_attributes
+from serving.gateway.record import CallRecord, ChoiceRecord, span_attributes
+from serving.protocol import latest_version_name
 from span_to_transition.columnar import spans_from_table
 from span_to_transition.tokens import is_gateway, tokens_from
 

@@ -23,18 +23,15 @@ from serving.gateway.canary import (
     ARM_ATTRIBUTE,
     Arm,
 )
+from serving.gateway.record import CallRecord, StreamAccumulator, record_from_response, span_attributes
 from serving.gateway.sse import sse_event, sse_payloads
 from serving.gateway.upstream import TRANSPORT_ERRORS, error_name, is_timeout
 from serving.gateway.versions import VersionLabel, Watch, label
 from serving.protocol import (
     SSE_DONE,
-    CallRecord,
     ClientWants,
-    StreamAccumulator,
     error_body,
     error_message,
-    record_from_response,
-    span_attributes,
     strip_chunk,
     strip_response,
 )

@@ -1,7 +1,7 @@
 """What one gateway process is set up with: its settings (``GatewayConfig``), its upstreams' URLs, and the
 tracer provider that exports its spans.
 
-Split from ``proxy.py`` (the proxy itself), which imports these names from here.
+Split from ``proxy.py`` (the proxy itself); it, the CLI and the tests import these names from here.
 """
 
 from __future__ import annotations

@@ -74,9 +74,7 @@ from serving.gateway.canary import (
 )
 from serving.gateway.canary_admin import canary_endpoint
 from serving.gateway.config import GatewayConfig, normalise_upstream
-from serving.gateway.config import (
-    make_tracer_provider as make_tracer_provider,  # imported from here by the CLI
-)
+from serving.gateway.record import CallRecord
 from serving.gateway.upstream import (
     CONNECT_ERRORS,
     TRANSPORT_ERRORS,
@@ -87,7 +85,6 @@ from serving.gateway.upstream import (
 from serving.gateway.versions import Watch
 from serving.protocol import (
     OPERATIONS,
-    CallRecord,
     error_body,
     latest_version_name,
     pick_upstream,

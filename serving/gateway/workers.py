@@ -25,6 +25,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -100,7 +102,7 @@ def fork_workers(n: int, host: str, port: int) -> Worker:
 GIL_SWITCH_S = 0.0005  # how long a thread may keep the GIL while another waits (Python's default: 5 ms)
 
 
-def tune_for_relaying() -> None:
+def tune_for_relaying() -> threading.Event:
     """Tune a gateway process once it is serving: the collector (``calm_gc``) and the GIL handoff.
 
     The span exporter's thread (``BatchSpanProcessor``) encodes each batch in Python (OTLP protobuf),
@@ -113,21 +115,50 @@ def tune_for_relaying() -> None:
     p99 added 14.5 / 15.7 ms against 35.8 / 23.1 ms, CPU per call the same. With the bench's 5-token
     prompts (spans cheap to encode) no difference shows; with the string ids it is not re-measured.
     The extra handoffs happen only while another thread wants the GIL, so an idle exporter costs
-    nothing.
+    nothing. Returns the event that stops ``calm_gc``'s collecting thread.
     """
-    calm_gc()
     sys.setswitchinterval(GIL_SWITCH_S)
+    return calm_gc()
 
 
-def calm_gc() -> None:
-    """Tune the cyclic garbage collector for a relaying process; call once it is serving.
+COLLECT_EVERY_S = 300.0  # while serving, a full collection this often at the latest ...
+COLLECT_AT_OBJECTS = 250_000  # ... or sooner, once this many more objects are tracked than after the last one
 
-    Relaying allocates a few thousand short-lived dicts and lists per streamed call (every chunk is
-    parsed), so with the default gen-0 threshold (700) the collector ran several times per call and
-    took 16% of the gateway's samples (py-spy, 128 streams). Objects that exist at startup (modules,
-    the app) are frozen out of every collection, and gen 0 is collected every 20,000 allocations:
-    CPU per streamed call fell by about 12% (``bench/gateway.py``). Cycles are still collected.
+
+def calm_gc(every_s: float = COLLECT_EVERY_S, at_objects: int = COLLECT_AT_OBJECTS) -> threading.Event:
+    """Keep the cyclic garbage collector off the serving loop's path; call once the process is serving.
+
+    Relaying allocates a few thousand short-lived dicts and lists per streamed call (every chunk is parsed).
+    With the default gen-0 threshold (700) the collector ran several times per call (16% of the gateway's
+    py-spy samples at 128 streams); at 20,000 it still ran 4-5 times in a 35 s bench run at 256 streams,
+    mostly when 256 connections opened at once, each pass walking every live object of the calls in flight
+    with the serving thread holding the GIL: 2-33 ms in which every stream's next chunk waits, so a pass in a
+    measured window put its length into the p99. The passes freed 3 objects a run: relaying makes almost no
+    reference cycles, reference counting frees the rest. So objects that exist at startup are frozen out of
+    every collection, automatic collection is off, and a thread that wakes once a second collects everything
+    every ``every_s`` seconds, or sooner once the tracked objects grew by ``at_objects`` (``gc.get_count``: a
+    burst of garbage cycles, e.g. exceptions with their tracebacks, is collected within a second or so of
+    reaching that). Measured with ``bench/gateway.py --sweep 256 --gateway-root`` (the gen-0 threshold of
+    20,000) in the same runs, load 0.6-1.6, five runs with no pass of this policy in them: interleaved (each
+    client alternating between the two gateways: the same moments' load) p99 -42.9 and -12.7 ms in the two runs
+    where a pass of the old policy fell in the window, -0.4 to +0.8 ms in the other three; as phases, one after
+    the other, p99 added 3.8, 5.5, 24.0, 9.0 and 54.9 ms against 52.5, 20.5, 19.3, 13.6 and 14.5 ms. The passes
+    were the largest single stalls of the tail, but not the whole of it (54.9 ms with none).
+    A full pass is as long as before (17-18 ms at 256 streams) when it comes. Setting the returned event stops
+    the thread (tests).
     """
     gc.collect()
     gc.freeze()
-    gc.set_threshold(20_000, 10, 10)
+    gc.disable()
+    stop = threading.Event()
+    args = (every_s, at_objects, stop)
+    threading.Thread(target=_collect_when_due, args=args, name="tracerl-gc", daemon=True).start()
+    return stop
+
+
+def _collect_when_due(every_s: float, at_objects: int, stop: threading.Event) -> None:
+    last = time.monotonic()
+    while not stop.wait(min(1.0, every_s)):
+        if time.monotonic() - last >= every_s or gc.get_count()[0] >= at_objects:
+            gc.collect()
+            last = time.monotonic()

@@ -55,3 +55,28 @@ def test_the_wake_up_calibration_measures_cpu_per_wake_of_a_bare_loop():
     spaced = bench.wake_cpu_us(0.002, 20)
     assert 0 < back_to_back < 200, back_to_back  # a few us on any machine; bounded loosely for a loaded one
     assert spaced > 0
+
+
+def test_the_gc_pause_log_counts_each_pass_by_generation_with_what_it_freed():
+    """``GCPauses`` sees every pass (a forced full one and the cycles it frees) and says so per generation."""
+    import gc
+
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        from gateway_rig import GCPauses
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    pauses = GCPauses()
+    gc.callbacks.append(pauses)
+    try:
+        for _ in range(50):  # 50 two-object cycles, garbage once the loop drops them
+            a: list = []
+            b = [a]
+            a.append(b)
+        del a, b
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(pauses)
+    full = pauses.passes[2]
+    assert len(full) >= 1 and full[-1][1] >= 0 and full[-1][2] >= 100
+    assert f"gen2 {len(full)} passes" in pauses.summary()

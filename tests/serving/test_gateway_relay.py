@@ -13,7 +13,7 @@ import pytest
 
 from serving.gateway.call import loads
 from serving.gateway.proxy import Gateway, GatewayConfig
-from serving.protocol import StreamAccumulator
+from serving.gateway.record import StreamAccumulator
 
 from .helpers import wait_for
 

@@ -56,23 +56,56 @@ def test_an_https_upstream_with_an_untrusted_certificate_is_refused_with_a_502(s
     assert one_span(spans).attributes["error.type"] == "ConnectError"
 
 
-def test_a_gateway_process_hands_the_gil_back_quickly_and_collects_young_objects_rarely():
+def _cycle_freed(timeout_s: float = 5.0, extra: int = 0) -> bool:
+    """Make one garbage reference cycle (plus ``extra`` tracked objects that stay alive meanwhile) and wait
+    for the collector to free it: True when it did within ``timeout_s``."""
+    import time
+    import weakref
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    del a, b
+    alive = [[] for _ in range(extra)]
+    deadline = time.monotonic() + timeout_s
+    while gone() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    del alive
+    return gone() is None
+
+
+def test_a_gateway_process_hands_the_gil_back_quickly_and_collects_garbage_off_the_serving_path():
     """``tune_for_relaying`` (what ``tracerl gateway`` calls once serving): the switch interval bounds how long
-    the serving loop waits for the GIL while the span exporter encodes; the collector thresholds as calm_gc."""
+    the serving loop waits for the GIL while the span exporter encodes; no automatic GC pass stalls the loop,
+    and garbage cycles are still freed by calm_gc's thread: on its timer (here every 50 ms), and before it once
+    the tracked objects grew past its threshold."""
     import gc
     import sys
 
-    from serving.gateway.workers import GIL_SWITCH_S, tune_for_relaying
+    from serving.gateway.workers import GIL_SWITCH_S, calm_gc, tune_for_relaying
 
-    before = sys.getswitchinterval(), gc.get_threshold()
+    before = sys.getswitchinterval()
+    stops = []
     try:
-        tune_for_relaying()
-        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S) and before[0] > GIL_SWITCH_S
-        assert gc.get_threshold()[0] == 20_000
+        stops.append(tune_for_relaying())
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_S) and before > GIL_SWITCH_S
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+        assert not _cycle_freed(timeout_s=1.5), "a cycle was collected while no collection was due"
+        stops[-1].set()
+        stops.append(calm_gc(every_s=0.05))
+        assert _cycle_freed(), "the timer's collection did not free a garbage cycle"
+        stops[-1].set()
+        stops.append(calm_gc(every_s=3600, at_objects=20_000))
+        assert _cycle_freed(extra=30_000), "growth past at_objects did not start a collection"
     finally:
-        sys.setswitchinterval(before[0])
-        gc.set_threshold(*before[1])
+        for stop in stops:
+            stop.set()
+        sys.setswitchinterval(before)
         gc.unfreeze()
+        gc.enable()
 
 
 def test_a_cookie_the_upstream_sets_for_one_client_is_not_sent_with_the_next_clients_call(spans):

@@ -44,22 +44,43 @@ RESULT = {"role": "tool", "content": "sunny", "tool_call_id": "c1"}
 ANSWER = {"role": "assistant", "content": "It is sunny."}
 
 
-@pytest.mark.parametrize(("messages", "response", "problem", "where"), [
-    ([SYS, USER], ANSWER, None, None),
-    ([SYS, USER, CALL, RESULT], ANSWER, None, None),
-    ([], None, None, None),  # token ids only: nothing to check
-    ([SYS, USER], {"role": "assistant", "content": None, "tool_calls": CALL["tool_calls"]}, None, None),
-    ([SYS, USER, {"role": "assistant", "content": None}, RESULT], ANSWER, ASSISTANT_EMPTY, "prompt_messages[2]"),
-    ([SYS, USER, {"role": "assistant", "content": ""}], ANSWER, ASSISTANT_EMPTY, "prompt_messages[2]"),
-    ([SYS, USER, CALL, {"role": "tool", "content": None, "tool_call_id": "c1"}], ANSWER, TOOL_NO_CONTENT,
-     "prompt_messages[3]"),
-    ([SYS, USER, CALL, {"role": "tool", "content": "sunny"}], ANSWER, TOOL_NO_ID, "prompt_messages[3]"),
-    ([SYS, USER, CALL, {**RESULT, "tool_call_id": "c9"}], ANSWER, TOOL_UNKNOWN_ID, "prompt_messages[3]"),
-    ([SYS, USER, RESULT, CALL], ANSWER, TOOL_UNKNOWN_ID, "prompt_messages[2]"),  # answered before it was asked
-    ([SYS, USER, {**CALL, "tool_calls": [tool_call("c1", None, "{}")]}, RESULT], ANSWER, CALL_NO_NAME,
-     "prompt_messages[2]"),
-    ([SYS, USER], {"role": "assistant", "content": None}, RESPONSE_EMPTY, "response_message"),
-])
+@pytest.mark.parametrize(
+    ("messages", "response", "problem", "where"),
+    [
+        ([SYS, USER], ANSWER, None, None),
+        ([SYS, USER, CALL, RESULT], ANSWER, None, None),
+        ([], None, None, None),  # token ids only: nothing to check
+        ([SYS, USER], {"role": "assistant", "content": None, "tool_calls": CALL["tool_calls"]}, None, None),
+        (
+            [SYS, USER, {"role": "assistant", "content": None}, RESULT],
+            ANSWER,
+            ASSISTANT_EMPTY,
+            "prompt_messages[2]",
+        ),
+        ([SYS, USER, {"role": "assistant", "content": ""}], ANSWER, ASSISTANT_EMPTY, "prompt_messages[2]"),
+        (
+            [SYS, USER, CALL, {"role": "tool", "content": None, "tool_call_id": "c1"}],
+            ANSWER,
+            TOOL_NO_CONTENT,
+            "prompt_messages[3]",
+        ),
+        ([SYS, USER, CALL, {"role": "tool", "content": "sunny"}], ANSWER, TOOL_NO_ID, "prompt_messages[3]"),
+        ([SYS, USER, CALL, {**RESULT, "tool_call_id": "c9"}], ANSWER, TOOL_UNKNOWN_ID, "prompt_messages[3]"),
+        (
+            [SYS, USER, RESULT, CALL],
+            ANSWER,
+            TOOL_UNKNOWN_ID,
+            "prompt_messages[2]",
+        ),  # answered before it was asked
+        (
+            [SYS, USER, {**CALL, "tool_calls": [tool_call("c1", None, "{}")]}, RESULT],
+            ANSWER,
+            CALL_NO_NAME,
+            "prompt_messages[2]",
+        ),
+        ([SYS, USER], {"role": "assistant", "content": None}, RESPONSE_EMPTY, "response_message"),
+    ],
+)
 def test_chat_problem_names_the_first_malformed_message(messages, response, problem, where) -> None:
     found = chat_problem(messages, response)
     assert (found.problem if found else None, found.where if found else None) == (problem, where)
@@ -75,7 +96,9 @@ def _convert_fixture(name: str, store: Path) -> list[dict]:
     return transitions(store)
 
 
-@pytest.mark.parametrize("name", sorted(p.name.removesuffix(".traces.pb") for p in FIXTURES.glob("*.traces.pb")))
+@pytest.mark.parametrize(
+    "name", sorted(p.name.removesuffix(".traces.pb") for p in FIXTURES.glob("*.traces.pb"))
+)
 def test_every_recorded_fixture_is_well_formed_chat(name: str, tmp_path: Path) -> None:
     rows = _convert_fixture(name, tmp_path)
     assert rows
@@ -97,32 +120,50 @@ def haystack_run(store: Path, input_value: str, mime: str) -> None:
     content and no tool_call_id); the tool call lives only in ``input.value``."""
     t = TraceBuilder("d" * 32, rollout_id="hay-1", received_at_ns=100)
     root = t.span("Agent.run", None, {"openinference.span.kind": "AGENT"}, agent="weather")
-    first = {"openinference.span.kind": "LLM", "llm.model_name": "policy@3", **_oi_message(0, "system", "be brief"),
-             **_oi_message(1, "user", "weather in Paris?"), **_oi_message(0, "assistant", None, "llm.output_messages"),
-             "llm.output_messages.0.message.tool_calls.0.tool_call.id": "c1",
-             "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "weather",
-             "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"city":"Paris"}'}
+    first = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "policy@3",
+        **_oi_message(0, "system", "be brief"),
+        **_oi_message(1, "user", "weather in Paris?"),
+        **_oi_message(0, "assistant", None, "llm.output_messages"),
+        "llm.output_messages.0.message.tool_calls.0.tool_call.id": "c1",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.name": "weather",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.arguments": '{"city":"Paris"}',
+    }
     t.span("OpenAIChatGenerator.run", root, first)
-    second = {"openinference.span.kind": "LLM", "llm.model_name": "policy@3", **_oi_message(0, "system", "be brief"),
-              **_oi_message(1, "user", "weather in Paris?"), **_oi_message(2, "assistant"), **_oi_message(3, "tool"),
-              **_oi_message(0, "assistant", "It is sunny.", "llm.output_messages"),
-              "input.value": input_value, "input.mime_type": mime}
+    second = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "policy@3",
+        **_oi_message(0, "system", "be brief"),
+        **_oi_message(1, "user", "weather in Paris?"),
+        **_oi_message(2, "assistant"),
+        **_oi_message(3, "tool"),
+        **_oi_message(0, "assistant", "It is sunny.", "llm.output_messages"),
+        "input.value": input_value,
+        "input.mime_type": mime,
+    }
     t.span("OpenAIChatGenerator.run", root, second)
     t.reward(root, 1.0)
     put(store, "spans", spans_table(t.spans), "hay")
 
 
-HAYSTACK_REPR = ("{'messages': [ChatMessage(_role=<ChatRole.ASSISTANT: 'assistant'>, _content=[ToolCall(tool_name="
-                 "'weather', arguments={'city': 'Paris'}, id='c1')]), ChatMessage(_role=<ChatRole.TOOL: 'tool'>, "
-                 "_content=[ToolCallResult(result='sunny', origin=ToolCall(tool_name='weather', id='c1'))])]}")
+HAYSTACK_REPR = (
+    "{'messages': [ChatMessage(_role=<ChatRole.ASSISTANT: 'assistant'>, _content=[ToolCall(tool_name="
+    "'weather', arguments={'city': 'Paris'}, id='c1')]), ChatMessage(_role=<ChatRole.TOOL: 'tool'>, "
+    "_content=[ToolCallResult(result='sunny', origin=ToolCall(tool_name='weather', id='c1'))])]}"
+)
 
 
-def test_a_haystack_call_with_text_only_messages_is_untrainable_counted_and_never_trained(tmp_path: Path) -> None:
+def test_a_haystack_call_with_text_only_messages_is_untrainable_counted_and_never_trained(
+    tmp_path: Path,
+) -> None:
     haystack_run(tmp_path, HAYSTACK_REPR, "text/plain")
     stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     reason = f"malformed chat (openinference): {ASSISTANT_EMPTY}"
     assert stats.untrainable_reasons == {reason: 1}
-    assert "untrainable (malformed chat" in stats.summary() and "prompt_messages[2]" in " ".join(stats.problems)
+    assert "untrainable (malformed chat" in stats.summary() and "prompt_messages[2]" in " ".join(
+        stats.problems
+    )
     rows = sorted(transitions(tmp_path), key=lambda r: r["step"])
     assert [(r["trainable"], r["untrainable_reason"]) for r in rows] == [(True, None), (False, reason)]
     assert stats.trainable_transitions == 1
@@ -138,16 +179,25 @@ def test_a_haystack_call_with_text_only_messages_is_untrainable_counted_and_neve
 def test_the_doctor_names_the_dialect_the_field_and_the_fix(tmp_path: Path) -> None:
     haystack_run(tmp_path, HAYSTACK_REPR, "text/plain")
     convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
-    [finding] = [f for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER)) if f.problem.startswith("malformed chat")]
+    [finding] = [
+        f
+        for f in diagnose(gather(parse_store(tmp_path), now_ns=LATER))
+        if f.problem.startswith("malformed chat")
+    ]
     assert finding.problem == f"malformed chat (openinference): {ASSISTANT_EMPTY}"
-    assert "1 transition (e.g. span" in finding.saw and "llm.input_messages.{i}.message.tool_calls" in finding.saw
+    assert (
+        "1 transition (e.g. span" in finding.saw
+        and "llm.input_messages.{i}.message.tool_calls" in finding.saw
+    )
     assert "opentelemetry-instrumentation-openai" in finding.fix and "never from a Python repr" in finding.fix
 
 
 def test_the_request_held_as_json_is_recovered(tmp_path: Path) -> None:
     """Where the span holds the request the client sent as JSON (OpenInference's ``input.value``), it is the truth."""
-    body = {"model": "policy@3", "messages": [SYS, USER, {"role": "assistant", "tool_calls": CALL["tool_calls"]},
-                                             RESULT]}
+    body = {
+        "model": "policy@3",
+        "messages": [SYS, USER, {"role": "assistant", "tool_calls": CALL["tool_calls"]}, RESULT],
+    }
     haystack_run(tmp_path, json.dumps(body), "application/json")
     stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.untrainable_reasons == {} and stats.trainable_transitions == 2
@@ -159,9 +209,14 @@ def test_a_tool_call_id_recorded_as_null_is_untrainable(tmp_path: Path) -> None:
     """One framework's native telemetry records the tool result's id as null (semconv parts)."""
     t = TraceBuilder("e" * 32, rollout_id="null-id", received_at_ns=100)
     root = t.span("invoke_agent a", agent="a")
-    prompt = [{"role": "user", "parts": [{"type": "text", "content": "weather?"}]},
-              {"role": "assistant", "parts": [{"type": "tool_call", "id": None, "name": "weather", "arguments": {}}]},
-              {"role": "tool", "parts": [{"type": "tool_call_response", "id": None, "response": "sunny"}]}]
+    prompt = [
+        {"role": "user", "parts": [{"type": "text", "content": "weather?"}]},
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": None, "name": "weather", "arguments": {}}],
+        },
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": None, "response": "sunny"}]},
+    ]
     t.chat(root, [], "It is sunny.", extra={"gen_ai.input.messages": json.dumps(prompt)})
     t.reward(root, 1.0)
     put(tmp_path, "spans", spans_table(t.spans), "n")
@@ -176,27 +231,51 @@ def test_transitions_written_before_the_column_read_as_well_formed(tmp_path: Pat
     convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     layout = StoreLayout.at(tmp_path)
     for path in Path(layout.table("transitions")).rglob("*.parquet"):
-        pq.write_table(pq.read_table(path).drop_columns(["untrainable_reason"]), path)  # an older writer's file
+        pq.write_table(
+            pq.read_table(path).drop_columns(["untrainable_reason"]), path
+        )  # an older writer's file
     old = read_table(layout.table("transitions"), "transitions")
-    assert old.schema.names == TRANSITIONS_SCHEMA.names and old.column("untrainable_reason").null_count == len(old)
+    assert old.schema.names == TRANSITIONS_SCHEMA.names and old.column(
+        "untrainable_reason"
+    ).null_count == len(old)
     assert {r["untrainable_reason"] for r in transitions(tmp_path)} == {None}
 
 
 def test_behind_the_gateway_the_wire_replaces_a_malformed_record(tmp_path: Path) -> None:
     """The gateway span under the call (traceparent) recorded the request as it went over the wire."""
-    from serving.protocol import CHAT, record_from_response, span_attributes
+    from serving.gateway.record import record_from_response, span_attributes
+    from serving.protocol import CHAT
 
     haystack_run(tmp_path / "x", HAYSTACK_REPR, "text/plain")
     spans = [s for s in spans_table_rows(tmp_path / "x")]
     wire = [SYS, USER, CALL, RESULT]
-    rec = record_from_response({"model": "policy@3", "messages": wire},
-                               {"id": "r2", "model": "policy@3", "prompt_token_ids": [1, 2],
-                                "choices": [{"index": 0, "message": ANSWER, "token_ids": [3], "finish_reason": "stop"}]},
-                               CHAT)
-    attrs = {k: v if isinstance(v, str) else json.dumps(v) for k, v in span_attributes(rec, "http://up").items()}
+    rec = record_from_response(
+        {"model": "policy@3", "messages": wire},
+        {
+            "id": "r2",
+            "model": "policy@3",
+            "prompt_token_ids": [1, 2],
+            "choices": [{"index": 0, "message": ANSWER, "token_ids": [3], "finish_reason": "stop"}],
+        },
+        CHAT,
+    )
+    attrs = {
+        k: v if isinstance(v, str) else json.dumps(v) for k, v in span_attributes(rec, "http://up").items()
+    }
     second = max((s for s in spans if s.name == "OpenAIChatGenerator.run"), key=lambda s: s.start_time_ns)
-    gw = Span(second.trace_id, "f" * 16, second.span_id, "gateway", second.start_time_ns + 1, second.end_time_ns - 1,
-              attrs, {}, (), 100, second.rollout_id)
+    gw = Span(
+        second.trace_id,
+        "f" * 16,
+        second.span_id,
+        "gateway",
+        second.start_time_ns + 1,
+        second.end_time_ns - 1,
+        attrs,
+        {},
+        (),
+        100,
+        second.rollout_id,
+    )
     put(tmp_path, "spans", spans_table([*spans, gw]), "hay")
     stats = convert_store(parse_store(tmp_path), ConvertConfig(quiet_s=0), now_ns=LATER)
     assert stats.untrainable_reasons == {} and stats.trainable_transitions == 2

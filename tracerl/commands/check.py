@@ -116,7 +116,8 @@ def _run_agent(command: list[str], cfg: CheckConfig, store: str) -> tuple[int, s
             ),
         }
         if cfg.upstream:
-            from serving.gateway.proxy import Gateway, GatewayConfig, make_tracer_provider
+            from serving.gateway.config import GatewayConfig, make_tracer_provider
+            from serving.gateway.proxy import Gateway
 
             provider = make_tracer_provider(collector.grpc_endpoint)
             gw_cfg = GatewayConfig(upstreams=[cfg.upstream], record_content=cfg.record_content)

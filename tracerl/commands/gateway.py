@@ -153,7 +153,8 @@ def _gateway_config(cfg: GatewayCommandConfig, upstreams: list[str], upstream_fo
 
 def run(args: argparse.Namespace) -> int:
     cfg = from_args(GatewayCommandConfig, args)
-    from serving.gateway.proxy import Gateway, make_tracer_provider
+    from serving.gateway.config import make_tracer_provider
+    from serving.gateway.proxy import Gateway
     from serving.gateway.workers import fork_workers, tune_for_relaying
 
     upstreams, upstream_for, host, port = _routes(cfg)
