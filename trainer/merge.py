@@ -23,7 +23,20 @@ from trainer.checkpoint import is_complete, write_checkpoint
 
 MERGED = "merged"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "vocab.json", "merges.txt")
+                   "generation_config.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> bool:
+    """Copy the base model's tokenizer (and generation config) files into ``dst``, as they are; False when
+    ``src`` holds none of a tokenizer's own files (the caller then saves one through transformers).
+
+    Why copy, not ``AutoTokenizer.from_pretrained(...).save_pretrained(...)``: a checkpoint's tokenizer
+    is the base model's, and loading it parses its JSON in Python: 2-3 s a round on 2 busy cores for
+    SmolLM2, on the trainer's critical path (py-spy of ``tracerl demo --max-staleness 1``)."""
+    copied = [name for name in TOKENIZER_FILES if (Path(src) / name).is_file()]
+    for name in copied:
+        shutil.copy2(Path(src) / name, Path(dst) / name)
+    return any(name in copied for name in ("tokenizer.json", "tokenizer.model", "vocab.json"))
 
 
 def merged_dir(checkpoint: Path) -> Path:
@@ -64,9 +77,7 @@ def merge_adapter(base_model: Path, checkpoint: Path, *, dtype: str = "float32")
             tensors[name] = t.contiguous()
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         model.config.save_pretrained(str(tmp))
-        for name in TOKENIZER_FILES:  # a whole model, servable alone
-            if (Path(base_model) / name).is_file():
-                shutil.copy2(Path(base_model) / name, tmp / name)
+        copy_tokenizer_files(Path(base_model), tmp)  # a whole model, servable alone
 
     return write_checkpoint(out, save, {"merged_from": str(checkpoint), "base_model": str(base_model),
                                         "dtype": dtype})

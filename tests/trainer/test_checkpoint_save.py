@@ -100,6 +100,13 @@ def test_fp32_training_serves_fp32_with_save_pretrained_names(tmp_path, tiny_mod
     for k in hf:
         torch.testing.assert_close(ours[k], hf[k], rtol=0, atol=0)
     assert (tmp_path / "ours" / OPTIMIZER_FILE).exists() and not (tmp_path / "ours" / MASTER_DIR).exists()
+    # the base model's tokenizer, copied as it is (not loaded and re-saved each round), and loadable
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tmp_path / "ours")("SELECT 1")["input_ids"]
+    assert ids == AutoTokenizer.from_pretrained(tiny_model_dir)("SELECT 1")["input_ids"]
 
 
 @pytest.mark.slow

@@ -30,6 +30,21 @@ def test_pad_id_is_read_from_the_tokenizer_files(tmp_path):
     assert pad_token_id_from_files(tmp_path / "nowhere") is None
 
 
+def test_the_pad_id_is_remembered_while_the_tokenizer_file_is_unchanged_and_read_again_once_it_changes(
+    tmp_path, monkeypatch
+):
+    import trainer.dataset as dataset
+
+    files = _tokenizer_files(tmp_path, "<pad>", added=[(7, "<pad>")])
+    assert pad_token_id_from_files(files) == 7
+    parsed = []
+    real_loads = dataset.json.loads
+    monkeypatch.setattr(dataset.json, "loads", lambda text: parsed.append(len(text)) or real_loads(text))
+    assert pad_token_id_from_files(files) == 7 and len(parsed) == 1  # the config only, not tokenizer.json
+    _tokenizer_files(tmp_path, "<pad>", added=[(0, "<s>"), (12, "<pad>")])
+    assert pad_token_id_from_files(files) == 12
+
+
 def test_the_lazy_tokenizer_knows_the_pad_id_without_loading(tmp_path):
     tok = LazyTokenizer(_tokenizer_files(tmp_path, "<pad>", added=[(3, "<pad>")]))
     assert tok.pad_token_id == 3 and not tok.loaded

@@ -34,6 +34,7 @@ from trainer.checkpoint import save_weights
 from trainer.config import TrainSettings
 from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import ImportanceStats, LossConfig, policy_loss
+from trainer.merge import copy_tokenizer_files
 from trainer.packing import Batch, sequence_logprobs
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -155,13 +156,13 @@ class TorchBackend:
     def __init__(
         self,
         model: Any,
-        tokenizer: Any,
+        tokenizer_dir: Path | None,
         settings: TrainSettings,
         device: torch.device,
         ref_model: Any | None = None,
     ) -> None:
         self.model = model
-        self.tokenizer = tokenizer
+        self.tokenizer_dir = tokenizer_dir  # the base model: its tokenizer files go into each checkpoint
         self.settings = settings
         self.device = device
         self.ref_model = ref_model
@@ -178,12 +179,9 @@ class TorchBackend:
     @classmethod
     def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
         """Policy = base model (round 0) or the previous round's checkpoint, with its optimizer state."""
-        from transformers import AutoTokenizer
-
         device = pick_device(settings.device)
         if device.type == "cpu" and settings.threads:
             torch.set_num_threads(settings.threads)
-        tokenizer = AutoTokenizer.from_pretrained(base_model)
         model, ref = load_policy(settings, base_model, parent)
         mode = resolve_attention(settings.attention, device)
         use_attention(model, mode)
@@ -197,7 +195,7 @@ class TorchBackend:
         model.to(device).train()
         if rank_world()[1] > 1:
             broadcast_trainable(model)
-        backend = cls(model, tokenizer, settings, device, ref)
+        backend = cls(model, Path(base_model), settings, device, ref)
         if parent is not None and (parent / OPTIMIZER_FILE).exists():
             backend.load_optimizer(parent / OPTIMIZER_FILE)
         return backend
@@ -333,8 +331,10 @@ class TorchBackend:
             self.model.save_pretrained(out_dir)
         else:
             self._save_full(out_dir, self.served_dtype)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(out_dir)
+        if self.tokenizer_dir is not None and not copy_tokenizer_files(self.tokenizer_dir, out_dir):
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(self.tokenizer_dir).save_pretrained(out_dir)
         if not self.defer_resume_state:
             self.write_resume_state(out_dir)
 
