@@ -131,12 +131,20 @@ def resolve_one_process(s: VLLMSettings, python: Path) -> VLLMSettings:
 def engine_threads(bind: str, cores: int) -> int:
     """Torch threads of a one-process engine: what ``VLLM_CPU_OMP_THREADS_BIND`` would have bound (a
     list like ``0-3,6``: its cores; ``auto``: every usable core but one, left to the rest)."""
-    if bind in ("auto", "all", "nobind", ""):
-        return max(1, cores - 1) if bind != "all" else max(1, cores)
+    if bind == "all":
+        return max(1, cores)
+    if bind in ("auto", "nobind", ""):
+        return max(1, cores - 1)
     n = 0
-    for part in bind.split("|")[0].split(","):
-        lo, _, hi = part.partition("-")
-        n += int(hi) - int(lo) + 1 if hi else 1
+    try:
+        for part in bind.split("|")[0].split(","):
+            lo, _, hi = part.partition("-")
+            first = int(lo)
+            n += int(hi) - first + 1 if hi else 1
+    except ValueError:
+        raise ValueError(
+            f"--threads-bind {bind!r}: give auto, all, nobind or CPU ids like 0-3,6"
+        ) from None
     return max(1, n)
 
 

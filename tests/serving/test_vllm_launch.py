@@ -111,6 +111,12 @@ def test_a_one_process_engine_gets_the_threads_its_binding_names(bind, cores, th
     assert engine_threads(bind, cores) == threads
 
 
+@pytest.mark.parametrize("bind", ["cores", "0-x", "1,,2"])
+def test_a_binding_that_names_no_cpus_is_refused_with_the_forms_it_takes(bind):
+    with pytest.raises(ValueError, match="give auto, all, nobind or CPU ids"):
+        engine_threads(bind, 4)
+
+
 def test_no_vllm_anywhere_says_how_to_get_one(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACERL_VLLM_PYTHON", raising=False)
     monkeypatch.chdir(tmp_path)

@@ -158,10 +158,20 @@ def run_vllm(cfg: ServeConfig) -> int:
     """vLLM in its own process group, in the foreground: its log is this command's output."""
     import shlex
 
-    from serving.vllm.launcher import VLLMNotFound, VLLMProcess, VLLMSettings, find_vllm_python
+    from serving.vllm.launcher import (
+        VLLMNotFound,
+        VLLMProcess,
+        VLLMSettings,
+        engine_threads,
+        find_vllm_python,
+    )
     from serving.vllm.model_check import check_model_dir
 
     (host, port), second = listens(cfg)
+    try:
+        engine_threads(cfg.threads_bind, 1)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     try:
         python = find_vllm_python(cfg.vllm_python or None)
     except VLLMNotFound as e:
