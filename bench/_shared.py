@@ -2,7 +2,7 @@
 upstream.
 
 Imported by the scripts with ``bench/`` on ``sys.path`` (they run as plain files, not a package);
-the repository root must be on it too, for ``serving``. It puts ``tests/`` on it, last, for the scripted
+it puts the repository root on it (for ``serving``), then ``tests/``, last, for the scripted
 upstreams' HTTP server the tests use too (``tests/scripted_server.py``) and for the S3 stand-in
 (``tests/s3_server.py``) that ``--store s3`` runs against.
 """
@@ -18,9 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-if str(TESTS) not in sys.path:
-    sys.path.append(str(TESTS))
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+# The root goes on the path before tests/: tests/serving, tests/httpshell_guard... are folders without an
+# __init__.py, and with only tests/ on the path Python took ``tests/serving`` for a namespace package
+# ``serving`` before the installed one (a bench's ``import httpshell`` failed that way in a clean clone).
+# Appended, not inserted: a bench that put another checkout first (gateway_rig's BENCH_GATEWAY_ROOT)
+# keeps it first.
+for _entry in (ROOT, TESTS):
+    if str(_entry) not in sys.path:
+        sys.path.append(str(_entry))
 from scripted_server import Handler  # noqa: E402
 
 S3_NOTE = (

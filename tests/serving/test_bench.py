@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +33,27 @@ def test_round_bench_runs_a_quick_embedded_round(tiny_model_dir: Path, tmp_path:
     engine is exercised by running the bench itself (its CPU start alone takes 30-170 s)."""
     out = tmp_path / "round.json"
     proc = subprocess.run(
-        [sys.executable, str(ROUND), "--model", str(tiny_model_dir), "--engines", "embedded", "--letters", "aeot",
-         "--samples", "4", "--max-tokens", "8", "--repeats", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROUND),
+            "--model",
+            str(tiny_model_dir),
+            "--engines",
+            "embedded",
+            "--letters",
+            "aeot",
+            "--samples",
+            "4",
+            "--max-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "gateway / direct" in proc.stdout and "targets:" in proc.stdout
@@ -44,3 +63,35 @@ def test_round_bench_runs_a_quick_embedded_round(tiny_model_dir: Path, tmp_path:
     assert e["loop"]["generation_tokens_per_s"] > 0 and e["direct"]["generation_tokens_per_s"] > 0
     assert e["gateway_over_direct"] > 0 and "publish" in e["loop"]["train_round_parts_s"]
     assert set(e["targets_met"]) == {"gateway_over_direct", "round_s", "publish_s"}
+
+
+def test_bench_shared_puts_the_packages_before_the_tests_folders_of_the_same_name(tmp_path: Path):
+    """bench scripts run as plain files with bench/ on the path; after ``import _shared`` every package
+    that tests/ has a same-named folder for (tests/serving, tests/httpshell_guard's kind) must import
+    from the repository, not as a namespace package made of the tests' folder (a clean clone's CI
+    failed that way once). Run in a fresh interpreter from elsewhere, with no PYTHONPATH."""
+    root = BENCH.parents[1]
+    # bench/judge.py and bench/ui.py shadow their packages from bench/ itself; those two scripts take
+    # bench/ off their own path, and no other script imports judge or ui
+    names = sorted(
+        p.name
+        for p in (root / "tests").iterdir()
+        if p.is_dir()
+        and (root / p.name / "__init__.py").is_file()
+        and not (root / "bench" / f"{p.name}.py").exists()
+    )
+    assert "serving" in names
+    code = (
+        f"import sys; sys.path.insert(0, {str(root / 'bench')!r}); import _shared, importlib\n"
+        f"for n in {[*names, 'httpshell']!r}:\n"
+        "    m = importlib.import_module(n)\n"
+        "    print(n, getattr(m, '__file__', None))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in proc.stdout.splitlines():
+        name, file = line.split(" ", 1)
+        assert file == str(root / name / "__init__.py"), line
