@@ -32,7 +32,14 @@ if TYPE_CHECKING:  # imported where used: training pulls in torch
 AGENT_NICE = 10
 """How much lower the CPU priority of agents that may run beside training is (``Driver.nice``): on 2
 cores a trainer micro-batch took 2.3-2.7 s alone and 8.6-8.9 s beside 32 agents at equal priority
-(bench/async_round.py, load 13)."""
+(bench/async_round.py, load 13). Policy@0's held-out evaluation runs at this: round 0 waits for it
+to publish, so the evaluation, not the trainer, is the one to finish first."""
+
+AHEAD_NICE = 19
+"""The priority of a batch's agents run ahead beside training (``--max-staleness``), lowest: there the
+trainer is the bound. 32 agents starting at once at nice 10 outweighed it (a weight of 110 each
+against its 1024): the first micro-batch of each round took 5.2-5.4 s (2.6-3.4 CPU-s) against
+2.6-2.9 s at nice 19 (an asynchronous demo, 2026-11-28); the batch's rollouts took about 1 s longer."""
 
 PASS_REWARD = 1.0
 """A grader reward that is a pass in the judge's AUC: the gold rows (sql_reward.py), the right letter."""
@@ -186,7 +193,7 @@ class DemoStages:
         # the loop's thread, beside the next batch, took 2-8 s a round instead of 0.4-1.1, load 12)
         # agents that may run beside training yield the CPU to it (training bounds a round on 2 cores; the
         # agents have slack): a training batch when batches run ahead, and the held-out evaluations
-        nice = AGENT_NICE if self.cfg.max_staleness else 0
+        nice = AHEAD_NICE if self.cfg.max_staleness else 0
         return Stages(
             rollouts=lambda b: self.rollouts(
                 f"round batch {b}", self.task.round_tasks(b), convert=self.judge is None, nice=nice

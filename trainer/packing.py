@@ -21,9 +21,9 @@ as if each sample had been run alone. On the demo's rounds this cut the tokens a
 
 **Logits only where a loss is, a chunk at a time.** The LM head (576 x 49,152 for SmolLM2: about a
 fifth of the model's FLOPs per token) and the log-softmax run only at the positions that predict a
-weighted token (``sequence_logprobs(..., targets=)``), not at every prompt position, and on at most
-``CHUNK_TOKENS`` of them at once, checkpointed (``trainer/head_logprobs.py``): the logits of a whole
-batch never exist.
+weighted token (``sequence_logprobs(..., targets=)``), not at every prompt position, and on a chunk of
+them at a time (1,024 on a GPU; on a CPU as many as keep the chunk's logits under 24 MiB), checkpointed
+(``trainer/head_logprobs.py``): the logits of a whole batch never exist.
 
 ``tests/trainer/test_packing.py`` checks that packed and prefix-shared logprobs and gradients equal
 per-sample ones.
@@ -48,7 +48,7 @@ from trainer.attention import (
     unit_ids,
 )
 from trainer.dataset import Sample
-from trainer.head_logprobs import CHUNK_TOKENS, head_logprobs, split_head
+from trainer.head_logprobs import head_logprobs, split_head
 
 
 @dataclass
@@ -286,7 +286,7 @@ def _takes_logits_to_keep(model: Any) -> bool:
 
 
 def sequence_logprobs(model: Any, batch: Batch, targets: torch.Tensor | None = None,
-                      chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+                      chunk_tokens: int | None = None) -> torch.Tensor:
     """Log-probability of every next token, ``[R, L-1]``, under ``model`` with the unit mask.
 
     With ``targets`` (a ``[R, L-1]`` bool mask, e.g. ``weights > 0``) only those tokens are scored

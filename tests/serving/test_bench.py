@@ -65,6 +65,7 @@ def test_round_bench_runs_a_quick_embedded_round(tiny_model_dir: Path, tmp_path:
     assert set(e["targets_met"]) == {"gateway_over_direct", "round_s", "publish_s"}
 
 
+@pytest.mark.slow
 def test_bench_shared_puts_the_packages_before_the_tests_folders_of_the_same_name(tmp_path: Path):
     """bench scripts run as plain files with bench/ on the path; after ``import _shared`` every package
     that tests/ has a same-named folder for (tests/serving, tests/httpshell_guard's kind) must import

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 import trainer.packing as packing
-from trainer.head_logprobs import head_logprobs, split_head
+from trainer.head_logprobs import (
+    CHUNK_TOKENS,
+    CPU_CHUNK_BYTES,
+    MIN_CHUNK_TOKENS,
+    chunk_tokens_for,
+    head_logprobs,
+    split_head,
+)
 from trainer.packing import make_batches, sequence_logprobs
 
 from .test_packing import _mixed
@@ -72,6 +79,34 @@ def test_the_backward_pass_recomputes_a_chunk_instead_of_keeping_its_logits():
     plain = torch.log_softmax(head(hidden.detach()), -1).gather(-1, ids[:, None]).squeeze(-1)
     torch.testing.assert_close(lp, plain)
     assert hidden.grad is not None and head.weight.grad is not None
+
+
+def test_a_cpu_chunk_keeps_its_logits_under_the_heap_limit_and_a_gpu_keeps_1024():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert chunk_tokens_for(cpu, 49_152) == 128  # SmolLM2: 128 x 49k fp32 logits = 24 MiB
+    assert chunk_tokens_for(cpu, 152_064) == 41  # Qwen2.5
+    assert chunk_tokens_for(cpu, 5_000_000) == MIN_CHUNK_TOKENS
+    assert chunk_tokens_for(cpu, 100) == CHUNK_TOKENS  # a tiny vocabulary: the cap
+    assert chunk_tokens_for(cuda, 152_064) == CHUNK_TOKENS
+    for vocab in (49_152, 152_064, 32_000):
+        assert chunk_tokens_for(cpu, vocab) * vocab * 4 <= CPU_CHUNK_BYTES
+
+
+def test_the_default_chunk_follows_the_device_and_the_heads_vocabulary(monkeypatch):
+    """No ``chunk_tokens``: the head runs on ``chunk_tokens_for``'s chunks (a smaller byte budget here, so a
+    small head splits), and the values equal one chunk holding everything."""
+    import trainer.head_logprobs as hl
+
+    monkeypatch.setattr(hl, "CPU_CHUNK_BYTES", 20 * 5000 * 4)  # 20 tokens of a 5,000-word head
+    head = torch.nn.Linear(16, 5000, bias=False)
+    rows: list[int] = []
+    head.register_forward_pre_hook(lambda _m, args: rows.append(args[0].shape[0]))
+    hidden, ids = torch.randn(64, 16), torch.randint(0, 5000, (64,))
+    with torch.no_grad():
+        lp = head_logprobs(head, hidden, ids)
+        whole = head_logprobs(head, hidden, ids, chunk_tokens=64)
+    assert rows == [20, 20, 20, 4, 64]
+    torch.testing.assert_close(lp, whole)
 
 
 def test_a_model_that_transforms_its_logits_is_scored_by_its_own_forward(tiny_model_dir, tokenizer):

@@ -32,6 +32,7 @@ from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.backends.policy_model import load_policy, pick_device
 from trainer.checkpoint import save_weights
 from trainer.config import TrainSettings
+from trainer.cpu_memory import keep_freed_memory
 from trainer.distributed import all_reduce_grads, broadcast_trainable, finish_metrics, rank_world, step_plan
 from trainer.loss import ImportanceStats, LossConfig, policy_loss
 from trainer.merge import copy_tokenizer_files
@@ -180,8 +181,10 @@ class TorchBackend:
     def load(cls, settings: TrainSettings, base_model: Path, parent: Path | None) -> TorchBackend:
         """Policy = base model (round 0) or the previous round's checkpoint, with its optimizer state."""
         device = pick_device(settings.device)
-        if device.type == "cpu" and settings.threads:
-            torch.set_num_threads(settings.threads)
+        if device.type == "cpu":
+            keep_freed_memory()  # each micro-batch reuses the last one's memory, not fresh pages
+            if settings.threads:
+                torch.set_num_threads(settings.threads)
         model, ref = load_policy(settings, base_model, parent)
         mode = resolve_attention(settings.attention, device)
         use_attention(model, mode)
