@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 M_TRIM_THRESHOLD = -1  # glibc malloc.h
@@ -26,27 +27,21 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_MAX = 32 << 20  # glibc's cap on 64-bit (HEAP_MAX_SIZE / 2); a larger value is refused
 TRIM_THRESHOLD = 1 << 30  # free heap top kept: above a 135M-1.5B LoRA step's working set on a CPU
 
-_done: bool | None = None
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's mmap threshold to its maximum and the trim threshold to ``TRIM_THRESHOLD``, once per
     process; True when glibc took both. Raising the thresholds only changes where malloc finds memory,
     never what a program computes; the cost is that freed memory up to ``TRIM_THRESHOLD`` stays with
     the process."""
-    global _done
-    if _done is None:
-        _done = _set_thresholds()
-    return _done
-
-
-def _set_thresholds() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    except (OSError, AttributeError):  # no C library with a mallopt (musl's is a stub that returns 0)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
