@@ -6,10 +6,13 @@ and the same settings: ``--max-staleness 0`` (agents wait while the trainer trai
 then 1 and 2 (the next K batches of rollouts run while a round trains). For each mode it prints:
 
 * samples trained per minute: calls trained on, over the rounds' wall time (first training batch's
-  rollouts started .. last round published; the engine's start and the final evaluation excluded);
-* idle fractions over that window: the engine's (no training batch's agents running; policy@0's
-  held-out evaluation, which runs beside round 0 in every mode, is not counted as work) and the
-  trainer's (no round training);
+  rollouts started .. last round published; the engine's start and both held-out evaluations excluded:
+  policy@0's runs before round 0, ``tracerl demo --heldout-first``, so the window holds training alone;
+  ``--heldout-beside`` runs it beside round 0 as the demo does, where its ~45 s of engine work, the
+  same in every mode, sits in the window and dilutes the ratio);
+* idle fractions over that window: the engine's (no training batch's agents running; with
+  ``--heldout-beside``, the held-out evaluation is not counted as work) and the trainer's (no round
+  training);
 * held-out success before the first and after the last round (30 questions x --heldout-samples
   seeded samples), and the samples trained, so the modes are compared at an equal amount of data;
 * where each mode's window went, in seconds (``bench/_phases.py``): the engine busy (a training
@@ -28,7 +31,7 @@ training) per round: the split says which side bounds it.
 A mode ``K:T`` also sets the training threads while rollouts run beside it (``tracerl demo
 --train-threads T``; default 1, the demo's --threads: on 2 cores the engine has one).
 
-    python bench/async_round.py --modes 0,1          # 4 rounds each (~30 min on 2 cores at load 10)
+    python bench/async_round.py --modes 0,1,2        # 6 rounds each (~20 min on 2 quiet cores)
     python bench/async_round.py --modes 0,1,1:2 --rounds 3 --json bench/out/async.json
 """
 
@@ -85,9 +88,10 @@ def store_timeline(store: Path) -> tuple[list[Agent], list[Agent], list[dict]]:
 
 
 def after_first_round(run) -> dict:
-    """Samples per minute from round 0's end to the last round's: round 0 trains beside policy@0's
-    held-out evaluation in every mode (~60-80 s of engine work that no schedule shortens), so over a few
-    rounds it dilutes the whole window's ratio; this is the rate the rounds after it ran at."""
+    """Samples per minute from round 0's end to the last round's: the rate of the rounds after the first,
+    whose start differs by mode (on-policy, round 0's batch runs alone; run ahead, the next batches start
+    beside round 0's training). With ``--heldout-beside`` round 0 also waits for policy@0's held-out
+    evaluation in every mode (~45-60 s of engine work that no schedule shortens)."""
     rounds = run.loop_rounds
     if len(rounds) < 2:
         return {}
@@ -258,8 +262,20 @@ def main() -> int:
         default="0,1,2",
         help="--max-staleness values to run, the first is the baseline; K:T also sets --train-threads T",
     )
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=6,
+        help="rounds per mode: the first has no batch ahead of it in any mode, so more rounds weigh the "
+        "steady state more (default: %(default)s)",
+    )
     ap.add_argument("--heldout-samples", type=int, default=4)
+    ap.add_argument(
+        "--heldout-beside",
+        action="store_true",
+        help="run policy@0's held-out evaluation beside round 0, as the demo does (default: before the "
+        "rounds, outside the window)",
+    )
     ap.add_argument(
         "--model",
         default=str(DEFAULT_MODEL) if DEFAULT_MODEL.exists() else None,
@@ -303,6 +319,7 @@ def _run(args: argparse.Namespace, modes: list[str], work: Path) -> int:
             rounds=args.rounds,
             heldout_samples=args.heldout_samples,
             max_staleness=int(k),
+            heldout_first=not args.heldout_beside,
             train_threads=int(threads) if threads else None,
             launcher=args.launcher,
         )

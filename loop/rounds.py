@@ -7,7 +7,8 @@ what it takes). A batch in which every task's rollouts scored alike has no signa
 for more, the loop samples the same policy again, and it stops after ``max_no_signal`` such batches
 in a row. Optionally policy@0's held-out evaluation runs beside round 0 (the engine would idle while
 round 0 trains); policy@1 is published only once that evaluation is done, so every one of its calls
-is served by policy@0.
+is served by policy@0. With ``heldout_first`` it runs before round 0's batch instead, so the rounds'
+wall time holds training alone (bench/async_round.py compares schedules over it).
 
 The stages come in as plain callables (``Stages``): the CLI builds them from its processes and
 settings, a test from Python functions. Nothing here prints; the caller hears of each round through
@@ -46,6 +47,8 @@ class LoopPlan:
     # choose the trainer's threads per micro-batch, up to the budget, by what each count measured
     # (loop/threads.py): on a busy machine 2 threads trained 5x slower than 1
     measure_threads: bool = False
+    # policy@0's held-out evaluation (Stages.heldout) runs before round 0's batch, not beside round 0
+    heldout_first: bool = False
     report_hint: str = "tracerl report"  # where a user reads the rounds manifest; named in errors
 
     def __post_init__(self) -> None:
@@ -323,11 +326,14 @@ def run_rounds(
     batch still running is stopped, then cleared (the caller may run more rollouts afterwards)."""
     result = LoopResult()
     state = _State(wanted=plan.rounds, chooser=ThreadChooser() if plan.measure_threads else None)
-    if stages.heldout is not None:
+    if stages.heldout is not None and plan.heldout_first:
+        stages.score_heldout(0, stages.heldout(0))
+        state.heldout_started = True
+    elif stages.heldout is not None:
         state.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out")
 
-    def evaluating() -> bool:  # policy@0's held-out evaluation is still to start, or running
-        if stages.heldout is None:
+    def evaluating() -> bool:  # policy@0's held-out evaluation is still to start, or running (beside round 0)
+        if state.background is None:
             return False
         return not state.heldout_started or (state.pending is not None and not state.pending.done())
 

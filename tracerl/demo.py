@@ -268,6 +268,7 @@ def _plan(cfg: DemoConfig, task: DemoTask, store: Path) -> LoopPlan:
         settle_s=PUBLISH_SETTLE_S,
         report_hint=f"tracerl report --store {store}",
         measure_threads=cfg.train_threads is None,
+        heldout_first=cfg.heldout_first,
     )
 
 

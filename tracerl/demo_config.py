@@ -158,6 +158,12 @@ class DemoConfig:
         "after the last round, run one more batch of rollouts on the final policy "
         "(measured, not trained on); the real demo: the held-out evaluations before and after",
     )
+    heldout_first: bool = opt(
+        False,
+        "run policy@0's held-out evaluation before round 0 instead of beside it: the rounds' wall "
+        "time then holds training alone (bench/async_round.py compares schedules so), and the demo "
+        "takes the evaluation's time longer (~45 s)",
+    )
     launcher: str = opt(
         "fork",
         "how the agents start (tracerl rollout --launcher): fork (from a server that "

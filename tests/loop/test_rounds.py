@@ -216,6 +216,20 @@ def test_with_lead_1_the_next_batch_starts_once_the_held_out_evaluation_is_done(
     assert fake.calls.count(("score", 0)) == 1
 
 
+@pytest.mark.parametrize("lead", [0, 1])
+def test_held_out_first_scores_policy_0_before_any_batch_and_trains_alone_or_beside_the_next_batch(lead):
+    """``heldout_first``: the evaluation runs (and is scored) before batch 0, so no round trains beside
+    it: every round publishes at once, and with a lead batch 1 runs beside round 0's training."""
+    fake = FakeStages(signal=[True, True, True], lead=lead)
+    plan = LoopPlan(rounds=2, lead=lead, alone_threads=8, shared_threads=1, heldout_first=True)
+    result = run_rounds(plan, fake.stages(heldout=True))
+    assert result.version == 2
+    assert fake.calls[:3] == [("heldout", 0), ("score", 0), ("batch", 0)]
+    assert fake.calls.count(("score", 0)) == 1
+    assert all(c[2] for c in fake.calls if c[0] == "train")  # no round held its publish back for it
+    assert fake.started_while_training == ([1] if lead else [])
+
+
 def test_a_failed_batch_stops_the_loop_with_its_error():
     fake = FakeStages(signal=[True, True], fail_at=1)
     with pytest.raises(ValueError, match="batch 1 failed"):
