@@ -60,7 +60,7 @@ class DemoConfig:
         None,
         "training rounds; round k trains on policy@k rollouts and publishes policy@k+1 "
         "(the demo stops sooner once every task's samples agree: no signal left); "
-        "unset: 8; --tiny: 60",
+        "unset: 14; --tiny: 60",
     )
     rollouts_per_round: int | None = opt(
         None,

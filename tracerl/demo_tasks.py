@@ -48,9 +48,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # temperature 0.7: at 1.0 most of a 135M model's queries are prose; RLOO advantages in reward
     # units, so a solved question outweighs partial credit (GRPO scales every group to unit std)
     "sql": {
-        # a round costs about a minute on 2 quiet cores since the trainer computes a group's shared
-        # prompt once (trainer/packing.py): 9 rounds, both evaluations and vLLM's start fit 15 minutes
-        "rounds": 9,
+        # a round costs 20-30 s on 2 quiet cores (the trainer computes a group's shared prompt once,
+        # trainer/packing.py; agents start by fork): 14 rounds, both evaluations and vLLM's start took
+        # 8.9-9.3 min (2026-11-28). 9 rounds gained +10.8 to +16.6 points over three runs, at the 15-point
+        # target's edge; 14 rounds see 56 of the 83 training questions instead of 36
+        "rounds": 14,
         "rollouts_per_round": 32,
         "lr": 1e-3,
         "lora_rank": 16,
