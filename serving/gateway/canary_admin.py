@@ -57,7 +57,7 @@ async def new_pair(gw: Gateway, serving: str, candidate: str, fraction: float | 
     views, key = {}, gw.config.upstream_api_key
     for u in gw.canary_servers:
         asked = time.monotonic()
-        st = await gw.upstream_state(u, {"Authorization": f"Bearer {key}"} if key else {}, refresh=True)
+        st = await gw.states.get(u, {"Authorization": f"Bearer {key}"} if key else {}, refresh=True)
         if st.at >= asked:  # an unreachable server serves nothing we know of (never its stale answer)
             views[u] = (st.names, st.weight_version)
     same = gw.route is not None and gw.route.candidate.version == candidate

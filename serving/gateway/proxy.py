@@ -34,13 +34,11 @@ timeout a 504, each an OpenAI-style error body, and the span records ``error.typ
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 import aiohttp
 from opentelemetry import trace
@@ -82,7 +80,7 @@ from serving.gateway.upstream import (
     UpstreamClient,
     error_name,
 )
-from serving.gateway.versions import Watch
+from serving.gateway.upstream_state import UpstreamStates
 from serving.protocol import (
     OPERATIONS,
     error_body,
@@ -99,15 +97,6 @@ GATEWAY_TOKEN_HEADER = "X-Tracerl-Gateway-Token"
 # Client headers forwarded upstream; everything else (Host, Content-Length, hop-by-hop) is ours.
 _FORWARD = ("Authorization", "OpenAI-Organization", "OpenAI-Project", "X-Request-Id", "User-Agent")
 _PROPAGATOR = TraceContextTextMapPropagator()
-
-
-@dataclass
-class UpstreamState:
-    """What the gateway last learned from an upstream: served names and its weight version."""
-
-    at: float
-    names: list[str]
-    weight_version: str | None
 
 
 _NOT_SERVED = (
@@ -163,10 +152,7 @@ class Gateway(ShellServer):
         self.client = UpstreamClient(config.timeout_s, config.connect_timeout_s, config.max_connections)
         self.read_deadlines = ReadDeadlines(config.timeout_s)
         self._rr = itertools.count()
-        self._state: dict[str, UpstreamState] = {}
-        self._state_lock: asyncio.Lock | None = None
-        self._renewing: dict[str, asyncio.Future[None]] = {}  # upstream -> its state's background read
-        self._watches: dict[str, Watch] = {}
+        self.states = UpstreamStates(self.client, config.models_ttl_s, config.version_max_age_s)
         self.plain_upstreams: set[str] = set()  # upstreams that refuse return_token_ids
         self.warned_no_ids: set[str] = set()
 
@@ -177,78 +163,6 @@ class Gateway(ShellServer):
         first = pick_upstream(key, self.upstreams, next(self._rr))
         n = len(self.upstreams)
         return [(first + k) % n for k in range(n)]
-
-    async def upstream_state(
-        self, upstream: str, headers: dict[str, str], refresh: bool = False
-    ) -> UpstreamState:
-        """The upstream's served names and weight version, cached ``models_ttl_s`` (stale on errors).
-
-        A state past 80 % of its time is read again in the background while it is still served, so under
-        steady traffic no call waits for the two reads (at one stream, every fifth call did: 2 s / 0.4 s)."""
-        got = self._state.get(upstream)
-        if got is not None and not refresh:
-            age = time.monotonic() - got.at
-            if age < self.config.models_ttl_s:
-                if age > 0.8 * self.config.models_ttl_s and upstream not in self._renewing:
-                    self._renewing[upstream] = asyncio.ensure_future(self._renew_state(upstream, headers))
-                return got
-        return await self._read_state(upstream, headers)
-
-    async def _renew_state(self, upstream: str, headers: dict[str, str]) -> None:
-        try:
-            await self._read_state(upstream, headers)
-        except RuntimeError:  # aiohttp's "Session is closed": the server is stopping
-            pass
-        finally:
-            self._renewing.pop(upstream, None)
-
-    async def _read_state(self, upstream: str, headers: dict[str, str]) -> UpstreamState:
-        """Read the upstream's served names and weight version (one read at a time, shared by the waiters)."""
-        if self._state_lock is None:
-            self._state_lock = asyncio.Lock()
-        asked = time.monotonic()
-        async with self._state_lock:
-            got = self._state.get(upstream)
-            if got is not None and got.at >= asked:
-                return got  # another call refreshed it while this one waited
-            try:
-                status, _, raw = await self.client.get(upstream + "/v1/models", headers)
-                names = [m["id"] for m in json.loads(raw).get("data", [])] if status == 200 else []
-                status, _, raw = await self.client.get(
-                    upstream + "/weight_info", headers
-                )  # vLLM dev mode, main > 0.12
-                version = json.loads(raw).get("weight_version") if status == 200 else None
-            except (*TRANSPORT_ERRORS, ValueError, KeyError, TypeError, AttributeError):
-                return got or UpstreamState(0.0, [], None)
-            state = UpstreamState(time.monotonic(), names, str(version) if version is not None else None)
-            self._state[upstream] = state
-            return state
-
-    def watch(self, upstream: str, headers: dict[str, str]) -> Watch:
-        """The upstream's weight-version watch (versions.py), reading with the first caller's headers."""
-        w = self._watches.get(upstream)
-        if w is None:
-            auth = {k: v for k, v in headers.items() if k == "Authorization"}
-
-            async def read() -> tuple[bool, str | None]:
-                paused, version = await asyncio.gather(
-                    self._get_field(upstream + "/is_paused", auth, "is_paused"),
-                    self._get_field(upstream + "/weight_info", auth, "weight_version"),
-                )
-                return paused is True, None if version is None else str(version)
-
-            w = self._watches[upstream] = Watch(read, self.config.version_max_age_s)
-        return w
-
-    async def _get_field(self, url: str, headers: dict[str, str], key: str) -> object:
-        """One field of a JSON GET; None when the route, the field or the upstream is missing."""
-        try:
-            status, _, raw = await self.client.get(url, headers)
-            return json.loads(raw).get(key) if status == 200 else None
-        except (*TRANSPORT_ERRORS, ValueError, AttributeError):
-            return None
-        except RuntimeError:  # aiohttp's "Session is closed": the server is stopping (a watch's renewal read)
-            return None
 
     # -- ASGI ------------------------------------------------------------------------------
 
@@ -445,9 +359,7 @@ class Gateway(ShellServer):
         refreshed = False
         while True:
             body = client_body if plain else up_body
-            state = await self.upstream_state(
-                upstream, headers, refreshed
-            )  # cached; also feeds the span's version
+            state = await self.states.get(upstream, headers, refreshed)  # cached; also feeds the span's version
             alias = latest_version_name(body.get("model"), state.names) if self.config.latest_alias else None
             if call.arm is not None:  # the arm's version by name where the upstream serves it (LoRA)
                 alias = call.arm.version if call.arm.version in state.names else None
@@ -463,7 +375,7 @@ class Gateway(ShellServer):
                     )
             call.watch = None
             if state.weight_version is not None and parse_policy_version(alias or body.get("model")) is None:
-                call.watch = self.watch(upstream, headers)
+                call.watch = self.states.watch(upstream, headers)
                 call.before = (await call.watch.before(call.deadline)).version
             payload = json.dumps({**body, "model": alias} if alias else body, separators=(",", ":")).encode()
             resp = await self.client.post(upstream + path, payload, headers)

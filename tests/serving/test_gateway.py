@@ -333,7 +333,7 @@ def test_agents_asking_for_policy_get_the_newest_published_version(spans, tiny_m
             assert first.model == "policy"
             publish_policy(server.url, "policy@1", str(random_lora(tiny_model_dir, tmp_path / "a1", 1)), adapter=True)
             # the gateway's model list is cached for 60 s; the alias appears after a refresh
-            gw._state.clear()
+            gw.states.cached.clear()
             assert c.chat.completions.create(model="policy", messages=MSGS, max_tokens=3).model == "policy@1"
             # policy@2 with keep=1 unloads policy@1 while the gateway still believes in it
             publish_policy(server.url, "policy@2", str(random_lora(tiny_model_dir, tmp_path / "a2", 2)), adapter=True,

@@ -151,11 +151,11 @@ def test_the_upstreams_model_list_is_renewed_before_it_expires_so_no_call_waits_
             return 200, "application/json", b'{"weight_version": "3"}'
 
     gw = Gateway(("127.0.0.1", 0), GatewayConfig(upstreams=["http://up:1"], models_ttl_s=1.0), spans.provider)
-    gw.client = SlowUpstream()
+    gw.states.client = SlowUpstream()
 
     async def timed() -> tuple[float, list[str]]:
         t = time.monotonic()
-        state = await gw.upstream_state("http://up:1", {})
+        state = await gw.states.get("http://up:1", {})
         return time.monotonic() - t, state.names
 
     async def main() -> list[tuple[float, list[str]]]:
