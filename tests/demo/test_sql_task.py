@@ -109,7 +109,7 @@ def test_rounds_walk_the_training_split_and_flags_beat_the_real_preset(tmp_path)
     assert task.round_tasks(0) != task.round_tasks(1)
     assert all(t["id"].startswith("train-") for k in range(12) for t in task.round_tasks(k))
     cfg = DemoConfig(lr=1e-3).resolved()
-    assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round, cfg.estimator) == (1e-3, 16, 9, 32, "rloo")
+    assert (cfg.lr, cfg.lora_rank, cfg.rounds, cfg.rollouts_per_round, cfg.estimator) == (1e-3, 16, 14, 32, "rloo")
     assert DemoConfig(tiny=True).resolved().lora_rank == 0
     assert (DemoConfig().resolved().engine, DemoConfig(tiny=True).resolved().engine) == ("vllm", "embedded")
 
