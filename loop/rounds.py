@@ -326,11 +326,11 @@ def run_rounds(
     batch still running is stopped, then cleared (the caller may run more rollouts afterwards)."""
     result = LoopResult()
     state = _State(wanted=plan.rounds, chooser=ThreadChooser() if plan.measure_threads else None)
-    if stages.heldout is not None and plan.heldout_first:
-        stages.score_heldout(0, stages.heldout(0))
-        state.heldout_started = True
-    elif stages.heldout is not None:
-        state.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out")
+    if stages.heldout is not None:
+        if plan.heldout_first:  # scored before any batch: nothing waits for it, nothing runs beside it
+            stages.score_heldout(0, stages.heldout(0))
+        else:
+            state.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="held-out")
 
     def evaluating() -> bool:  # policy@0's held-out evaluation is still to start, or running (beside round 0)
         if state.background is None:
