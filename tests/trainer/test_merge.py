@@ -94,7 +94,7 @@ def test_plain_lora_scale_refuses_what_the_fold_does_not_do():
     assert plain_lora_scale({**plain, "use_rslora": True}) == 8.0
     for extra in ({"use_dora": True}, {"rank_pattern": {"q_proj": 4}}, {"alpha_pattern": {"v_proj": 2}},
                   {"modules_to_save": ["lm_head"]}, {"bias": "all"}, {"fan_in_fan_out": True},
-                  {"peft_type": "IA3"}, {"r": 0}):
+                  {"target_parameters": ["experts.gate_up_proj"]}, {"peft_type": "IA3"}, {"r": 0}):
         assert plain_lora_scale({**plain, **extra}) is None, extra
 
 
