@@ -71,11 +71,12 @@ def merge_adapter(base_model: Path, checkpoint: Path, *, dtype: str = "float32")
 
     for stale in Path(checkpoint).glob(f".{MERGED}.*"):
         shutil.rmtree(stale, ignore_errors=True)
-    tensors = _folded(base_model, checkpoint, getattr(torch, dtype))
+    torch_dtype = getattr(torch, dtype)
+    tensors = _folded(base_model, checkpoint, torch_dtype)
     if tensors is None:  # more than plain LoRA: peft merges it
-        tensors = _peft_merged(base_model, checkpoint, getattr(torch, dtype))
+        tensors = _peft_merged(base_model, checkpoint, torch_dtype)
     config = AutoConfig.from_pretrained(str(base_model))
-    config.dtype = getattr(torch, dtype)
+    config.dtype = torch_dtype
 
     def save(tmp: Path) -> None:
         # safetensors' own writer: transformers' save_pretrained took 3.0 s for these 270 MB, this 0.4 s
@@ -131,16 +132,15 @@ def _folded(base_model: Path, checkpoint: Path, dtype: Any) -> dict[str, Any] | 
     """``fold_lora`` over the base's safetensors files and the checkpoint's adapter; None: peft must merge."""
     from safetensors.torch import load_file
 
+    from serving.models.weights import read_weights
+
     config = json.loads((Path(checkpoint) / "adapter_config.json").read_text())
     scale = plain_lora_scale(config)
-    files = sorted(Path(base_model).glob("*.safetensors"))
     adapter = Path(checkpoint) / "adapter_model.safetensors"
-    if scale is None or not files or not adapter.is_file():
+    if scale is None or not adapter.is_file():
         return None
-    base: dict[str, Any] = {}
-    for f in files:
-        base.update(load_file(str(f)))
-    return fold_lora(base, load_file(str(adapter)), scale, dtype)
+    base = read_weights(base_model)
+    return fold_lora(base, load_file(str(adapter)), scale, dtype) if base else None
 
 
 def _peft_merged(base_model: Path, checkpoint: Path, dtype: Any) -> dict[str, Any]:

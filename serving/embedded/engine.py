@@ -355,15 +355,12 @@ class ModelEngine:
 
     def reload_weights(self, weights_path: str | None = None) -> None:
         """Replace the base weights in place from a HF checkpoint dir; loaded adapters stay."""
-        from safetensors.torch import load_file
+        from serving.models.weights import read_weights
 
         path = Path(weights_path or self.model_dir)
-        files = sorted(path.glob("*.safetensors"))
-        if not files:
+        state = read_weights(path)
+        if not state:
             raise EngineError(f"no *.safetensors weights found in {path}", 400, "BadRequestError")
-        state: dict[str, Any] = {}
-        for f in files:
-            state.update(load_file(str(f)))
         target = self.model.get_base_model() if self.adapters else self.base
         current = target.state_dict()
         mapped: dict[str, Any] = {}
