@@ -103,6 +103,9 @@ class Stages:
     abort: threading.Event = field(default_factory=threading.Event)  # set: a running batch is killed
     heldout: Callable[[int], Any] | None = None  # policy@k's held-out rollouts; None: no evaluation
     score_heldout: Callable[[int, Any], None] = lambda _k, _result: None  # what ``heldout`` returned
+    # True while a batch's agents run (the engine busy with its calls); None: while ``rollouts`` runs. A
+    # batch's tail (its spans stored, then converted) takes little CPU: a round beside it takes the cores
+    agents_running: Callable[[], bool] | None = None
 
 
 # ------------------------------------------------------------------------------------ what it reports
@@ -252,7 +255,8 @@ def train_round(plan: LoopPlan, stages: Stages, ahead: BatchesAhead[Batch], stat
     Beside the held-out evaluation: train without publishing, score the evaluation once its calls
     are all answered, then publish (the second call finds the trained checkpoint and publishes it)."""
     where = beside(plan, state.pending is not None)
-    outcome = stages.train(thread_budget(plan, where, lambda: ahead.running, state.chooser))
+    running = stages.agents_running or (lambda: ahead.running)
+    outcome = stages.train(thread_budget(plan, where, running, state.chooser))
     if where is Beside.HELDOUT:
         assert state.pending is not None and stages.heldout is not None
         stages.score_heldout(0, state.pending.result())

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.attributes import version_name
+from trainer import kept_model
 from trainer.backends.base import StepCallback, TrainMetrics
 from trainer.checkpoint import (
     BackgroundWrite,
@@ -97,10 +98,13 @@ def _train_round(job: RoundJob) -> Trained:
         f"{len(batches)} packed micro-batches{ranks}" + (" (resumed)" if step.selection is not None else "")
     )
     with contextlib.ExitStack() as stack:
-        metrics, adapter, save, resume = _train(job, batches, stack)
+        metrics, adapter, save, resume, backend = _train(job, batches, stack)
         t = time.perf_counter()
-        stage_checkpoint(final, save, _manifest(job, adapter, metrics))
+        manifest = _manifest(job, adapter, metrics)
+        stage_checkpoint(final, save, manifest)
         job.timings["save"] = time.perf_counter() - t
+    if backend is not None and s.keep_model and hasattr(backend, "renew"):
+        kept_model.keep(backend, final, manifest["created_at"], s)
     after = [functools.partial(resume, final)] if resume else []
     return Trained(
         metrics, adapter, s.nproc, BackgroundWrite(functools.partial(complete_checkpoint, final), *after)
@@ -131,10 +135,11 @@ def _manifest(job: RoundJob, adapter: bool, metrics: TrainMetrics) -> dict[str, 
 
 def _train(
     job: RoundJob, batches: list[Batch], stack: contextlib.ExitStack
-) -> tuple[TrainMetrics, bool, Callable[[Path], None], Callable[[Path], None] | None]:
+) -> tuple[TrainMetrics, bool, Callable[[Path], None], Callable[[Path], None] | None, Any]:
     """Train here, or in ``--nproc`` ranks (trainer/launcher.py; the openrlhf backend always, so DeepSpeed's
     process state never lives in this process); returns metrics, adapter flag, the ``save`` for
-    ``stage_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it).
+    ``stage_checkpoint`` and, in process, the deferred resume-state writer (None: ``save`` wrote it) and the
+    backend (``keep_model``: the next round may continue with it, ``trainer/kept_model.py``).
     ``stack`` keeps the ranks' work dir until the checkpoint is written."""
     settings, base_model, parent, timings = job.settings, job.base_model, job.parent, job.timings
     if settings.nproc > 1 or settings.backend == "openrlhf":
@@ -144,15 +149,17 @@ def _train(
         run = train_ranks(settings, base_model, parent, batches, work, job.on_step)
         timings["model_load"] = run.load_seconds
         timings["train"] = run.metrics.seconds
-        return run.metrics, run.adapter, run.save, None
+        return run.metrics, run.adapter, run.save, None, None
     from trainer.backends import load_backend
 
     t = time.perf_counter()
-    backend = load_backend(settings.backend, settings, base_model, parent)
+    backend = kept_model.take(settings, parent) if settings.keep_model else None
+    if backend is None:
+        backend = load_backend(settings.backend, settings, base_model, parent)
     timings["model_load"] = time.perf_counter() - t
     metrics = backend.train(batches, job.on_step, job.threads_now)
     timings["train"] = metrics.seconds
     resume = getattr(backend, "write_resume_state", None)
     if resume is not None:
         backend.defer_resume_state = True
-    return metrics, bool(backend.adapter), backend.save, resume
+    return metrics, bool(backend.adapter), backend.save, resume, backend

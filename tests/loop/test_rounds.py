@@ -190,6 +190,18 @@ def test_with_lead_1_the_next_batch_runs_while_the_round_trains():
     assert fake.threads_seen == [1, 8]  # round 0 beside batch 1's agents; round 1 alone (no batch 2)
 
 
+def test_a_round_takes_the_cores_once_the_next_batchs_agents_are_done_though_the_batch_is_still_stored():
+    """``Stages.agents_running``: the batch's producer is still running (its spans stored, converted), but its
+    agents are done, so the round training beside it is told the machine's threads, not the shared ones."""
+    fake = FakeStages(signal=[True, True, True], lead=1)
+    stages = fake.stages()
+    stages.agents_running = lambda: False
+    result = run_rounds(LoopPlan(rounds=2, lead=1, alone_threads=8, shared_threads=1), stages)
+    assert result.version == 2
+    assert fake.started_while_training == [1]  # batch 1's producer ran beside round 0
+    assert fake.threads_seen == [8, 8]
+
+
 def test_a_batch_ahead_waits_while_policy_0s_held_out_evaluation_is_planned_or_running():
     assert held_by_evaluation(1, 0, evaluating=True)  # beside round 0: the evaluation has the engine
     assert not held_by_evaluation(0, 0, evaluating=True)  # the batch round 0 trains on is never held

@@ -24,6 +24,24 @@ def test_auto_merges_an_adapter_for_a_cpu_vllm_and_loads_it_by_name_elsewhere():
         server_publisher("http://127.0.0.1:1", "merged")
 
 
+def test_each_replicas_device_is_asked_once_when_known(monkeypatch, tmp_path):
+    """vLLM's ``/server_info`` cost 0.6 s of every demo publish: a replica that answered is not asked again;
+    one that could not say (None: no dev mode, an embedded server) is asked again next round."""
+    import trainer.publish as publish
+
+    asked: list[str] = []
+    answers = {"http://a": "cpu", "http://b": None}
+    sent: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(publish.VLLMPublisher, "device", lambda self: asked.append(self.base_url) or answers[self.base_url])
+    monkeypatch.setattr(publish, "publish_to", lambda url, req, mode, how=None: sent.append((url, how)))
+    pub = server_publisher("http://a,http://b")
+    for v in (1, 2):
+        pub(publish.PublishRequest(f"policy@{v}", v, tmp_path / f"c{v}", adapter=True, base_model=tmp_path))
+    pub(publish.PublishRequest("policy@3", 3, tmp_path / "c3", adapter=False, base_model=tmp_path))
+    assert asked == ["http://a", "http://b", "http://b"]
+    assert sent == [("http://a", "full"), ("http://b", "lora")] * 2 + [("http://a", None), ("http://b", None)]
+
+
 def _checkpoint(root: Path, version: int, merged: bool = False) -> Path:
     d = checkpoint_dir(root, version)
     d.mkdir(parents=True)

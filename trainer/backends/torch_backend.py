@@ -203,6 +203,14 @@ class TorchBackend:
             backend.load_optimizer(parent / OPTIMIZER_FILE)
         return backend
 
+    def renew(self, settings: TrainSettings) -> None:
+        """Continue with this model and optimizer in another round (``trainer/kept_model.py``): as ``load``
+        would leave them from the checkpoint they were saved as, with this round's threads and seed."""
+        self.settings = settings
+        if self.device.type == "cpu" and settings.threads:
+            torch.set_num_threads(settings.threads)
+        torch.manual_seed(settings.seed)
+
     def load_optimizer(self, path: Path) -> None:
         """Carry AdamW moments across rounds; the learning rate comes from the current settings."""
         state = torch.load(path, map_location=self.device, weights_only=True)
