@@ -20,11 +20,12 @@ POLL_S = 0.1  # between two looks at the store while a round's spans arrive
 WAKE_TICK_S = 0.5  # `train --watch` on a local store: between two listings of transitions/ while it waits
 
 
-def round_status(store: StoreLocation, rollout_ids: list[str]) -> dict[str, int]:
-    """How much of a round's rollouts the store holds right now (spans and rewards are Parquet)."""
+def round_status(store: StoreLocation, rollout_ids: list[str], since: float | None = None) -> dict[str, int]:
+    """How much of a round's rollouts the store holds right now (spans and rewards are Parquet); ``since``
+    (epoch seconds, before the round's first agent started): only the files stored from then on are read."""
     from store.views import connect_readonly
 
-    con = connect_readonly(store)
+    con = connect_readonly(store, since)
     try:
         con.execute("CREATE TEMP TABLE ids AS SELECT unnest(?::VARCHAR[]) AS rollout_id", [rollout_ids])
         roots, traces = con.execute("""
@@ -67,16 +68,21 @@ def round_complete(status: dict[str, int], rollouts: int, rewarded: int) -> bool
 
 
 def wait_for_round(
-    store: StoreLocation, rollout_ids: list[str], rewarded: int, timeout_s: float, alive: Callable[[], None]
+    store: StoreLocation,
+    rollout_ids: list[str],
+    rewarded: int,
+    timeout_s: float,
+    alive: Callable[[], None],
+    since: float | None = None,
 ) -> dict[str, int]:
     """Until every rollout's root span and reward, and a gateway span per LLM call, are queryable.
 
     ``alive()`` is called before each look: it raises when a process the round needs has died, so a
-    dead collector is reported as such instead of as a timeout."""
+    dead collector is reported as such instead of as a timeout. ``since``: as ``round_status``'s."""
     deadline = time.monotonic() + timeout_s
     while True:
         alive()
-        st = round_status(store, rollout_ids)
+        st = round_status(store, rollout_ids, since)
         if round_complete(st, len(rollout_ids), rewarded):
             return st
         if time.monotonic() > deadline:

@@ -41,11 +41,14 @@ class StoreLocation:
         """Directory (prefix) of a hive-partitioned table; the same names as ``StoreLayout.table``."""
         return self.path(name)
 
-    def files(self, *parts: str, suffix: str = ".parquet") -> list[str]:
-        """Committed files below ``parts`` (recursive, sorted); temp files start with '.' and are skipped."""
+    def files(self, *parts: str, suffix: str = ".parquet", since: float | None = None) -> list[str]:
+        """Committed files below ``parts`` (recursive, sorted); temp files start with '.' and are skipped.
+        ``since`` (epoch seconds): only files written then or later (a file is written once, whole, and
+        renamed into place, so its modification time is when its rows were stored)."""
         selector = pafs.FileSelector(self.path(*parts), recursive=True, allow_not_found=True)
         return sorted(i.path for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File
-                      and i.base_name.endswith(suffix) and not i.base_name.startswith("."))
+                      and i.base_name.endswith(suffix) and not i.base_name.startswith(".")
+                      and (since is None or i.mtime is None or i.mtime.timestamp() >= since))
 
     def read_bytes(self, path: str) -> bytes:
         """A whole file (``path`` as ``files`` returns it)."""

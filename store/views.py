@@ -34,11 +34,15 @@ def view_sql(loc: StoreLocation) -> str:
     return "\n".join(out)
 
 
-def connect_readonly(loc: StoreLocation) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per table (empty when the table has no files yet)."""
+def connect_readonly(loc: StoreLocation, since: float | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with one view per table (empty when the table has no files yet).
+
+    ``since`` (epoch seconds): the views read only the files written then or later, for a question about
+    rows stored since (the loop's look at a batch still arriving: over every file of a store 14 rounds
+    old each look took seconds, over the batch's own files a fraction of one)."""
     con = duckdb.connect(":memory:")
     for name, schema in TABLES.items():
-        files = loc.files(name)
+        files = loc.files(name, since=since)
         full = pa.unify_schemas([schema, PARTITION_SCHEMA])
         if files:
             data = ds.dataset(

@@ -92,3 +92,32 @@ def test_on_object_storage_the_watch_sleeps_plainly():
         fs.SubTreeFileSystem("/tmp", fs.LocalFileSystem()), "bucket/prefix", "s3://bucket/prefix"
     )
     assert new_data_sleep(remote) is time.sleep
+
+
+def test_a_look_since_the_batch_started_reads_only_the_files_stored_from_then_on(tmp_path):
+    """``round_status(..., since)``: a file written before the batch started cannot hold its rows, so it is
+    not read (a look over every file of a growing store took longer each round)."""
+    import os
+
+    import pyarrow as pa
+
+    from loop.watch import round_status
+    from schemas.tables import TRANSITIONS_SCHEMA
+    from store.layout import StoreLayout
+    from store.parquet import write_table_atomic
+
+    layout = StoreLayout.at(tmp_path)
+
+    def stored(name: str, rollout_id: str, at: float) -> None:
+        table = pa.Table.from_pylist([{"rollout_id": rollout_id, "transition_id": name}], schema=TRANSITIONS_SCHEMA)
+        path = write_table_atomic(table, layout.partition("transitions", "2026-11-28") / f"{name}.parquet", "transitions")
+        os.utime(path, (at, at))
+
+    now = time.time()
+    stored("old", "r-old", now - 3600)
+    stored("new", "r-new", now)
+    loc = parse_store(tmp_path)
+    assert loc.files("transitions", since=now - 60) == [str(layout.partition("transitions", "2026-11-28") / "new.parquet")]
+    assert len(loc.files("transitions")) == 2
+    assert round_status(loc, ["r-old", "r-new"])["converted"] == 2
+    assert round_status(loc, ["r-old", "r-new"], since=now - 60)["converted"] == 1
