@@ -60,31 +60,38 @@ def choose_mode(mode: str, adapter: bool, device: str | None) -> str:
     return mode
 
 
+def mode_chooser(mode: str) -> Callable[[str, PublishRequest], str]:
+    """``how(url, req)``: ``lora`` or ``full`` for one round on one replica (``choose_mode``), each replica's
+    device asked once when known: vLLM's GET /server_info serializes its whole config, 0.6 s of every demo
+    round's publish on 2 busy cores, for an answer that does not change. An unknown one is asked again."""
+    devices: dict[str, str] = {}
+
+    def how(url: str, req: PublishRequest) -> str:
+        if req.adapter and mode == "auto":
+            if url not in devices and (device := VLLMPublisher(url).device()) is not None:
+                devices[url] = device
+            return choose_mode(mode, True, devices.get(url))
+        return choose_mode(mode, req.adapter, None)
+
+    return how
+
+
 def server_publisher(url: str, mode: str = "auto") -> Publisher:
     """A publisher for the server(s) at ``url`` (comma-separated replicas)."""
     urls = server_urls(url)
     choose_mode(mode, adapter=True, device=None)  # a bad mode fails before the first round trains
-    # each replica's device kind, asked once (when known): vLLM's GET /server_info serializes its whole
-    # config, 0.6 s of every demo round's publish on 2 busy cores, for an answer that does not change
-    devices: dict[str, str] = {}
+    how = mode_chooser(mode)
 
     def publish(req: PublishRequest) -> None:
         for u in urls:  # a failure leaves the round `trained`; the next run publishes to every replica again
-            how = None
-            if req.adapter and mode == "auto":
-                if u not in devices and (device := VLLMPublisher(u).device()) is not None:
-                    devices[u] = device
-                how = choose_mode(mode, True, devices.get(u))
-            publish_to(u, req, mode, how)
+            publish_to(u, req, mode, how(u, req))
 
     return publish
 
 
-def publish_to(url: str, req: PublishRequest, mode: str, how: str | None = None) -> None:
-    """Publish one round to one server: by name (LoRA) or by a weight reload (merged first if an adapter)."""
-    if how is None:
-        device = VLLMPublisher(url).device() if req.adapter and mode == "auto" else None
-        how = choose_mode(mode, req.adapter, device)
+def publish_to(url: str, req: PublishRequest, mode: str, how: str) -> None:
+    """Publish one round to one server: by name (``how`` lora) or by a weight reload (merged first if an
+    adapter)."""
     path = req.checkpoint_path
     if how == "full" and req.adapter:
         path = merge_adapter(req.base_model, req.checkpoint_path)
@@ -142,10 +149,10 @@ def canary_publisher(
     """``--canary --server A,B``: each round goes to the server not serving its parent (module docstring)."""
     urls = server_urls(url)
     choose_mode(mode, adapter=True, device=None)
+    chooser = mode_chooser(mode)
 
     def publish(req: PublishRequest) -> None:
-        device = VLLMPublisher(urls[0]).device() if req.adapter and mode == "auto" else None
-        how = choose_mode(mode, req.adapter, device)
+        how = chooser(urls[0], req)
         if how == "lora":  # adapters by name: the serving one is untouched wherever the new one loads
             for u in urls:
                 publish_one(u, req, mode, how)

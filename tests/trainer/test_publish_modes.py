@@ -33,13 +33,13 @@ def test_each_replicas_device_is_asked_once_when_known(monkeypatch, tmp_path):
     answers = {"http://a": "cpu", "http://b": None}
     sent: list[tuple[str, str | None]] = []
     monkeypatch.setattr(publish.VLLMPublisher, "device", lambda self: asked.append(self.base_url) or answers[self.base_url])
-    monkeypatch.setattr(publish, "publish_to", lambda url, req, mode, how=None: sent.append((url, how)))
+    monkeypatch.setattr(publish, "publish_to", lambda url, req, mode, how: sent.append((url, how)))
     pub = server_publisher("http://a,http://b")
     for v in (1, 2):
         pub(publish.PublishRequest(f"policy@{v}", v, tmp_path / f"c{v}", adapter=True, base_model=tmp_path))
     pub(publish.PublishRequest("policy@3", 3, tmp_path / "c3", adapter=False, base_model=tmp_path))
     assert asked == ["http://a", "http://b", "http://b"]
-    assert sent == [("http://a", "full"), ("http://b", "lora")] * 2 + [("http://a", None), ("http://b", None)]
+    assert sent == [("http://a", "full"), ("http://b", "lora")] * 2 + [("http://a", "full"), ("http://b", "full")]
 
 
 def _checkpoint(root: Path, version: int, merged: bool = False) -> Path:
