@@ -37,6 +37,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     modeling_utils.PreTrainedModel.post_init = _refuse("model")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests that need something built first (``@pytest.mark.prebuilt``: an example's virtualenv, the real
+    model) run last, and what they need is built in the background from the start (``tests/prebuild.py``)."""
+    if FAST_LANE:
+        return
+    marked = [item for item in items if item.get_closest_marker("prebuilt")]
+    if not marked:
+        return
+    items[:] = [item for item in items if not item.get_closest_marker("prebuilt")] + marked  # order kept
+    if config.option.collectonly:
+        return
+    from prebuild import build_in_background
+
+    names = dict.fromkeys(name for item in marked for name in item.get_closest_marker("prebuilt").args)
+    build_in_background(list(names))
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     return tmp_path / "store"

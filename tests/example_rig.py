@@ -31,22 +31,40 @@ EXAMPLES = ROOT / "examples"
 VENVS = ROOT / ".venv-examples"
 
 
-def example_venv(name: str, requirements: Path | None = None) -> Path:
-    """The bin directory of ``examples/<name>``'s own virtualenv (or of ``.venv-examples/<name>`` built from
-    ``requirements``), built once per requirements hash.
+FRAMEWORKS = ROOT / "tests" / "examples" / "frameworks"
+VENV_REQUIREMENTS: dict[str, Path] = {  # every example virtualenv the tests build, by name
+    "calculator_agent": EXAMPLES / "calculator_agent" / "requirements.txt",
+    "frameworks-openai2": FRAMEWORKS / "requirements-openai2.txt",  # Strands, LlamaIndex
+    "frameworks-openai3": FRAMEWORKS / "requirements-openai3.txt",  # smolagents
+    "rag_agent": EXAMPLES / "rag_agent" / "requirements.txt",
+    "sql_agent": EXAMPLES / "sql_agent" / "requirements.txt",
+}
+_BUILDING = {name: threading.Lock() for name in VENV_REQUIREMENTS}  # a build under way in this process
+
+
+def example_venv(name: str) -> Path:
+    """The bin directory of ``.venv-examples/<name>``, built from ``VENV_REQUIREMENTS[name]`` once per
+    requirements hash.
 
     pip's own cache makes a rebuild cheap; the stamp makes an unchanged one free. A failed build
-    leaves no stamp, so the next run retries from scratch.
+    leaves no stamp, so the next call retries from scratch. A build already under way (the suite's
+    background build, ``tests/prebuild.py``, or another pytest process: a lock file) is waited for.
     """
-    req = requirements or EXAMPLES / name / "requirements.txt"
+    import fcntl
+
+    req = VENV_REQUIREMENTS[name]
     digest = hashlib.sha256(req.read_bytes()).hexdigest()[:12]
     venv = VENVS / name
     stamp = venv / f".built-{digest}"
-    if not stamp.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-        subprocess.run([*pip, "-r", str(req)], check=True, timeout=900)
-        stamp.touch()
+    VENVS.mkdir(exist_ok=True)
+    with _BUILDING[name], open(VENVS / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            # niced: a background build takes the core the running tests leave, not theirs
+            subprocess.run(["nice", "-n", "10", sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = ["nice", "-n", "10", str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+            subprocess.run([*pip, "--disable-pip-version-check", "-r", str(req)], check=True, timeout=900)
+            stamp.touch()
     return venv / "bin"
 
 

@@ -18,7 +18,7 @@ from example_rig import EXAMPLES, ROOT, answer_text, example_venv, prompt_text, 
 
 from store.location import parse_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prebuilt("calculator_agent")]
 
 AGENT = ["python", "examples/calculator_agent/agent.py"]
 REWARD = "examples/calculator_agent/reward.py:score"

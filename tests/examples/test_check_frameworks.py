@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent / "frameworks"
 sys.path.insert(0, str(HERE))
 from model_script import reply  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prebuilt("frameworks-openai2", "frameworks-openai3")]
 
 CASES = {  # framework -> (virtualenv, agent, the agent's name as its user gave it, the scope of its spans)
     "strands": ("openai2", "strands_agent.py", "weather", "strands.telemetry.tracer"),
@@ -63,7 +63,7 @@ def run_check(
 @pytest.mark.parametrize("framework", list(CASES))
 def test_check_prints_each_framework_as_the_trainer_sees_it(tmp_path: Path, framework: str) -> None:
     venv, agent, name, scope = CASES[framework]
-    bin_dir = example_venv(f"frameworks-{venv}", HERE / f"requirements-{venv}.txt")
+    bin_dir = example_venv(f"frameworks-{venv}")
     engine = ScriptedEngine(reply)
     server = start_engine(engine)
     task = json.dumps({"question": f"What is the weather in Paris? ({framework})"})
@@ -112,7 +112,7 @@ def test_check_names_an_instrumentor_opentelemetry_instrument_skips_and_the_pip_
     """Issue #30: a LlamaIndex install without ``openinference-instrumentation-llama-index[instruments]`` (here:
     the LlamaIndex virtualenv less ``llama-index-multi-modal-llms-openai``, which that extra brings) records
     nothing and nothing says why; check asks the agent's own Python and names the conflict and the fix."""
-    source = example_venv("frameworks-openai2", HERE / "requirements-openai2.txt")
+    source = example_venv("frameworks-openai2")
     bin_dir = venv_without(source, tmp_path / "venv", "llama_index_multi_modal_llms_openai-")
     server = start_engine(ScriptedEngine(reply))
     try:
@@ -134,7 +134,7 @@ def test_a_gateway_that_records_no_content_leaves_strands_retokenized_and_check_
 ) -> None:
     """``--no-record-content`` (as ``tracerl gateway --no-record-content``): Strands sends no traceparent and records
     no response id, so only the content join could give its calls the exact ids; check names the switch."""
-    bin_dir = example_venv("frameworks-openai2", HERE / "requirements-openai2.txt")
+    bin_dir = example_venv("frameworks-openai2")
     server = start_engine(ScriptedEngine(reply))
     task = json.dumps({"question": "What is the weather in Paris? (no content)"})
     try:

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent / "frameworks"
 sys.path.insert(0, str(HERE))
 from model_script import reply  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prebuilt("frameworks-openai2", "frameworks-openai3")]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[dict]
     from store.layout import StoreLayout
     from store.parquet import read_table
 
-    bins = {v: example_venv(f"frameworks-{v}", HERE / f"requirements-{v}.txt") for v in ("openai2", "openai3")}
+    bins = {v: example_venv(f"frameworks-{v}") for v in ("openai2", "openai3")}
     store = tmp_path_factory.mktemp("frameworks") / "store"
     sent: dict[str, list[dict]] = {}
     with running_stack(store, reply) as stack:

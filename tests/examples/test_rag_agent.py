@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 from example_rig import EXAMPLES, example_venv, prompt_text, running_stack, token_ids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prebuilt("rag_agent")]
 EXAMPLE = EXAMPLES / "rag_agent"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from example_rig import EXAMPLES, example_venv, prompt_text, stored_spans, token_ids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prebuilt("sql_agent")]
 EXAMPLE = EXAMPLES / "sql_agent"
 
 

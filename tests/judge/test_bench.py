@@ -7,12 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from real_model import real_model_dir
+from real_model import SMOLLM2, real_model_dir
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "judge.py"
 
 
 @pytest.mark.slow
+@pytest.mark.prebuilt(SMOLLM2)
 def test_group_prompts_cost_at_most_half_the_tokens_of_judging_each_rollout_alone() -> None:
     from transformers import AutoTokenizer
 

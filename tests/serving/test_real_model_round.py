@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from real_model import real_model_dir
+from real_model import SMOLLM2, real_model_dir
 from tracerl_testing import BIN, free_port, start_tracerl, stop_tracerl, tracerl
 
 from collector_exporter.testing import running_collector
@@ -47,6 +47,7 @@ def _weight_version(server: str, want: str, timeout_s: float = 30) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.prebuilt(SMOLLM2)
 def test_one_round_on_the_real_model_trains_a_lora_that_the_next_call_reaches(tmp_path):
     model = real_model_dir()
     store = tmp_path / "store"
