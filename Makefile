@@ -36,10 +36,9 @@ vllm: $(STAMP)
 
 install: $(STAMP) vllm
 
-# The slow lane in the foreground, the fast lane beside it on the core the slow one leaves idle (tests/run_lanes.py)
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python tests/run_lanes.py
+	$(BIN)/python -m pytest -q
 
 # The fast lane: tests that start no process and build no model (about a minute on 2 cores); a test in it
 # that does either fails and says to mark it slow (tests/conftest.py). `make test` runs everything.

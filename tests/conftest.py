@@ -48,10 +48,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if not item.get_closest_marker("prebuilt")] + marked  # order kept
     if config.option.collectonly:
         return
-    from prebuild import build_in_background
+    from prebuild import start_detached
 
     names = dict.fromkeys(name for item in marked for name in item.get_closest_marker("prebuilt").args)
-    build_in_background(list(names))
+    start_detached(list(names))
 
 
 @pytest.fixture

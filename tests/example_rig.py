@@ -39,16 +39,13 @@ VENV_REQUIREMENTS: dict[str, Path] = {  # every example virtualenv the tests bui
     "rag_agent": EXAMPLES / "rag_agent" / "requirements.txt",
     "sql_agent": EXAMPLES / "sql_agent" / "requirements.txt",
 }
-_BUILDING = {name: threading.Lock() for name in VENV_REQUIREMENTS}  # a build under way in this process
-
-
 def example_venv(name: str) -> Path:
     """The bin directory of ``.venv-examples/<name>``, built from ``VENV_REQUIREMENTS[name]`` once per
     requirements hash.
 
     pip's own cache makes a rebuild cheap; the stamp makes an unchanged one free. A failed build
-    leaves no stamp, so the next call retries from scratch. A build already under way (the suite's
-    background build, ``tests/prebuild.py``, or another pytest process: a lock file) is waited for.
+    leaves no stamp, so the next call retries from scratch. A build already under way in another process
+    (the suite's background build, ``tests/prebuild.py``, or another pytest run) is waited for: a lock file.
     """
     import fcntl
 
@@ -57,13 +54,12 @@ def example_venv(name: str) -> Path:
     venv = VENVS / name
     stamp = venv / f".built-{digest}"
     VENVS.mkdir(exist_ok=True)
-    with _BUILDING[name], open(VENVS / f".{name}.lock", "w") as lock:
+    with open(VENVS / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not stamp.exists():
-            # niced: a background build takes the core the running tests leave, not theirs
-            subprocess.run(["nice", "-n", "10", sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-            pip = ["nice", "-n", "10", str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-            subprocess.run([*pip, "--disable-pip-version-check", "-r", str(req)], check=True, timeout=900)
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+            subprocess.run([*pip, "-r", str(req)], check=True, timeout=900)
             stamp.touch()
     return venv / "bin"
 
