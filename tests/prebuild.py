@@ -8,7 +8,8 @@ at the start of the session, starts this file as a detached process that builds 
 idle core. Detached: its processes are not the suite's children, so a test that accounts for its own
 children's CPU (``bench/_cpu.py``'s sampler) does not count pip's. Each builder takes a lock file, so a test
 that reaches one still being built waits for it, and a build that failed in the background is done again
-by the test that needs it, which then fails with the builder's own error.
+by the test that needs it, which then fails with the builder's own error. A suite stopped early leaves the
+builder to finish (the next run finds its work done); its output is in ``LOG``.
 
     python tests/prebuild.py NAME...   # build these, in this order, in the foreground
 """
