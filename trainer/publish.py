@@ -84,12 +84,12 @@ def server_publisher(url: str, mode: str = "auto") -> Publisher:
 
     def publish(req: PublishRequest) -> None:
         for u in urls:  # a failure leaves the round `trained`; the next run publishes to every replica again
-            publish_to(u, req, mode, how(u, req))
+            publish_to(u, req, how(u, req))
 
     return publish
 
 
-def publish_to(url: str, req: PublishRequest, mode: str, how: str) -> None:
+def publish_to(url: str, req: PublishRequest, how: str) -> None:
     """Publish one round to one server: by name (``how`` lora) or by a weight reload (merged first if an
     adapter)."""
     path = req.checkpoint_path
@@ -144,7 +144,7 @@ def canary_publisher(
     mode: str = "auto",
     *,
     read_tag: Callable[[str], str | None] = weight_tag,
-    publish_one: Callable[[str, PublishRequest, str, str], None] = publish_to,
+    publish_one: Callable[[str, PublishRequest, str], None] = publish_to,
 ) -> Publisher:
     """``--canary --server A,B``: each round goes to the server not serving its parent (module docstring)."""
     urls = server_urls(url)
@@ -155,7 +155,7 @@ def canary_publisher(
         how = chooser(urls[0], req)
         if how == "lora":  # adapters by name: the serving one is untouched wherever the new one loads
             for u in urls:
-                publish_one(u, req, mode, how)
+                publish_one(u, req, how)
             return
         if len(urls) < 2:
             raise TrainError(
@@ -164,7 +164,7 @@ def canary_publisher(
                 "would replace the serving weights"
             )
         serving = req.serving_version if req.serving_version is not None else req.version - 1
-        publish_one(canary_target({u: read_tag(u) for u in urls}, serving), req, mode, how)
+        publish_one(canary_target({u: read_tag(u) for u in urls}, serving), req, how)
 
     return publish
 

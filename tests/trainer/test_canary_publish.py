@@ -39,7 +39,7 @@ def test_rounds_alternate_between_two_real_servers_by_their_weight_tags():
     a, b = weights_server(None), weights_server(None)
     published: list[tuple[str, str, str]] = []
 
-    def reload(url: str, req: PublishRequest, mode: str, how: str) -> None:
+    def reload(url: str, req: PublishRequest, how: str) -> None:
         published.append((url, req.name, how))
         {a.url: a, b.url: b}[url].weights.tag = str(req.version)  # what the publisher's reload tags
 
@@ -65,7 +65,7 @@ def test_rounds_alternate_between_two_real_servers_by_their_weight_tags():
 
 def test_adapters_load_everywhere_and_one_server_cannot_hold_a_full_weight_canary():
     got: list[str] = []
-    lora = canary_publisher(f"{A},{B}", "lora", publish_one=lambda u, r, m, h: got.append(f"{u} {h}"))
+    lora = canary_publisher(f"{A},{B}", "lora", publish_one=lambda u, r, h: got.append(f"{u} {h}"))
     lora(request(2, 1, adapter=True))
     assert got == [f"{A} lora", f"{B} lora"]
     one = canary_publisher(A, "full", publish_one=lambda *a: None, read_tag=lambda u: None)

@@ -33,7 +33,7 @@ def test_each_replicas_device_is_asked_once_when_known(monkeypatch, tmp_path):
     answers = {"http://a": "cpu", "http://b": None}
     sent: list[tuple[str, str | None]] = []
     monkeypatch.setattr(publish.VLLMPublisher, "device", lambda self: asked.append(self.base_url) or answers[self.base_url])
-    monkeypatch.setattr(publish, "publish_to", lambda url, req, mode, how: sent.append((url, how)))
+    monkeypatch.setattr(publish, "publish_to", lambda url, req, how: sent.append((url, how)))
     pub = server_publisher("http://a,http://b")
     for v in (1, 2):
         pub(publish.PublishRequest(f"policy@{v}", v, tmp_path / f"c{v}", adapter=True, base_model=tmp_path))
