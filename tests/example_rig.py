@@ -22,15 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracerl_testing import BIN
+from tracerl_testing import BIN, building
 
 from store.location import parse_store
 
 ROOT = Path(__file__).resolve().parents[1]  # tests/example_rig.py -> the repository root
 EXAMPLES = ROOT / "examples"
 VENVS = ROOT / ".venv-examples"
-
-
 FRAMEWORKS = ROOT / "tests" / "examples" / "frameworks"
 VENV_REQUIREMENTS: dict[str, Path] = {  # every example virtualenv the tests build, by name
     "calculator_agent": EXAMPLES / "calculator_agent" / "requirements.txt",
@@ -39,6 +37,8 @@ VENV_REQUIREMENTS: dict[str, Path] = {  # every example virtualenv the tests bui
     "rag_agent": EXAMPLES / "rag_agent" / "requirements.txt",
     "sql_agent": EXAMPLES / "sql_agent" / "requirements.txt",
 }
+
+
 def example_venv(name: str) -> Path:
     """The bin directory of ``.venv-examples/<name>``, built from ``VENV_REQUIREMENTS[name]`` once per
     requirements hash.
@@ -47,15 +47,11 @@ def example_venv(name: str) -> Path:
     leaves no stamp, so the next call retries from scratch. A build already under way in another process
     (the suite's background build, ``tests/prebuild.py``, or another pytest run) is waited for: a lock file.
     """
-    import fcntl
-
     req = VENV_REQUIREMENTS[name]
     digest = hashlib.sha256(req.read_bytes()).hexdigest()[:12]
     venv = VENVS / name
     stamp = venv / f".built-{digest}"
-    VENVS.mkdir(exist_ok=True)
-    with open(VENVS / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with building(VENVS / f".{name}.lock"):
         if not stamp.exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]

@@ -49,10 +49,10 @@ def start_detached(names: list[str]) -> None:
 
 
 def build(names: list[str]) -> int:
-    failed = 0
-    for name, make in ((n, builders()[n]) for n in names):
+    failed, table = 0, builders()
+    for name in names:
         try:
-            print(f"prebuild {name}: {make()}", flush=True)
+            print(f"prebuild {name}: {table[name]()}", flush=True)
         except (OSError, AssertionError, subprocess.SubprocessError) as e:
             failed += 1
             print(f"prebuild {name}: failed ({e}); the test that needs it builds it again", flush=True)

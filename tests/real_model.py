@@ -9,8 +9,9 @@ the background from its start (``tests/prebuild.py``); a lock file makes the tes
 
 from __future__ import annotations
 
-import fcntl
 from pathlib import Path
+
+from tracerl_testing import building
 
 ROOT = Path(__file__).resolve().parents[1]  # tests/real_model.py -> the repository root
 MODELS = ROOT / ".models"
@@ -23,8 +24,6 @@ def real_model_dir() -> Path:
     from tracerl.cli import main
 
     out = MODELS / SMOLLM2
-    MODELS.mkdir(exist_ok=True)
-    with open(MODELS / f".{SMOLLM2}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with building(MODELS / f".{SMOLLM2}.lock"):
         assert main(["init-model", str(out), "--from", SMOLLM2]) == 0
     return out

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
@@ -19,6 +22,16 @@ def alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+@contextmanager
+def building(lock: Path) -> Iterator[None]:
+    """Held while something the tests share is built or checked (an example virtualenv, the real model), so a
+    second process (the suite's background build, ``tests/prebuild.py``, or another pytest run) waits."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def free_port() -> int:
