@@ -3,15 +3,17 @@ gives, and the sampler against real processes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
-from bench._cpu import GROUPS, CpuSample, CpuSampler, cpu_bound, group_of, window_cpu
+from bench._cpu import GROUPS, CpuSample, cpu_bound, group_of, window_cpu
 
 BENCH, AGENTS, VLLM, OTHER = GROUPS
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_window_cpu_interpolates_between_samples_and_clamps_at_the_ends() -> None:
@@ -50,26 +52,41 @@ def test_group_of_tells_the_loops_processes_apart() -> None:
     )
 
 
+# Run in a fresh interpreter: the sampler counts every child of its process, and the pytest process has
+# other children (servers of earlier tests' fixtures, and finished ones that ``subprocess`` reaps when the
+# next ``Popen`` starts, whose CPU would then move into the reaped column beside this test's child).
+SAMPLER_RUN = """
+import json, subprocess, sys, time
+from bench._cpu import GROUPS, CpuSampler
+BENCH, AGENTS, VLLM, OTHER = GROUPS
+sampler = CpuSampler(every_s=0.1)
+before = sampler.sample().seconds
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]])  # burns 0.6 CPU-s, then sleeps
+try:
+    deadline = time.monotonic() + 10
+    live = 0.0
+    while time.monotonic() < deadline and live < 0.5:
+        live = sampler.sample().seconds[OTHER] - before[OTHER]
+        time.sleep(0.1)
+finally:
+    child.kill()
+    child.wait()
+after = sampler.sample().seconds
+print(json.dumps({"live": live, "other_after": after[OTHER] - before[OTHER], "reaped": after[AGENTS] - before[AGENTS]}))
+"""
+
+
 @pytest.mark.slow
 def test_the_sampler_counts_a_live_child_then_the_same_child_once_reaped() -> None:
     """A real child burning CPU: counted while alive (not one of the loop's parts: OTHER), and after
     it is reaped its time is in the reaped-children column (AGENTS, where the driver's agents land),
     never twice."""
-    sampler = CpuSampler(every_s=0.1)
-    before = sampler.sample().seconds  # this process's earlier children (other tests) are counted too
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(5)"
-    child = subprocess.Popen([sys.executable, "-c", burn])
-    try:
-        deadline = time.monotonic() + 10
-        live = 0.0
-        while time.monotonic() < deadline and live < 0.5:
-            live = sampler.sample().seconds[OTHER] - before[OTHER]
-            time.sleep(0.1)
-        assert live >= 0.5
-    finally:
-        child.kill()
-        child.wait()
-    after = sampler.sample().seconds
-    reaped = after[AGENTS] - before[AGENTS]
-    assert after[OTHER] - before[OTHER] < 0.1 and reaped >= 0.5  # no longer live
-    assert reaped < live + 0.5  # moved, not added
+    out = subprocess.run(
+        [sys.executable, "-c", SAMPLER_RUN, burn], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["live"] >= 0.5
+    assert got["other_after"] < 0.1 and got["reaped"] >= 0.5  # no longer live
+    assert got["reaped"] < got["live"] + 0.5  # moved, not added
