@@ -87,6 +87,10 @@ def test_a_cpu_build_runs_the_model_in_the_engine_core_process_unless_the_flags_
     assert cmd[cmd.index("--distributed-executor-backend") + 1] == "uni"
     e = env(one, base={"OMP_NUM_THREADS": "8"})
     assert e["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and int(e["OMP_NUM_THREADS"]) >= 1
+    # a CPU build compiles from its cache on a restart only without the AOT path; a user's choice stands
+    assert env(one, base={}, cpu_build=True)["VLLM_USE_AOT_COMPILE"] == "0"
+    assert env(one, base={"VLLM_USE_AOT_COMPILE": "1"}, cpu_build=True)["VLLM_USE_AOT_COMPILE"] == "1"
+    assert "VLLM_USE_AOT_COMPILE" not in env(one, base={})
     two = resolve_one_process(s, gpu_py)
     assert "--distributed-executor-backend" not in argv(gpu_py, two)
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env(two, base={}) and "OMP_NUM_THREADS" not in env(
