@@ -54,8 +54,8 @@ def test_two_vllm_servers_carry_a_canary_round_after_round(model32: Path, tmp_pa
     second = free_port()
     b = f"http://127.0.0.1:{second}"
     other = build_tiny_model(tmp_path / "other", seed=1, heads=2, kv_heads=1)  # the candidate's weights
-    # without LoRA vLLM's CPU platform would torch.compile the model: each server's first start in a new
-    # temporary path pays it (a cache miss: the path is in the key), and the test does not need it
+    # without LoRA vLLM's CPU platform would torch.compile the model at start, both servers at once, on a
+    # cold cache on a fresh machine (CI's); the test does not need the compile
     args = ("--dtype", "float32", "--max-model-len", "512", "--kv-cache-gb", "1", "--no-enable-lora",
             "--vllm-args=--enforce-eager")
     with running_vllm(
